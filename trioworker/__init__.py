@@ -1,0 +1,65 @@
+"""trioworker: a PostgreSQL-backed work queue with Trio Workers.
+
+At most one Running item per scope, across every Worker; an attempt cut off from
+PostgreSQL cancels its own handler half a lease after its last good heartbeat.
+"""
+
+# trio_asyncio must be imported before psycopg, or psycopg's async calls fail with
+# "no running event loop".
+import trio_asyncio  # noqa: F401  isort: skip
+
+from ._errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidWorkItem,
+    SchemaNotReady,
+    StoreError,
+    StoreTimeout,
+    TrioWorkerError,
+)
+from ._executor import Context
+from ._model import (
+    CancelOutcome,
+    Enqueued,
+    Heartbeat,
+    ItemState,
+    Recovered,
+    Status,
+    StoreStatistics,
+    WorkItem,
+)
+from ._policy import DoNotRetry, RetryPolicy
+from ._postgres import PostgresStore, Transaction, open_store
+from ._registry import Registry
+from ._settings import Settings
+from ._store import Store
+from ._worker import Worker, WorkerStatistics
+
+__all__ = [
+    "CancelOutcome",
+    "ConfigurationError",
+    "Context",
+    "DatabaseUnavailable",
+    "DoNotRetry",
+    "Enqueued",
+    "Heartbeat",
+    "InvalidWorkItem",
+    "ItemState",
+    "PostgresStore",
+    "Recovered",
+    "Registry",
+    "RetryPolicy",
+    "SchemaNotReady",
+    "Settings",
+    "Status",
+    "Store",
+    "StoreError",
+    "StoreStatistics",
+    "StoreTimeout",
+    "Transaction",
+    "TrioWorkerError",
+    "WorkItem",
+    "Worker",
+    "WorkerStatistics",
+    "open_store",
+]

@@ -1,0 +1,71 @@
+"""Run psycopg's asyncio coroutines from Trio, giving control back at once on cancel.
+
+trio-asyncio's own adapters wait for the asyncio side to finish cancelling. psycopg
+answers a cancelled query by cancelling it on the server (`cancel_safe`, up to 5 s)
+and then waiting for the server, which on a dead link holds the caller about 10.5 s.
+Here the asyncio task is shielded: a Trio cancel returns at once, the task is
+cancelled in the background, and `on_abandon` lets the caller discard the connection
+the task was using.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+import trio
+import trio_asyncio
+
+T = TypeVar("T")
+
+
+async def run(coro: Awaitable[T]) -> T:
+    """Await an asyncio awaitable from Trio; a Trio cancel returns immediately."""
+    loop = trio_asyncio.current_loop.get()
+    task = loop.create_task(coro)  # type: ignore[arg-type]
+    try:
+        return await trio_asyncio.run_aio_future(asyncio.shield(task))  # type: ignore[no-any-return]
+    finally:
+        if not task.done():
+            task.cancel()
+            task.add_done_callback(_consume_result)
+
+
+def _consume_result(task: asyncio.Task[object]) -> None:
+    # The abandoned task's outcome is not anyone's business any more; retrieving it
+    # keeps asyncio from logging "exception was never retrieved".
+    if not task.cancelled():
+        task.exception()
+
+
+def has_loop() -> bool:
+    return trio_asyncio.current_loop.get(None) is not None
+
+
+@asynccontextmanager
+async def ensure_loop() -> AsyncIterator[None]:
+    """Open a trio-asyncio loop unless one is already running here.
+
+    The loop's nurseries are an implementation detail, so an error from the body
+    comes out as itself, not wrapped in their exception groups.
+    """
+    if has_loop():
+        yield
+        return
+    try:
+        async with trio_asyncio.open_loop():
+            yield
+    except BaseExceptionGroup as group:
+        raise _sole_leaf(group) or group from None
+
+
+def _sole_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    if len(group.exceptions) != 1:
+        return None
+    inner = group.exceptions[0]
+    if isinstance(inner, BaseExceptionGroup):
+        return _sole_leaf(inner)
+    return inner
+

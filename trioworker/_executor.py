@@ -1,0 +1,313 @@
+"""Run one claimed attempt: the handler, its heartbeats, and the one write after it.
+
+The handler runs in a cancel scope whose deadline is the send time of the last
+successful heartbeat (the claim counts as the first) + lease/2, on Trio's clock. Each
+heartbeat call runs under `move_on_after(heartbeat interval)`; only a successful one
+moves the deadline. Whoever cancels the scope records why first; when the deadline
+cancels it, the reason is the self-stop. `decide` then picks the write from the reason
+alone, so a self-stopped or lost attempt writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import attrs
+import trio
+
+from ._errors import StoreError
+from ._logging import item_logger
+from ._model import Heartbeat, WorkItem
+from ._policy import Action, CancelReason, Decision, Outcome, decide, unknown_kind
+from ._registry import Registry
+from ._retry import Backoff
+from ._settings import Settings
+from ._store import Store
+
+log = logging.getLogger("trioworker.executor")
+
+T = TypeVar("T")
+
+
+@attrs.frozen
+class Context:
+    """What a handler gets besides its item."""
+
+    worker_id: str
+    #: The attempt's own cancel scope: cancelled on self-stop, loss, cancel or shutdown.
+    cancel_scope: trio.CancelScope
+    #: Bounds parallel file work across this Worker (the seed's MaxConcurrentFiles).
+    limiter: trio.CapacityLimiter
+    log: logging.LoggerAdapter[logging.Logger]
+
+    @property
+    def stopping(self) -> bool:
+        """Whether this attempt has been asked to stop."""
+        return self.cancel_scope.cancel_called
+
+    async def run_in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking file work in a thread, within the Worker's file limiter.
+
+        A cancel waits for the thread to return (it is not abandoned, since an
+        abandoned thread would go on writing files); inside long loops, call
+        `trio.from_thread.check_cancelled()` to stop early.
+        """
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+
+class Attempt:
+    """One attempt's cancel scope and the recorded reason it was cancelled."""
+
+    def __init__(self, item: WorkItem, claim_sent_at: float, settings: Settings) -> None:
+        self.item = item
+        self.claim_sent_at = claim_sent_at
+        self.settings = settings
+        self.scope = trio.CancelScope(deadline=claim_sent_at + settings.self_stop_after)
+        self._reason: CancelReason | None = None
+        self._changed = trio.Event()  # set when the deadline moves or a cancel comes
+
+    def beat(self, sent_at: float) -> None:
+        """A heartbeat sent at `sent_at` succeeded: push the self-stop deadline."""
+        deadline = max(self.scope.deadline, sent_at + self.settings.self_stop_after)
+        if deadline != self.scope.deadline:
+            self.scope.deadline = deadline
+            self._changed.set()
+            self._changed = trio.Event()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.scope.cancel_called or trio.current_time() >= self.scope.deadline
+
+    def cancel(self, reason: CancelReason) -> None:
+        """Record why, then cancel; a scope already past its deadline stays self-stopped."""
+        if self._reason is None and not self.stop_requested:
+            self._reason = reason
+        self.scope.cancel()
+        self._changed.set()
+
+    @property
+    def reason(self) -> CancelReason | None:
+        if self._reason is not None:
+            return self._reason
+        return CancelReason.SELF_STOP if self.stop_requested else None
+
+    async def wait_stop_requested(self) -> None:
+        """Return once the scope is cancelled, by its deadline or explicitly."""
+        while not self.stop_requested:
+            changed = self._changed
+            with trio.move_on_at(self.scope.deadline):
+                await changed.wait()
+
+
+FailStop = Callable[[str], None]
+
+
+class Executor:
+    """Runs attempts for one Worker."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        settings: Settings,
+        *,
+        worker_id: str,
+        fail_stop: FailStop,
+        observer: Any = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.settings = settings
+        self.worker_id = worker_id
+        self.fail_stop = fail_stop
+        self.limiter = trio.CapacityLimiter(settings.max_concurrent_files)
+        self.observer = observer
+        self.running: dict[int, Attempt] = {}
+        self._shutting_down = False
+
+    def shut_down(self) -> None:
+        """The shutdown grace period is over: cancel every attempt (they are released)."""
+        self._shutting_down = True
+        for attempt in list(self.running.values()):
+            attempt.cancel(CancelReason.SHUTDOWN)
+
+    async def run(self, item: WorkItem, claim_sent_at: float) -> Decision:
+        """Run one claimed attempt to its end, and make its one write."""
+        ilog = item_logger(log, item, self.worker_id)
+        registration = self.registry.get(item.kind)
+        if registration is None:
+            decision = unknown_kind(item.kind, self.registry.kinds)
+            ilog.error("%s", decision.reason)
+            await self._write(item, decision, Attempt(item, claim_sent_at, self.settings), ilog)
+            return decision
+
+        attempt = Attempt(item, claim_sent_at, self.settings)
+        self.running[item.id] = attempt
+        if self._shutting_down:
+            attempt.cancel(CancelReason.SHUTDOWN)
+        ctx = Context(self.worker_id, attempt.scope, self.limiter, ilog)
+        started = trio.current_time()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._heartbeats, attempt, ilog)
+                nursery.start_soon(self._watch_stop, attempt, ilog)
+                outcome = await self._run_handler(registration.handler, item, ctx, attempt)
+                nursery.cancel_scope.cancel()
+        finally:
+            del self.running[item.id]
+        reason = attempt.reason
+        self._observe("handler_duration", item.kind, trio.current_time() - started)
+        decision = decide(
+            reason,
+            outcome,
+            failures_before=item.failures,
+            policy=registration.retry,
+        )
+        self._log_end(ilog, reason, outcome, decision, attempt)
+        await self._write(item, decision, attempt, ilog)
+        return decision
+
+    async def _run_handler(
+        self, handler: Any, item: WorkItem, ctx: Context, attempt: Attempt
+    ) -> Outcome:
+        try:
+            with attempt.scope:
+                await handler(item, ctx)
+        except Exception as exc:  # the handler's error is data for `decide`
+            return Outcome(error=exc)
+        return Outcome()
+
+    async def _heartbeats(self, attempt: Attempt, ilog: logging.LoggerAdapter[Any]) -> None:
+        interval = self.settings.heartbeat
+        next_beat = attempt.claim_sent_at + interval
+        while True:
+            await trio.sleep_until(next_beat)
+            next_beat += interval
+            sent_at = trio.current_time()
+            with trio.move_on_after(interval) as timeout:
+                try:
+                    result = await self.store.heartbeat(
+                        attempt.item.id, attempt.item.attempt, self.settings.lease
+                    )
+                except StoreError as exc:
+                    ilog.warning(
+                        "heartbeat failed (%s); self-stop in %.1fs unless one succeeds",
+                        exc,
+                        attempt.scope.deadline - trio.current_time(),
+                    )
+                    continue
+            if timeout.cancelled_caught:
+                ilog.warning(
+                    "heartbeat got no answer within %.1fs; self-stop in %.1fs unless one succeeds",
+                    interval,
+                    attempt.scope.deadline - trio.current_time(),
+                )
+                continue
+            self._observe("heartbeat_rtt", attempt.item.kind, trio.current_time() - sent_at)
+            if result is Heartbeat.LOST:
+                attempt.cancel(CancelReason.LOST)
+                return
+            attempt.beat(sent_at)
+            if result is Heartbeat.CANCEL_REQUESTED:
+                attempt.cancel(CancelReason.CANCEL_REQUESTED)
+
+    async def _watch_stop(self, attempt: Attempt, ilog: logging.LoggerAdapter[Any]) -> None:
+        """Fail-stop the process if the handler ignores its cancel past the grace period."""
+        await attempt.wait_stop_requested()
+        await trio.sleep(self.settings.stop_grace)
+        reason = attempt.reason.value if attempt.reason else "cancel"
+        message = (
+            f"handler of item {attempt.item.id} (attempt {attempt.item.attempt},"
+            f" kind {attempt.item.kind}) did not stop within {self.settings.stop_grace:g}s"
+            f" of being cancelled ({reason}); its file side effects cannot be trusted"
+            " to stop, so the Worker stops"
+        )
+        ilog.critical("%s", message)
+        self.fail_stop(message)
+
+    def _log_end(
+        self,
+        ilog: logging.LoggerAdapter[Any],
+        reason: CancelReason | None,
+        outcome: Outcome,
+        decision: Decision,
+        attempt: Attempt,
+    ) -> None:
+        if reason is CancelReason.SELF_STOP:
+            ilog.warning(
+                "self-stopped: no heartbeat succeeded for %.1fs (half the lease);"
+                " writing nothing, lease recovery will requeue it",
+                self.settings.self_stop_after,
+            )
+            self._observe("self_stopped", attempt.item.kind)
+        elif reason is CancelReason.LOST:
+            ilog.warning("lost: another attempt owns the item now; writing nothing")
+            self._observe("lost", attempt.item.kind)
+        elif reason is not None:
+            ilog.info("stopped (%s)", reason.value)
+        elif decision.action is Action.RETRY:
+            ilog.warning("handler failed (%s); retrying in %.1fs", decision.error, decision.delay)
+        elif decision.action is Action.FAIL:
+            ilog.error("handler failed for good: %s (%s)", decision.reason, decision.error)
+        if outcome.error is not None and reason is not None:
+            ilog.info("after the cancel the handler raised %r; ignored", outcome.error)
+
+    async def _write(
+        self,
+        item: WorkItem,
+        decision: Decision,
+        attempt: Attempt,
+        ilog: logging.LoggerAdapter[Any],
+    ) -> None:
+        """Make the decided write, retrying through short outages.
+
+        Gives up once the attempt's self-stop deadline has passed: from then on the
+        item belongs to lease recovery, and the write would be fenced out anyway.
+        """
+        if decision.action is Action.NOTHING:
+            return
+        backoff = Backoff(initial=0.2, maximum=2.0)
+        while True:
+            try:
+                applied = await self._apply(item, decision)
+            except StoreError as exc:
+                delay = backoff.next()
+                if trio.current_time() + delay >= attempt.scope.deadline:
+                    ilog.error(
+                        "could not record %s (%s); lease recovery will requeue the item",
+                        decision.action.value,
+                        exc,
+                    )
+                    return
+                ilog.warning("could not record %s (%s); retrying", decision.action.value, exc)
+                await trio.sleep(delay)
+                continue
+            if applied:
+                self._observe(decision.action.value, item.kind)
+            else:
+                ilog.warning("%s was fenced out: the attempt had lost the item", decision.action.value)
+                self._observe("lost", item.kind)
+            return
+
+    async def _apply(self, item: WorkItem, decision: Decision) -> bool:
+        store, id, attempt = self.store, item.id, item.attempt
+        match decision.action:
+            case Action.COMPLETE:
+                return await store.complete(id, attempt)
+            case Action.RETRY:
+                assert decision.error is not None
+                return await store.retry_later(id, attempt, decision.delay, decision.error)
+            case Action.FAIL:
+                assert decision.reason is not None
+                return await store.fail(id, attempt, decision.reason, decision.error)
+            case Action.CANCEL:
+                return await store.cancel(id, attempt)
+            case Action.RELEASE:
+                return await store.release(id, attempt)
+        raise AssertionError(f"no write for {decision.action}")  # pragma: no cover
+
+    def _observe(self, event: str, kind: str, value: float | None = None) -> None:
+        if self.observer is not None:
+            self.observer.observe(event, kind, value)

@@ -1,0 +1,92 @@
+"""Structured logs: every line about an item carries its id, attempt, kind, scope and
+the Worker's id; `--log-format json` writes one JSON object per line; a filter masks
+the DSN's password wherever it would appear.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import sys
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from ._model import WorkItem
+
+ITEM_FIELDS = ("item_id", "attempt", "kind", "scope", "worker_id")
+
+
+class ItemLogger(logging.LoggerAdapter[logging.Logger]):
+    """Adds the item's fields to every record."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        kwargs["extra"] = {**(self.extra or {}), **kwargs.get("extra", {})}
+        return msg, kwargs
+
+
+def item_logger(logger: logging.Logger, item: WorkItem, worker_id: str) -> ItemLogger:
+    fields: Mapping[str, object] = {
+        "item_id": item.id,
+        "attempt": item.attempt,
+        "kind": item.kind,
+        "scope": item.scope,
+        "worker_id": worker_id,
+    }
+    return ItemLogger(logger, fields)
+
+
+def _context(record: logging.LogRecord) -> dict[str, Any]:
+    return {f: getattr(record, f) for f in ITEM_FIELDS if hasattr(record, f)}
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        context = _context(record)
+        if context:
+            line += " [" + " ".join(f"{k}={v}" for k, v in context.items()) + "]"
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            **_context(record),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+class RedactingFilter(logging.Filter):
+    """Masks a secret in the formatted message of every record it passes."""
+
+    def __init__(self, secret: str | None) -> None:
+        super().__init__()
+        self.secret = secret
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secret:
+            message = record.getMessage()
+            if self.secret in message:
+                record.msg = message.replace(self.secret, "***")
+                record.args = None
+        return True
+
+
+def configure(level: str = "INFO", fmt: str = "text", secret: str | None = None) -> None:
+    """Send trioworker's logs (and the libraries') to stderr in the chosen format."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactingFilter(secret))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

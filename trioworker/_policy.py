@@ -1,0 +1,120 @@
+"""What to write after an attempt, and when to retry: pure functions over frozen values.
+
+The executor records why it cancelled a handler before cancelling it; `decide` then
+picks the one write that follows from that reason alone. A self-stopped or lost
+attempt gets `Action.NOTHING` whatever its handler did afterwards, so it can never
+reach the fail path.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Callable
+
+import attrs
+
+from ._retry import backoff_delay
+
+
+class CancelReason(enum.Enum):
+    SELF_STOP = "self-stop"  # no heartbeat succeeded for half a lease
+    LOST = "lost"  # a heartbeat found the attempt no longer owns the item
+    CANCEL_REQUESTED = "cancel-requested"  # someone asked for the item to stop
+    SHUTDOWN = "shutdown"  # the Worker is stopping and the grace period ran out
+
+
+class Action(enum.Enum):
+    NOTHING = "nothing"
+    COMPLETE = "complete"
+    RETRY = "retry"
+    FAIL = "fail"
+    CANCEL = "cancel"
+    RELEASE = "release"
+
+
+class DoNotRetry(Exception):
+    """Raise from a handler to fail the item now, without further attempts."""
+
+
+@attrs.frozen
+class RetryPolicy:
+    """Per-kind retry policy for handler errors (self-stops and stalls are not errors)."""
+
+    max_attempts: int = attrs.field(default=5, validator=attrs.validators.ge(1))
+    initial_delay: float = attrs.field(default=2.0, validator=attrs.validators.ge(0))
+    max_delay: float = attrs.field(default=300.0, validator=attrs.validators.ge(0))
+    jitter: float = attrs.field(
+        default=0.2, validator=[attrs.validators.ge(0), attrs.validators.le(1)]
+    )
+
+
+@attrs.frozen
+class Outcome:
+    """How the handler ended, when nothing cancelled it."""
+
+    error: BaseException | None = None  # None: it returned
+
+    @property
+    def returned(self) -> bool:
+        return self.error is None
+
+
+@attrs.frozen
+class Decision:
+    action: Action
+    delay: float = 0.0  # RETRY: seconds until due again
+    reason: str | None = None  # FAIL: the stated reason
+    error: str | None = None  # RETRY, FAIL: the error text
+
+
+def describe_error(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def decide(
+    reason: CancelReason | None,
+    outcome: Outcome,
+    *,
+    failures_before: int,
+    policy: RetryPolicy,
+    rand: Callable[[], float] = random.random,
+) -> Decision:
+    """The single write that follows an attempt.
+
+    `reason` is why the handler's scope was cancelled (None: it was not), and wins
+    over whatever the handler did afterwards. `failures_before` counts the item's
+    handler errors before this attempt.
+    """
+    if reason is CancelReason.SELF_STOP or reason is CancelReason.LOST:
+        return Decision(Action.NOTHING)
+    if reason is CancelReason.CANCEL_REQUESTED:
+        return Decision(Action.CANCEL)
+    if reason is CancelReason.SHUTDOWN:
+        return Decision(Action.RELEASE)
+    if outcome.error is None:
+        return Decision(Action.COMPLETE)
+    error = describe_error(outcome.error)
+    failures = failures_before + 1
+    if isinstance(outcome.error, DoNotRetry):
+        return Decision(Action.FAIL, reason="handler said not to retry", error=error)
+    if failures >= policy.max_attempts:
+        return Decision(
+            Action.FAIL, reason=f"failed {failures} of {policy.max_attempts} attempts", error=error
+        )
+    delay = backoff_delay(
+        failures,
+        initial=policy.initial_delay,
+        maximum=policy.max_delay,
+        jitter=policy.jitter,
+        rand=rand,
+    )
+    return Decision(Action.RETRY, delay=delay, error=error)
+
+
+def unknown_kind(kind: str, known: list[str]) -> Decision:
+    listed = ", ".join(sorted(known)) or "none"
+    return Decision(
+        Action.FAIL, reason=f"unknown kind {kind!r}: no handler registered (known: {listed})"
+    )

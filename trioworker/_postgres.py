@@ -1,0 +1,520 @@
+"""The store on PostgreSQL: psycopg's async API, run under Trio through trio-asyncio.
+
+Every call is one statement (or one short transaction) on a pooled autocommit
+connection, bounded by `call_timeout`. Driver errors become trioworker errors here and
+nowhere else.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, LiteralString, TypeVar
+
+import psycopg
+import psycopg.errors
+import psycopg_pool
+import trio
+from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row
+
+from . import _bridge
+from ._dsn import redact, redact_dsn
+from ._errors import DatabaseUnavailable, SchemaNotReady, StoreError, StoreTimeout
+from ._model import (
+    CancelOutcome,
+    Enqueued,
+    Heartbeat,
+    ItemState,
+    Recovered,
+    Status,
+    StoreStatistics,
+    WorkItem,
+)
+from ._queries import QUERIES
+from ._retry import Backoff
+from ._store import NotifyCallback
+from ._validation import validate_enqueue
+
+log = logging.getLogger("trioworker.store")
+
+T = TypeVar("T")
+Op = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
+
+RUNNING_SCOPE_INDEX = "work_items_one_running_per_scope"
+QUEUED_DEDUP_INDEX = "work_items_one_queued_per_dedup_key"
+NOTIFY_CHANNEL = "trioworker"
+
+# Connection settings that keep a dead link from holding a call forever; a DSN that
+# sets any of them wins.
+_LINK_DEFAULTS = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+}
+
+
+def _violates(exc: BaseException, index: str) -> bool:
+    """Whether `exc` is a unique violation of the named index (and no other)."""
+    return (
+        isinstance(exc, psycopg.errors.UniqueViolation)
+        and exc.diag.constraint_name == index
+    )
+
+
+class Transaction:
+    """The caller's own transaction; pass it to `enqueue(tx=...)` to enqueue atomically."""
+
+    def __init__(self, store: PostgresStore, conn: psycopg.AsyncConnection[Any]) -> None:
+        self._store = store
+        self._conn = conn
+
+    async def execute(
+        self, query: LiteralString, params: Sequence[Any] | dict[str, Any] | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Run one statement in this transaction; rows it returns, if any."""
+
+        async def op(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall() if cur.description else []
+
+        return await self._store._call("transaction.execute", op, conn=self._conn)
+
+
+class PostgresStore:
+    """Durable work items on PostgreSQL. Open with `open_store`."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        max_connections: int = 10,
+        call_timeout: float = 10.0,
+        known_kinds: Sequence[str] | None = None,
+        application_name: str = "trioworker",
+    ) -> None:
+        self.dsn = dsn
+        self.call_timeout = call_timeout
+        self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
+        self._connect_kwargs = _connect_kwargs(dsn, application_name)
+        self._pool = psycopg_pool.AsyncConnectionPool(
+            dsn,
+            kwargs={**self._connect_kwargs, "autocommit": True},
+            min_size=1,
+            max_size=max_connections,
+            open=False,
+            timeout=call_timeout,
+            # Give up a reconnect series after a few seconds; the next call starts a
+            # new one at once, rather than waiting out a long backoff after an outage.
+            reconnect_timeout=5.0,
+            name="trioworker",
+        )
+        self._race_losses = 0
+        self._dedup_hits = 0
+        self._timeouts = 0
+
+    # -- plumbing ---------------------------------------------------------------
+
+    async def open(self) -> None:
+        await _bridge.run(self._pool.open(wait=False))
+
+    async def close(self) -> None:
+        with trio.move_on_after(self.call_timeout):
+            await _bridge.run(self._pool.close(timeout=self.call_timeout))
+
+    async def _call(
+        self,
+        name: str,
+        op: Op[T],
+        *,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+        timeout: float | None = None,
+    ) -> T:
+        """Run `op` on a pooled connection (or `conn`), bounded in time."""
+        limit = self.call_timeout if timeout is None else timeout
+        with trio.move_on_after(limit):
+            try:
+                if conn is not None:
+                    return await _bridge.run(_discarding_on_failure(conn, op))
+                return await _bridge.run(self._with_pooled_connection(op))
+            except psycopg.Error as exc:
+                raise self._translate(name, exc) from None
+        self._timeouts += 1
+        raise StoreTimeout(f"{name}: no answer from PostgreSQL within {limit:g}s")
+
+    async def _with_pooled_connection(self, op: Op[T]) -> T:
+        # asyncio side
+        conn = await self._pool.getconn()
+        try:
+            return await _discarding_on_failure(conn, op)
+        finally:
+            await self._pool.putconn(conn)
+
+    def _translate(self, name: str, exc: psycopg.Error) -> StoreError:
+        message = redact(f"{name}: {type(exc).__name__}: {exc}".strip(), self.dsn)
+        if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction):
+            return SchemaNotReady(f"{message} (run `python -m trioworker migrate`)")
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            return DatabaseUnavailable(message)
+        return StoreError(message)
+
+    async def _rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        query = QUERIES[name]
+
+        async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query, params)
+                return await cur.fetchall() if cur.description else []
+
+        return await self._call(name, op)
+
+    async def _requeue_rows(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """Run a statement that may put items back to Queued.
+
+        A sibling enqueued with the same dedup key between this statement's snapshot
+        and its write makes it violate the dedup index; run it again, and the fresh
+        snapshot sees the sibling and supersedes the item instead.
+        """
+        query = QUERIES[name]
+
+        async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+            for _ in range(3):
+                try:
+                    async with conn.cursor(row_factory=dict_row) as cur:
+                        await cur.execute(query, params)
+                        return await cur.fetchall()
+                except psycopg.errors.UniqueViolation as exc:
+                    if not _violates(exc, QUEUED_DEDUP_INDEX):
+                        raise
+                    last = exc
+            raise last
+
+        return await self._call(name, op)
+
+    # -- enqueue ----------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        kind: str,
+        *,
+        scope: str | None = None,
+        payload: Any = None,
+        dedup_key: str | None = None,
+        run_after: dt.datetime | dt.timedelta | None = None,
+        tx: Transaction | None = None,
+    ) -> Enqueued:
+        """Queue an item; with `tx`, only if the caller's transaction commits."""
+        request = validate_enqueue(
+            kind,
+            scope,
+            payload,
+            dedup_key,
+            run_after,
+            now=dt.datetime.now(dt.UTC),
+            known_kinds=self.known_kinds,
+        )
+        params = {
+            "kind": request.kind,
+            "scope": request.scope,
+            "payload": request.payload_json,
+            "dedup_key": request.dedup_key,
+            "run_at": request.run_at,
+            "delay": request.delay,
+        }
+
+        async def op(conn: psycopg.AsyncConnection[Any]) -> Enqueued:
+            for _ in range(5):
+                cur = await conn.execute(QUERIES["enqueue"], params)
+                row = await cur.fetchone()
+                if row is not None:
+                    return Enqueued(id=row[0], deduplicated=False)
+                # The dedup key is taken: find the Queued holder (it may have been
+                # claimed in between, in which case the insert goes through next time).
+                cur = await conn.execute(QUERIES["queued_with_dedup_key"], params)
+                row = await cur.fetchone()
+                if row is not None:
+                    self._dedup_hits += 1
+                    return Enqueued(id=row[0], deduplicated=True)
+            raise StoreError("enqueue: the dedup key kept changing hands; try again")
+
+        return await self._call("enqueue", op, conn=tx._conn if tx else None)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """A transaction of the caller's own, committed when the block exits cleanly."""
+
+        async def begin() -> psycopg.AsyncConnection[Any]:
+            conn = await self._pool.getconn()
+            try:
+                await conn.execute("BEGIN")
+            except BaseException:
+                await conn.close()
+                await self._pool.putconn(conn)
+                raise
+            return conn
+
+        async def finish(conn: psycopg.AsyncConnection[Any], statement: LiteralString) -> None:
+            try:
+                await conn.execute(statement)
+            finally:
+                if conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                    await conn.close()
+                await self._pool.putconn(conn)
+
+        with trio.fail_after(self.call_timeout):
+            try:
+                conn = await _bridge.run(begin())
+            except psycopg.Error as exc:
+                raise self._translate("transaction", exc) from None
+        committed = False
+        try:
+            yield Transaction(self, conn)
+            await self._call("commit", lambda c: finish(c, "COMMIT"), conn=conn)
+            committed = True
+        finally:
+            if not committed:
+                with trio.CancelScope(shield=True), trio.move_on_after(self.call_timeout):
+                    await _bridge.run(_quietly(finish(conn, "ROLLBACK")))
+
+    # -- claim and the fenced writes ---------------------------------------------
+
+    async def claim(
+        self,
+        worker_id: str,
+        lease: float,
+        scopes: Sequence[str] | None = None,
+        *,
+        unscoped: bool = True,
+    ) -> WorkItem | None:
+        """Take the oldest due item whose scope is free; None if there is none.
+
+        None also when this claim lost the race for a scope to a concurrent claim (the
+        running-scope index rejected it): the Worker waits for its next poll.
+        """
+        if scopes is None:
+            if not unscoped:
+                raise ValueError("a Worker serving every scope serves unscoped items too")
+            name = "claim"
+        else:
+            name = "claim_in_scopes_or_unscoped" if unscoped else "claim_in_scopes"
+        params = {"worker_id": worker_id, "lease": lease, "scopes": list(scopes or ())}
+        query = QUERIES[name]
+
+        async def op(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any] | None:
+            try:
+                async with conn.cursor(row_factory=dict_row) as cur:
+                    await cur.execute(query, params)
+                    return await cur.fetchone()
+            except psycopg.errors.UniqueViolation as exc:
+                if not _violates(exc, RUNNING_SCOPE_INDEX):
+                    raise
+                self._race_losses += 1
+                return None
+
+        row = await self._call(name, op)
+        return WorkItem(**row) if row is not None else None
+
+    async def seconds_until_due(self) -> float | None:
+        """Seconds until the next not-yet-due candidate is due; None if there is none."""
+        rows = await self._rows("seconds_until_due", {})
+        return rows[0]["seconds"]
+
+    async def heartbeat(self, id: int, attempt: int, lease: float) -> Heartbeat:
+        rows = await self._rows("heartbeat", {"id": id, "attempt": attempt, "lease": lease})
+        if not rows:
+            return Heartbeat.LOST
+        return Heartbeat.CANCEL_REQUESTED if rows[0]["cancel_requested"] else Heartbeat.OK
+
+    async def complete(self, id: int, attempt: int) -> bool:
+        return bool(await self._rows("complete", {"id": id, "attempt": attempt}))
+
+    async def fail(self, id: int, attempt: int, reason: str, error: str | None = None) -> bool:
+        params = {"id": id, "attempt": attempt, "reason": reason, "error": error}
+        return bool(await self._rows("fail", params))
+
+    async def cancel(self, id: int, attempt: int) -> bool:
+        return bool(await self._rows("cancel", {"id": id, "attempt": attempt}))
+
+    async def release(self, id: int, attempt: int) -> bool:
+        return bool(await self._requeue_rows("release", {"id": id, "attempt": attempt}))
+
+    async def retry_later(self, id: int, attempt: int, delay: float, error: str) -> bool:
+        params = {"id": id, "attempt": attempt, "delay": delay, "error": error}
+        return bool(await self._requeue_rows("retry_later", params))
+
+    # -- maintenance ----------------------------------------------------------------
+
+    async def recover_expired_leases(self, max_stalls: int, *, batch: int = 100) -> list[Recovered]:
+        """Requeue items whose lease expired (a stall); fail those at max_stalls."""
+        recovered: list[Recovered] = []
+        while True:
+            rows = await self._requeue_rows(
+                "recover_expired_leases", {"max_stalls": max_stalls, "batch": batch}
+            )
+            recovered += [Recovered(**{**r, "status": Status(r["status"])}) for r in rows]
+            if len(rows) < batch:
+                return recovered
+
+    async def request_cancel(self, id: int) -> CancelOutcome:
+        rows = await self._rows("request_cancel", {"id": id})
+        if rows:
+            return (
+                CancelOutcome.CANCELLED
+                if rows[0]["status"] == Status.CANCELLED.value
+                else CancelOutcome.REQUESTED
+            )
+        found = await self._rows("status_of", {"id": id})
+        return CancelOutcome.ALREADY_FINISHED if found else CancelOutcome.NOT_FOUND
+
+    async def delete_finished(self, older_than: dt.timedelta, *, batch: int = 1000) -> int:
+        """Delete finished items that finished longer than `older_than` ago."""
+        params = {"older_than": older_than.total_seconds(), "batch": batch}
+        query = QUERIES["delete_finished"]
+        deleted = 0
+        while True:
+
+            async def op(conn: psycopg.AsyncConnection[Any]) -> int:
+                cur = await conn.execute(query, params)
+                return cur.rowcount
+
+            count = await self._call("delete_finished", op)
+            deleted += count
+            if count < batch:
+                return deleted
+
+    async def get_item(self, id: int) -> ItemState | None:
+        rows = await self._rows("get_item", {"id": id})
+        if not rows:
+            return None
+        return ItemState(**{**rows[0], "status": Status(rows[0]["status"])})
+
+    async def query(self, name: str, **params: Any) -> list[dict[str, Any]]:
+        """Rows of one of the named read queries (status, metrics)."""
+        return await self._rows(name, params)
+
+    def statistics(self) -> StoreStatistics:
+        return StoreStatistics(
+            race_losses=self._race_losses, dedup_hits=self._dedup_hits, timeouts=self._timeouts
+        )
+
+    # -- notifications ---------------------------------------------------------------
+
+    async def listen(
+        self,
+        on_notify: NotifyCallback,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        check_every: float = 30.0,
+    ) -> None:
+        """Call `on_notify` for each NOTIFY about new work, until cancelled.
+
+        Runs on a connection of its own, checks the link when quiet for
+        `check_every` seconds, and reconnects with backoff. After a reconnect it calls
+        `on_notify(None)`, since notifications sent meanwhile were missed.
+        """
+        backoff = Backoff(initial=0.5, maximum=15.0)
+        started = False
+        while True:
+            conn: psycopg.AsyncConnection[Any] | None = None
+            try:
+                with trio.fail_after(self.call_timeout):
+                    conn = await _bridge.run(
+                        psycopg.AsyncConnection.connect(
+                            self.dsn, **self._connect_kwargs, autocommit=True
+                        )
+                    )
+                    await _bridge.run(conn.execute(QUERIES["listen"]))
+                backoff.reset()
+                if started:
+                    log.info("listening for new work again")
+                    on_notify(None)
+                else:
+                    started = True
+                    task_status.started()
+                while True:
+                    await _bridge.run(_relay(conn, on_notify, check_every))
+                    with trio.fail_after(self.call_timeout):
+                        await _bridge.run(conn.execute("SELECT 1"))
+            except (psycopg.Error, trio.TooSlowError, OSError) as exc:
+                delay = backoff.next()
+                log.warning(
+                    "notification listener lost PostgreSQL (%s); polling continues,"
+                    " reconnecting in %.1fs",
+                    redact(f"{type(exc).__name__}: {exc}", self.dsn),
+                    delay,
+                )
+                await trio.sleep(delay)
+            finally:
+                if conn is not None:
+                    with trio.CancelScope(shield=True):
+                        await _bridge.run(conn.close())
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({redact_dsn(self.dsn)!r})"
+
+
+async def _relay(
+    conn: psycopg.AsyncConnection[Any], on_notify: NotifyCallback, timeout: float
+) -> None:
+    # asyncio side
+    async for notify in conn.notifies(timeout=timeout):
+        if notify.channel == NOTIFY_CHANNEL:
+            on_notify(notify.payload)
+
+
+async def _discarding_on_failure(conn: psycopg.AsyncConnection[Any], op: Op[T]) -> T:
+    # asyncio side: a connection that was cancelled mid-statement, or whose link
+    # failed, is closed so the pool discards it rather than handing it out again.
+    try:
+        return await op(conn)
+    except BaseException as exc:
+        if not isinstance(exc, psycopg.Error) or isinstance(
+            exc, psycopg.OperationalError | psycopg.InterfaceError
+        ):
+            await conn.close()
+        raise
+
+
+async def _quietly(aw: Awaitable[None]) -> None:
+    try:
+        await aw
+    except psycopg.Error as exc:
+        log.warning("rollback failed; the connection was discarded: %s", type(exc).__name__)
+
+
+def _connect_kwargs(dsn: str, application_name: str) -> dict[str, Any]:
+    given = psycopg.conninfo.conninfo_to_dict(dsn)
+    kwargs: dict[str, Any] = {k: v for k, v in _LINK_DEFAULTS.items() if k not in given}
+    kwargs.setdefault("application_name", given.get("application_name", application_name))
+    return kwargs
+
+
+@asynccontextmanager
+async def open_store(
+    dsn: str,
+    *,
+    max_connections: int = 10,
+    call_timeout: float = 10.0,
+    known_kinds: Sequence[str] | None = None,
+    application_name: str = "trioworker",
+) -> AsyncIterator[PostgresStore]:
+    """Open a PostgresStore (and a trio-asyncio loop, if none is running here)."""
+    async with _bridge.ensure_loop():
+        store = PostgresStore(
+            dsn,
+            max_connections=max_connections,
+            call_timeout=call_timeout,
+            known_kinds=known_kinds,
+            application_name=application_name,
+        )
+        await store.open()
+        try:
+            yield store
+        finally:
+            with trio.CancelScope(shield=True):
+                await store.close()

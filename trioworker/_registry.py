@@ -1,0 +1,56 @@
+"""Handlers by kind: `@registry.handler("Crawl") async def crawl(item, ctx): ...`."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import attrs
+
+from ._model import WorkItem
+from ._policy import RetryPolicy
+
+if TYPE_CHECKING:
+    from ._executor import Context
+
+Handler: TypeAlias = Callable[[WorkItem, "Context"], Awaitable[Any]]
+
+
+@attrs.frozen
+class Registration:
+    kind: str
+    handler: Handler
+    retry: RetryPolicy
+
+
+class Registry:
+    """The kinds a Worker can run, each with its handler and retry policy."""
+
+    def __init__(self, *, default_retry: RetryPolicy | None = None) -> None:
+        self._registrations: dict[str, Registration] = {}
+        self.default_retry = default_retry or RetryPolicy()
+
+    def handler(
+        self, kind: str, *, retry: RetryPolicy | None = None
+    ) -> Callable[[Handler], Handler]:
+        """Register the decorated coroutine function as the handler of `kind`."""
+        if not isinstance(kind, str) or not kind.strip():
+            raise ValueError("a handler's kind must be a non-empty string")
+
+        def register(fn: Handler) -> Handler:
+            if kind in self._registrations:
+                raise ValueError(f"kind {kind!r} already has a handler")
+            self._registrations[kind] = Registration(kind, fn, retry or self.default_retry)
+            return fn
+
+        return register
+
+    def get(self, kind: str) -> Registration | None:
+        return self._registrations.get(kind)
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted(self._registrations)
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self._registrations

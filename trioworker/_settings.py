@@ -1,0 +1,57 @@
+"""A Worker's timing and capacity settings, checked together."""
+
+from __future__ import annotations
+
+import attrs
+
+from ._errors import ConfigurationError
+
+
+def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not value > 0:
+        raise ConfigurationError(f"{attribute.name} must be positive, not {value!r}")
+
+
+@attrs.frozen
+class Settings:
+    """Defaults: lease 60 s, heartbeat every 10 s, self-stop at 30 s, poll 5 s, 3 stalls."""
+
+    lease: float = attrs.field(default=60.0, validator=_positive)
+    heartbeat: float = attrs.field(default=10.0, validator=_positive)
+    poll: float = attrs.field(default=5.0, validator=_positive)
+    max_stalls: int = attrs.field(default=3, validator=_positive)
+    concurrency: int = attrs.field(default=1, validator=_positive)
+    #: Parallel file work across the Worker's items (the handler context's limiter).
+    max_concurrent_files: int = attrs.field(default=4, validator=_positive)
+    #: How long running items may finish after SIGTERM before they are cancelled.
+    shutdown_grace: float = attrs.field(default=30.0, validator=_positive)
+    #: How long a cancelled handler may take to stop before the process fail-stops.
+    #: Default: a quarter lease, so a stopped attempt is gone before its lease expires.
+    stop_grace: float = attrs.field(default=None, converter=attrs.Converter(
+        lambda value, self_: self_.lease / 4 if value is None else float(value),
+        takes_self=True,
+    ))
+    #: How often this Worker runs lease recovery. Default: a quarter lease.
+    recovery_every: float = attrs.field(default=None, converter=attrs.Converter(
+        lambda value, self_: self_.lease / 4 if value is None else float(value),
+        takes_self=True,
+    ))
+
+    def __attrs_post_init__(self) -> None:
+        if self.heartbeat >= self.self_stop_after:
+            raise ConfigurationError(
+                f"heartbeat ({self.heartbeat:g}s) must be shorter than half the lease"
+                f" ({self.self_stop_after:g}s), or every attempt would self-stop"
+            )
+        if self.stop_grace <= 0 or self.self_stop_after + self.stop_grace >= self.lease:
+            raise ConfigurationError(
+                f"stop grace ({self.stop_grace:g}s) must be positive and end before the"
+                f" lease does: half the lease + grace < lease ({self.lease:g}s)"
+            )
+        if self.recovery_every <= 0:
+            raise ConfigurationError("recovery_every must be positive")
+
+    @property
+    def self_stop_after(self) -> float:
+        """An attempt cancels its own handler this long after its last good heartbeat."""
+        return self.lease / 2

@@ -1,0 +1,88 @@
+"""`trioworker status`: what the queue holds, as a table people read or JSON."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from rich import box
+from rich.console import Console, Group
+from rich.table import Table
+
+from ._model import Status
+from ._postgres import PostgresStore
+
+STATUS_ORDER = [s.value for s in Status]
+
+
+async def gather(store: PostgresStore, *, failures: int = 10) -> dict[str, Any]:
+    counts = await store.query("counts_by_kind_and_status")
+    running = await store.query("running_items")
+    busy = await store.query("busy_scopes")
+    failed = await store.query("recent_failures", limit=failures)
+    by_kind: dict[str, dict[str, int]] = {}
+    for row in counts:
+        by_kind.setdefault(row["kind"], dict.fromkeys(STATUS_ORDER, 0))[row["status"]] = row["n"]
+    return {
+        "counts": by_kind,
+        "totals": {s: sum(k[s] for k in by_kind.values()) for s in STATUS_ORDER},
+        "running": [_jsonable(r) for r in running],
+        "busy_scopes": busy[0]["n"],
+        "recent_failures": [_jsonable(r) for r in failed],
+    }
+
+
+def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.isoformat() if isinstance(v, dt.datetime) else v for k, v in row.items()}
+
+
+def render(status: dict[str, Any]) -> Group:
+    counts = Table(title="Work items by kind and status", box=box.SIMPLE_HEAVY)
+    counts.add_column("kind")
+    for s in STATUS_ORDER:
+        counts.add_column(s, justify="right")
+    for kind, row in sorted(status["counts"].items()):
+        counts.add_row(kind, *(_n(row[s]) for s in STATUS_ORDER))
+    if status["counts"]:
+        counts.add_section()
+    counts.add_row("all", *(_n(status["totals"][s]) for s in STATUS_ORDER), style="bold")
+
+    running = Table(
+        title=f"Running ({len(status['running'])}; busy scopes: {status['busy_scopes']})",
+        box=box.SIMPLE_HEAVY,
+    )
+    for column in ("id", "kind", "scope", "attempt", "worker", "lease left"):
+        running.add_column(column, justify="right" if column in ("id", "attempt") else "left")
+    for r in status["running"]:
+        left = r["lease_left"]
+        running.add_row(
+            str(r["id"]),
+            r["kind"],
+            r["scope"] or "-",
+            str(r["attempt"]),
+            r["worker_id"] or "-",
+            f"{left:.1f}s" if left >= 0 else f"expired {-left:.1f}s ago",
+            style="red" if left < 0 else None,
+        )
+
+    failures = Table(title="Recent failures", box=box.SIMPLE_HEAVY)
+    for column in ("id", "kind", "scope", "finished", "reason", "error"):
+        failures.add_column(column, overflow="fold")
+    for r in status["recent_failures"]:
+        failures.add_row(
+            str(r["id"]),
+            r["kind"],
+            r["scope"] or "-",
+            (r["finished_at"] or "")[:19],
+            r["reason"] or "",
+            (r["error"] or "")[:120],
+        )
+    return Group(counts, running, failures)
+
+
+def _n(value: int) -> str:
+    return f"{value:,}" if value else "·"
+
+
+def print_status(status: dict[str, Any], console: Console | None = None) -> None:
+    (console or Console()).print(render(status))

@@ -1,0 +1,78 @@
+"""The Store protocol: what the executor and Worker need from durable storage.
+
+Two implementations: `PostgresStore` and the in-memory `trioworker.testing.MemoryStore`.
+The contract tests run against both, so the fake cannot drift from PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import trio
+
+from ._model import (
+    CancelOutcome,
+    Enqueued,
+    Heartbeat,
+    ItemState,
+    Recovered,
+    StoreStatistics,
+    WorkItem,
+)
+
+#: Called with the notification's scope ("" for unscoped work, None after a reconnect).
+NotifyCallback = Callable[[str | None], None]
+
+
+class Store(Protocol):
+    async def enqueue(
+        self,
+        kind: str,
+        *,
+        scope: str | None = None,
+        payload: Any = None,
+        dedup_key: str | None = None,
+        run_after: dt.datetime | dt.timedelta | None = None,
+    ) -> Enqueued: ...
+
+    async def claim(
+        self,
+        worker_id: str,
+        lease: float,
+        scopes: Sequence[str] | None = None,
+        *,
+        unscoped: bool = True,
+    ) -> WorkItem | None: ...
+
+    async def seconds_until_due(self) -> float | None: ...
+
+    async def heartbeat(self, id: int, attempt: int, lease: float) -> Heartbeat: ...
+
+    async def complete(self, id: int, attempt: int) -> bool: ...
+
+    async def fail(self, id: int, attempt: int, reason: str, error: str | None = None) -> bool: ...
+
+    async def cancel(self, id: int, attempt: int) -> bool: ...
+
+    async def release(self, id: int, attempt: int) -> bool: ...
+
+    async def retry_later(self, id: int, attempt: int, delay: float, error: str) -> bool: ...
+
+    async def recover_expired_leases(self, max_stalls: int) -> list[Recovered]: ...
+
+    async def request_cancel(self, id: int) -> CancelOutcome: ...
+
+    async def delete_finished(self, older_than: dt.timedelta) -> int: ...
+
+    async def get_item(self, id: int) -> ItemState | None: ...
+
+    async def listen(
+        self,
+        on_notify: NotifyCallback,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None: ...
+
+    def statistics(self) -> StoreStatistics: ...

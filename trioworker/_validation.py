@@ -1,0 +1,115 @@
+"""Checks on enqueue input, before anything is written. Pure functions."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections.abc import Collection
+from typing import Any
+
+import attrs
+
+from ._errors import InvalidWorkItem
+
+#: Largest payload accepted, as UTF-8 JSON.
+MAX_PAYLOAD_BYTES = 64 * 1024
+#: Longest kind, scope or dedup key.
+MAX_NAME_LENGTH = 200
+#: How far from now run_after may lie, either way.
+MAX_RUN_AFTER_DISTANCE = dt.timedelta(days=366)
+
+
+@attrs.frozen
+class EnqueueRequest:
+    """Validated enqueue input, ready for the store."""
+
+    kind: str
+    scope: str | None
+    payload_json: str
+    dedup_key: str | None
+    run_at: dt.datetime | None  # absolute, when given as a datetime
+    delay: float  # seconds from the database's now(), when given as a timedelta
+
+
+def validate_enqueue(
+    kind: object,
+    scope: object = None,
+    payload: Any = None,
+    dedup_key: object = None,
+    run_after: dt.datetime | dt.timedelta | None = None,
+    *,
+    now: dt.datetime,
+    known_kinds: Collection[str] | None = None,
+) -> EnqueueRequest:
+    """Return the request as the store writes it, or raise InvalidWorkItem."""
+    _check_name("kind", kind, optional=False)
+    assert isinstance(kind, str)
+    if known_kinds is not None and kind not in known_kinds:
+        known = ", ".join(sorted(known_kinds)) or "none"
+        raise InvalidWorkItem(f"unknown kind {kind!r} (known kinds: {known})")
+    _check_name("scope", scope, optional=True)
+    _check_name("dedup_key", dedup_key, optional=True)
+    run_at, delay = _check_run_after(run_after, now)
+    return EnqueueRequest(
+        kind=kind,
+        scope=scope,  # type: ignore[arg-type]  # checked by _check_name
+        payload_json=_payload_json({} if payload is None else payload),
+        dedup_key=dedup_key,  # type: ignore[arg-type]  # checked by _check_name
+        run_at=run_at,
+        delay=delay,
+    )
+
+
+def _check_name(what: str, value: object, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        raise InvalidWorkItem(f"{what} must be a string, not {type(value).__name__}")
+    if not value.strip():
+        raise InvalidWorkItem(f"{what} must not be empty")
+    if len(value) > MAX_NAME_LENGTH:
+        raise InvalidWorkItem(f"{what} is longer than {MAX_NAME_LENGTH} characters")
+    if "\x00" in value:
+        raise InvalidWorkItem(f"{what} must not contain NUL characters")
+
+
+def _payload_json(payload: Any) -> str:
+    try:
+        text = json.dumps(payload, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidWorkItem(f"payload is not JSON-serialisable: {exc}") from exc
+    if "\\u0000" in text:
+        raise InvalidWorkItem("payload must not contain NUL characters (jsonb rejects them)")
+    size = len(text.encode())
+    if size > MAX_PAYLOAD_BYTES:
+        raise InvalidWorkItem(
+            f"payload is {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}"
+        )
+    return text
+
+
+def _check_run_after(
+    run_after: object, now: dt.datetime
+) -> tuple[dt.datetime | None, float]:
+    if run_after is None:
+        return None, 0.0
+    if isinstance(run_after, dt.timedelta):
+        if abs(run_after) > MAX_RUN_AFTER_DISTANCE:
+            raise InvalidWorkItem(f"run_after {run_after} is further than {MAX_RUN_AFTER_DISTANCE.days} days away")
+        seconds = run_after.total_seconds()
+        if not math.isfinite(seconds):
+            raise InvalidWorkItem("run_after must be finite")
+        return None, seconds
+    if isinstance(run_after, dt.datetime):
+        if run_after.tzinfo is None or run_after.utcoffset() is None:
+            raise InvalidWorkItem("run_after must be timezone-aware")
+        if abs(run_after - now) > MAX_RUN_AFTER_DISTANCE:
+            raise InvalidWorkItem(
+                f"run_after {run_after.isoformat()} is further than"
+                f" {MAX_RUN_AFTER_DISTANCE.days} days from now"
+            )
+        return run_after, 0.0
+    raise InvalidWorkItem(
+        f"run_after must be a datetime or a timedelta, not {type(run_after).__name__}"
+    )

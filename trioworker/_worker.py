@@ -1,0 +1,262 @@
+"""The Worker: claims work items and runs them, all its loops children of one nursery.
+
+    async with trio.open_nursery() as nursery:
+        worker = Worker(store, registry)
+        await nursery.start(worker.run)  # returns once it is listening
+        ...
+        worker.stop()  # graceful: finish or release running items
+
+`run` returns after a graceful stop; cancel it to stop at once (nothing is written:
+running items are left to lease recovery).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Sequence
+
+import attrs
+import trio
+
+from ._errors import SchemaNotReady, StoreError
+from ._executor import Executor, FailStop
+from ._model import Status, WorkItem
+from ._registry import Registry
+from ._retry import Backoff
+from ._settings import Settings
+from ._store import Store
+from ._watchdog import TICK_EVERY, Watchdog
+
+log = logging.getLogger("trioworker.worker")
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@attrs.frozen
+class WorkerStatistics:
+    claimed: int
+    running: int
+    events: dict[str, int]  # completed, retry, fail, cancel, release, self_stopped, lost, ...
+
+
+class Worker:
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        settings: Settings | None = None,
+        *,
+        worker_id: str | None = None,
+        scopes: Sequence[str] | None = None,
+        unscoped: bool | None = None,
+        fail_stop: FailStop,
+        watchdog: bool = False,
+        observer: object = None,
+    ) -> None:
+        """`scopes`: serve only these scopes (None: all). `unscoped`: take unscoped
+        items too (default: yes when serving all scopes, no when serving a list).
+        `fail_stop` is called when a handler will not stop; it must end the process.
+        """
+        self.store = store
+        self.registry = registry
+        self.settings = settings or Settings()
+        self.worker_id = worker_id or default_worker_id()
+        self.scopes = None if scopes is None else sorted(set(scopes))
+        self.unscoped = (scopes is None) if unscoped is None else unscoped
+        self.events: collections.Counter[str] = collections.Counter()
+        self._observer = observer
+        self.executor = Executor(
+            store,
+            registry,
+            self.settings,
+            worker_id=self.worker_id,
+            fail_stop=fail_stop,
+            observer=self,
+        )
+        self._watchdog = Watchdog(self.settings.stop_grace, fail_stop) if watchdog else None
+        self._wake = trio.Event()
+        self._stopping = trio.Event()
+        self._claimed = 0
+        self._in_flight = 0
+        self._item_done = trio.Event()
+
+    # -- observer hooks (the executor reports here) ------------------------------------
+
+    def observe(self, event: str, kind: str, value: float | None = None) -> None:
+        if value is None:
+            self.events[event] += 1
+        if self._observer is not None:
+            self._observer.observe(event, kind, value)  # type: ignore[attr-defined]
+
+    def statistics(self) -> WorkerStatistics:
+        return WorkerStatistics(
+            claimed=self._claimed, running=self._in_flight, events=dict(self.events)
+        )
+
+    # -- control -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; running items get the shutdown grace period, then are released."""
+        if not self._stopping.is_set():
+            log.info(
+                "stopping: no new claims; %d running item(s) get %.0fs to finish",
+                self._in_flight,
+                self.settings.shutdown_grace,
+            )
+        self._stopping.set()
+        self._wake.set()
+
+    def _on_notify(self, scope: str | None) -> None:
+        if scope is None or self._serves(scope):
+            self._wake.set()
+
+    def _serves(self, scope: str) -> bool:
+        if scope == "":
+            return self.unscoped
+        return self.scopes is None or scope in self.scopes
+
+    # -- the loops ----------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Claim and run items until `stop()` (graceful) or cancellation (at once)."""
+        log.info(
+            "worker %s starting: %s, concurrency %d, lease %gs, heartbeat %gs, poll %gs",
+            self.worker_id,
+            self._describe_scopes(),
+            self.settings.concurrency,
+            self.settings.lease,
+            self.settings.heartbeat,
+            self.settings.poll,
+        )
+        if self._watchdog is not None:
+            self._watchdog.start()
+        try:
+            async with trio.open_nursery() as background:
+                await background.start(self.store.listen, self._on_notify)
+                background.start_soon(self._recovery_loop)
+                if self._watchdog is not None:
+                    background.start_soon(self._tick_watchdog, self._watchdog)
+                async with trio.open_nursery() as items:
+                    task_status.started()
+                    log.info("worker %s ready", self.worker_id)
+                    await self._claim_loop(items)
+                    await self._drain()
+                background.cancel_scope.cancel()
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.stop()
+        log.info("worker %s stopped", self.worker_id)
+
+    def _describe_scopes(self) -> str:
+        served = "all scopes" if self.scopes is None else "scopes " + ", ".join(self.scopes)
+        return served + (" and unscoped items" if self.unscoped else " only")
+
+    async def _claim_loop(self, items: trio.Nursery) -> None:
+        slots = trio.Semaphore(self.settings.concurrency)
+        backoff = Backoff(initial=0.5, maximum=max(self.settings.poll * 2, 5.0))
+        while not self._stopping.is_set():
+            await slots.acquire()
+            if self._stopping.is_set():
+                slots.release()
+                return
+            self._wake = trio.Event()  # before the claim: a NOTIFY during it is not lost
+            sent_at = trio.current_time()
+            try:
+                item = await self.store.claim(
+                    self.worker_id,
+                    self.settings.lease,
+                    self.scopes,
+                    unscoped=self.unscoped,
+                )
+            except SchemaNotReady:
+                raise
+            except StoreError as exc:
+                slots.release()
+                delay = backoff.next()
+                log.warning(
+                    "cannot claim: %s (failure %d); retrying in %.1fs",
+                    exc,
+                    backoff.failures,
+                    delay,
+                )
+                await self._idle(delay)
+                continue
+            if backoff.failures:
+                log.info("PostgreSQL answers again; claiming")
+                backoff.reset()
+            if item is None:
+                slots.release()
+                await self._idle(await self._until_next_due())
+                continue
+            self._claimed += 1
+            self.observe("claimed", item.kind)
+            items.start_soon(self._run_item, item, sent_at, slots)
+
+    async def _until_next_due(self) -> float:
+        """The poll interval, or less when a delayed item falls due sooner."""
+        try:
+            due = await self.store.seconds_until_due()
+        except StoreError:
+            return self.settings.poll
+        if due is None:
+            return self.settings.poll
+        return min(self.settings.poll, max(due, 0.0) + 0.01)
+
+    async def _idle(self, seconds: float) -> None:
+        with trio.move_on_after(seconds):
+            await self._wake.wait()
+
+    async def _run_item(self, item: WorkItem, sent_at: float, slots: trio.Semaphore) -> None:
+        self._in_flight += 1
+        try:
+            await self.executor.run(item, sent_at)
+        finally:
+            self._in_flight -= 1
+            self._item_done.set()
+            slots.release()
+            self._wake.set()  # claim again at once: more work may be waiting
+
+    async def _drain(self) -> None:
+        """Give running items the grace period, then cancel them (they are released)."""
+        with trio.move_on_after(self.settings.shutdown_grace):
+            while self._in_flight:
+                await self._item_done.wait()
+                self._item_done = trio.Event()
+        if self._in_flight:
+            log.warning(
+                "shutdown grace period over: cancelling and releasing %d item(s)",
+                self._in_flight,
+            )
+            self.executor.shut_down()
+
+    async def _recovery_loop(self) -> None:
+        while True:
+            try:
+                recovered = await self.store.recover_expired_leases(self.settings.max_stalls)
+            except StoreError as exc:
+                log.warning("lease recovery failed: %s; next try in %.0fs", exc, self.settings.recovery_every)
+                recovered = []
+            for r in recovered:
+                fields = {"item_id": r.id, "attempt": r.attempt, "kind": r.kind, "scope": r.scope, "worker_id": self.worker_id}
+                self.observe("stall_recovered", r.kind)
+                if r.status is Status.FAILED:
+                    log.error("lease expired; stall %d of %d: failed as stalled", r.stalls, self.settings.max_stalls, extra=fields)
+                elif r.status is Status.QUEUED:
+                    log.warning("lease expired; stall %d of %d: requeued", r.stalls, self.settings.max_stalls, extra=fields)
+                else:
+                    log.warning("lease expired; stall %d: %s (%s)", r.stalls, r.status.value, r.reason, extra=fields)
+            await trio.sleep(self.settings.recovery_every)
+
+    async def _tick_watchdog(self, watchdog: Watchdog) -> None:
+        while True:
+            deadlines = [a.scope.deadline for a in self.executor.running.values()]
+            earliest = min(deadlines, default=math.inf)
+            watchdog.tick(time.monotonic() + (earliest - trio.current_time()))
+            await trio.sleep(TICK_EVERY)
