@@ -11,9 +11,9 @@ the task was using.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 import trio_asyncio
@@ -21,10 +21,20 @@ import trio_asyncio
 T = TypeVar("T")
 
 
-async def run(coro: Awaitable[T]) -> T:
-    """Await an asyncio awaitable from Trio; a Trio cancel returns immediately."""
-    loop = trio_asyncio.current_loop.get()
-    task = loop.create_task(coro)  # type: ignore[arg-type]
+def current_loop() -> asyncio.AbstractEventLoop:
+    loop = trio_asyncio.current_loop.get(None)
+    if loop is None:
+        raise RuntimeError("no trio-asyncio loop here: open the store inside `open_store`")
+    return loop
+
+
+async def run(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop | None = None) -> T:
+    """Await an asyncio coroutine from Trio; a Trio cancel returns immediately.
+
+    `loop` is the trio-asyncio loop to run it on (default: this task's). Passing the
+    loop a store was opened in lets any Trio task use the store.
+    """
+    task = (loop or current_loop()).create_task(coro)
     try:
         return await trio_asyncio.run_aio_future(asyncio.shield(task))  # type: ignore[no-any-return]
     finally:

@@ -7,9 +7,10 @@ nowhere else.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, LiteralString, TypeVar
 
@@ -114,18 +115,26 @@ class PostgresStore:
             reconnect_timeout=5.0,
             name="trioworker",
         )
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._race_losses = 0
         self._dedup_hits = 0
         self._timeouts = 0
 
     # -- plumbing ---------------------------------------------------------------
 
+    async def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._loop is None:
+            raise RuntimeError("the store is not open")
+        return await _bridge.run(coro, self._loop)
+
     async def open(self) -> None:
-        await _bridge.run(self._pool.open(wait=False))
+        """Open the pool on this task's trio-asyncio loop; any task may then use it."""
+        self._loop = _bridge.current_loop()
+        await self._run(self._pool.open(wait=False))
 
     async def close(self) -> None:
         with trio.move_on_after(self.call_timeout):
-            await _bridge.run(self._pool.close(timeout=self.call_timeout))
+            await self._run(self._pool.close(timeout=self.call_timeout))
 
     async def _call(
         self,
@@ -140,8 +149,8 @@ class PostgresStore:
         with trio.move_on_after(limit):
             try:
                 if conn is not None:
-                    return await _bridge.run(_discarding_on_failure(conn, op))
-                return await _bridge.run(self._with_pooled_connection(op))
+                    return await self._run(_discarding_on_failure(conn, op))
+                return await self._run(self._with_pooled_connection(op))
             except psycopg.Error as exc:
                 raise self._translate(name, exc) from None
         self._timeouts += 1
@@ -268,7 +277,7 @@ class PostgresStore:
 
         with trio.fail_after(self.call_timeout):
             try:
-                conn = await _bridge.run(begin())
+                conn = await self._run(begin())
             except psycopg.Error as exc:
                 raise self._translate("transaction", exc) from None
         committed = False
@@ -279,7 +288,7 @@ class PostgresStore:
         finally:
             if not committed:
                 with trio.CancelScope(shield=True), trio.move_on_after(self.call_timeout):
-                    await _bridge.run(_quietly(finish(conn, "ROLLBACK")))
+                    await self._run(_quietly(finish(conn, "ROLLBACK")))
 
     # -- claim and the fenced writes ---------------------------------------------
 
@@ -423,12 +432,12 @@ class PostgresStore:
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
                 with trio.fail_after(self.call_timeout):
-                    conn = await _bridge.run(
+                    conn = await self._run(
                         psycopg.AsyncConnection.connect(
                             self.dsn, **self._connect_kwargs, autocommit=True
                         )
                     )
-                    await _bridge.run(conn.execute(QUERIES["listen"]))
+                    await self._run(conn.execute(QUERIES["listen"]))
                 backoff.reset()
                 if started:
                     log.info("listening for new work again")
@@ -437,9 +446,9 @@ class PostgresStore:
                     started = True
                     task_status.started()
                 while True:
-                    await _bridge.run(_relay(conn, on_notify, check_every))
+                    await self._run(_relay(conn, on_notify, check_every))
                     with trio.fail_after(self.call_timeout):
-                        await _bridge.run(conn.execute("SELECT 1"))
+                        await self._run(conn.execute("SELECT 1"))
             except (psycopg.Error, trio.TooSlowError, OSError) as exc:
                 delay = backoff.next()
                 log.warning(
@@ -452,7 +461,7 @@ class PostgresStore:
             finally:
                 if conn is not None:
                     with trio.CancelScope(shield=True):
-                        await _bridge.run(conn.close())
+                        await self._run(conn.close())
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact_dsn(self.dsn)!r})"

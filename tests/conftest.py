@@ -1,0 +1,79 @@
+# trio_asyncio before psycopg, or psycopg's async calls find no running event loop.
+import trio_asyncio  # noqa: F401  isort: skip
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+
+from tests.support.database import Databases, server_dsn, with_dbname
+from tests.support.harness import Harness, MemoryHarness, PostgresHarness
+from trioworker import PostgresStore, open_store
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true", help="run the long soak tests too")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--soak"):
+        return
+    deselected = [item for item in items if "slow" in item.keywords]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if "slow" not in item.keywords]
+
+
+@pytest.fixture(scope="session")
+def databases() -> Iterator[Databases]:
+    """PostgreSQL for the session. Never skips: no database is a failure."""
+    with server_dsn() as (admin_dsn, source):
+        logging.getLogger(__name__).info("test database server: %s", source)
+        databases = Databases(admin_dsn)
+        try:
+            yield databases
+        finally:
+            databases.close()
+
+
+@pytest.fixture
+def dsn(databases: Databases) -> Iterator[str]:
+    """A fresh, migrated database for this test."""
+    name = databases.create()
+    try:
+        yield with_dbname(databases.admin_dsn, name)
+    finally:
+        databases.drop(name)
+
+
+@pytest.fixture
+def pg(dsn: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    """A plain autocommit connection to the test database, for setting up and checking."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+async def store(dsn: str) -> AsyncIterator[PostgresStore]:
+    async with open_store(dsn, call_timeout=10.0) as store:
+        yield store
+
+
+
+@pytest.fixture(params=["memory", "postgres"])
+async def harness(
+    request: pytest.FixtureRequest, databases: Databases
+) -> AsyncIterator["Harness"]:
+    """Each contract test runs against the in-memory store and against PostgreSQL."""
+    if request.param == "memory":
+        yield MemoryHarness()
+        return
+    name = databases.create()
+    dsn = with_dbname(databases.admin_dsn, name)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as pg:
+            async with open_store(dsn) as store:
+                yield PostgresHarness(store, pg)
+    finally:
+        databases.drop(name)

@@ -1,0 +1,312 @@
+"""The Store contract, run against PostgreSQL and the in-memory store alike."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from tests.support.harness import Harness
+from trioworker import CancelOutcome, Heartbeat, InvalidWorkItem, Status
+
+LEASE = 30.0
+
+
+def by_id(harness: Harness) -> dict[int, object]:
+    return {item.id: item for item in harness.items()}
+
+
+async def test_enqueue_returns_a_new_id_for_each_item(harness: Harness) -> None:
+    """Each enqueue without a dedup key makes a new Queued item."""
+    a = await harness.store.enqueue("Crawl", scope="c1", payload={"path": "/x"})
+    b = await harness.store.enqueue("Crawl", scope="c1")
+    assert a.id != b.id and not a.deduplicated and not b.deduplicated
+    items = harness.items()
+    assert [i.status for i in items] == [Status.QUEUED, Status.QUEUED]
+    assert items[0].payload == {"path": "/x"} and items[1].payload == {}
+
+
+async def test_dedup_key_merges_onto_the_queued_item(harness: Harness) -> None:
+    """A second enqueue with a Queued item's dedup key returns that item instead."""
+    first = await harness.store.enqueue("Crawl", scope="c1", dedup_key="crawl:c1")
+    second = await harness.store.enqueue("Crawl", scope="c1", dedup_key="crawl:c1")
+    assert second.id == first.id and second.deduplicated
+    assert len(harness.items()) == 1
+    assert harness.store.statistics().dedup_hits == 1
+
+
+async def test_dedup_key_is_free_again_once_the_item_runs(harness: Harness) -> None:
+    """Only Queued items hold their dedup key: a running crawl does not block the next."""
+    first = await harness.store.enqueue("Crawl", dedup_key="k")
+    assert await harness.store.claim("w1", LEASE)
+    second = await harness.store.enqueue("Crawl", dedup_key="k")
+    assert second.id != first.id and not second.deduplicated
+
+
+async def test_claim_takes_the_oldest_due_item(harness: Harness) -> None:
+    """Claims go in enqueue order, and an item is not claimed before its run_after."""
+    later = await harness.store.enqueue("A", run_after=dt.timedelta(hours=1))
+    first = await harness.store.enqueue("A")
+    second = await harness.store.enqueue("A", scope="s")
+    one = await harness.store.claim("w1", LEASE)
+    two = await harness.store.claim("w1", LEASE)
+    assert one and two and (one.id, two.id) == (first.id, second.id)
+    assert await harness.store.claim("w1", LEASE) is None
+    assert by_id(harness)[later.id].status is Status.QUEUED  # type: ignore[attr-defined]
+
+
+async def test_claim_sets_running_with_attempt_and_lease(harness: Harness) -> None:
+    """A claim marks the item Running, bumps its attempt and records the Worker."""
+    enqueued = await harness.store.enqueue("A", scope="s", payload={"n": 1})
+    item = await harness.store.claim("w1", LEASE)
+    assert item is not None
+    assert (item.id, item.kind, item.scope, item.payload, item.attempt) == (
+        enqueued.id, "A", "s", {"n": 1}, 1,
+    )  # fmt: skip
+    state = harness.items()[0]
+    assert state.status is Status.RUNNING and state.worker_id == "w1"
+    assert state.lease_expires_at is not None and state.started_at is not None
+
+
+async def test_busy_scope_is_passed_over_for_other_scopes_and_unscoped(harness: Harness) -> None:
+    """While scope C's item runs, a claimer takes scope D's item and an unscoped item."""
+    c1 = await harness.store.enqueue("Crawl", scope="C")
+    await harness.store.enqueue("Purge", scope="C")
+    d = await harness.store.enqueue("Crawl", scope="D")
+    free = await harness.store.enqueue("TokenCleanup")
+    running = await harness.store.claim("w1", LEASE)
+    assert running and running.id == c1.id
+    taken = {(await harness.store.claim("w2", LEASE)).id for _ in range(2)}  # type: ignore[union-attr]
+    assert taken == {d.id, free.id}
+    assert await harness.store.claim("w2", LEASE) is None  # C's second item waits
+
+
+async def test_the_next_item_of_a_scope_is_claimable_once_the_first_finishes(
+    harness: Harness,
+) -> None:
+    """A scope's items run one after the other."""
+    first = await harness.store.enqueue("Crawl", scope="C")
+    second = await harness.store.enqueue("Purge", scope="C")
+    item = await harness.store.claim("w1", LEASE)
+    assert item and item.id == first.id
+    assert await harness.store.claim("w2", LEASE) is None
+    assert await harness.store.complete(item.id, item.attempt)
+    nxt = await harness.store.claim("w2", LEASE)
+    assert nxt and nxt.id == second.id
+
+
+async def test_claim_restricted_to_scopes(harness: Harness) -> None:
+    """A Worker serving some scopes takes only those (and unscoped items only if asked)."""
+    await harness.store.enqueue("A", scope="u1")
+    mine = await harness.store.enqueue("A", scope="u2")
+    unscoped = await harness.store.enqueue("A")
+    item = await harness.store.claim("w", LEASE, ["u2", "u3"], unscoped=False)
+    assert item and item.id == mine.id
+    assert await harness.store.claim("w", LEASE, ["u2", "u3"], unscoped=False) is None
+    item = await harness.store.claim("w", LEASE, ["u2"], unscoped=True)
+    assert item and item.id == unscoped.id
+
+
+async def test_heartbeat_reports_ok_then_cancel_requested(harness: Harness) -> None:
+    """A heartbeat of the live attempt is Ok, and CancelRequested once a cancel is asked."""
+    await harness.store.enqueue("A")
+    item = await harness.store.claim("w", LEASE)
+    assert item
+    assert await harness.store.heartbeat(item.id, item.attempt, LEASE) is Heartbeat.OK
+    assert await harness.store.request_cancel(item.id) is CancelOutcome.REQUESTED
+    assert await harness.store.heartbeat(item.id, item.attempt, LEASE) is Heartbeat.CANCEL_REQUESTED
+    assert await harness.store.cancel(item.id, item.attempt)
+    assert harness.items()[0].status is Status.CANCELLED
+
+
+async def test_stale_attempt_writes_nothing_and_is_lost(harness: Harness) -> None:
+    """Heartbeat, complete and fail of a superseded attempt write nothing and report Lost."""
+    await harness.store.enqueue("A", scope="s")
+    old = await harness.store.claim("w1", LEASE)
+    assert old
+    harness.expire_lease(old.id)
+    assert len(await harness.store.recover_expired_leases(max_stalls=3)) == 1
+    new = await harness.store.claim("w2", LEASE)
+    assert new and new.attempt == old.attempt + 1
+    before = harness.items()
+    assert await harness.store.heartbeat(old.id, old.attempt, LEASE) is Heartbeat.LOST
+    assert not await harness.store.complete(old.id, old.attempt)
+    assert not await harness.store.fail(old.id, old.attempt, "boom", "Error")
+    assert not await harness.store.cancel(old.id, old.attempt)
+    assert not await harness.store.release(old.id, old.attempt)
+    assert not await harness.store.retry_later(old.id, old.attempt, 1.0, "Error")
+    assert harness.items() == before
+    assert await harness.store.complete(new.id, new.attempt)
+
+
+async def test_complete_fail_and_retry_later(harness: Harness) -> None:
+    """complete -> Succeeded; fail -> Failed with reason; retry_later -> Queued later."""
+    for kind in ("ok", "bad", "again"):
+        await harness.store.enqueue(kind)
+    ok, bad, again = [await harness.store.claim("w", LEASE) for _ in range(3)]
+    assert ok and bad and again
+    assert await harness.store.complete(ok.id, ok.attempt)
+    assert await harness.store.fail(bad.id, bad.attempt, "gave up", "ValueError: x")
+    assert await harness.store.retry_later(again.id, again.attempt, 3600.0, "OSError: y")
+    items = by_id(harness)
+    assert items[ok.id].status is Status.SUCCEEDED  # type: ignore[attr-defined]
+    assert (items[bad.id].status, items[bad.id].reason, items[bad.id].error) == (  # type: ignore[attr-defined]
+        Status.FAILED, "gave up", "ValueError: x",
+    )  # fmt: skip
+    retried = items[again.id]
+    assert retried.status is Status.QUEUED and retried.failures == 1  # type: ignore[attr-defined]
+    assert retried.error == "OSError: y"  # type: ignore[attr-defined]
+    assert await harness.store.claim("w", LEASE) is None  # not due for an hour
+
+
+async def test_release_requeues_without_a_stall(harness: Harness) -> None:
+    """A released item is Queued again with no stall counted, and runs as the next attempt."""
+    await harness.store.enqueue("A", scope="s")
+    item = await harness.store.claim("w", LEASE)
+    assert item
+    assert await harness.store.release(item.id, item.attempt)
+    state = harness.items()[0]
+    assert (state.status, state.stalls, state.failures) == (Status.QUEUED, 0, 0)
+    again = await harness.store.claim("w", LEASE)
+    assert again and again.id == item.id and again.attempt == item.attempt + 1
+
+
+async def test_release_with_a_queued_dedup_sibling_is_superseded(harness: Harness) -> None:
+    """A release that would meet a Queued sibling with its dedup key gives way to it."""
+    await harness.store.enqueue("Crawl", dedup_key="k")
+    item = await harness.store.claim("w", LEASE)
+    assert item
+    sibling = await harness.store.enqueue("Crawl", dedup_key="k")
+    assert await harness.store.release(item.id, item.attempt)
+    items = by_id(harness)
+    assert items[item.id].status is Status.CANCELLED  # type: ignore[attr-defined]
+    assert items[item.id].reason == f"superseded by queued item {sibling.id}"  # type: ignore[attr-defined]
+    assert items[sibling.id].status is Status.QUEUED  # type: ignore[attr-defined]
+
+
+async def test_recovery_requeues_an_expired_lease_and_counts_a_stall(harness: Harness) -> None:
+    """An expired lease is requeued with stalls + 1 and can be claimed again."""
+    await harness.store.enqueue("A", scope="s")
+    item = await harness.store.claim("w", LEASE)
+    assert item
+    harness.expire_lease(item.id)
+    [recovered] = await harness.store.recover_expired_leases(max_stalls=3)
+    assert (recovered.id, recovered.status, recovered.stalls) == (item.id, Status.QUEUED, 1)
+    state = harness.items()[0]
+    assert (state.status, state.stalls, state.worker_id) == (Status.QUEUED, 1, None)
+    again = await harness.store.claim("w2", LEASE)
+    assert again and again.id == item.id and again.stalls == 1
+
+
+async def test_recovery_fails_the_item_at_max_stalls(harness: Harness) -> None:
+    """The stall that reaches max_stalls fails the item as stalled."""
+    await harness.store.enqueue("A", scope="s")
+    for stall in (1, 2, 3):
+        item = await harness.store.claim("w", LEASE)
+        assert item, f"stall {stall}: nothing to claim"
+        harness.expire_lease(item.id)
+        [recovered] = await harness.store.recover_expired_leases(max_stalls=3)
+        assert recovered.stalls == stall
+    state = harness.items()[0]
+    assert (state.status, state.reason, state.stalls) == (Status.FAILED, "stalled", 3)
+    assert await harness.store.claim("w", LEASE) is None
+
+
+async def test_recovery_leaves_a_renewed_lease_alone(harness: Harness) -> None:
+    """An item whose heartbeat renewed its lease is not touched by recovery."""
+    await harness.store.enqueue("A")
+    item = await harness.store.claim("w", LEASE)
+    assert item
+    harness.expire_lease(item.id)
+    assert await harness.store.heartbeat(item.id, item.attempt, LEASE) is Heartbeat.OK
+    assert await harness.store.recover_expired_leases(max_stalls=3) == []
+    state = harness.items()[0]
+    assert (state.status, state.stalls) == (Status.RUNNING, 0)
+    assert await harness.store.complete(item.id, item.attempt)
+
+
+async def test_recovery_does_not_wedge_on_a_queued_dedup_sibling(harness: Harness) -> None:
+    """A stalled item whose dedup key a Queued sibling holds gives way; nothing stays Running."""
+    await harness.store.enqueue("Crawl", scope="s", dedup_key="crawl:s")
+    item = await harness.store.claim("w", LEASE)
+    assert item
+    sibling = await harness.store.enqueue("Crawl", scope="s", dedup_key="crawl:s")
+    assert not sibling.deduplicated
+    harness.expire_lease(item.id)
+    [recovered] = await harness.store.recover_expired_leases(max_stalls=3)
+    assert recovered.status is Status.CANCELLED
+    assert recovered.reason == f"superseded by queued item {sibling.id}"
+    items = by_id(harness)
+    assert items[item.id].stalls == 1  # type: ignore[attr-defined]
+    nxt = await harness.store.claim("w", LEASE)
+    assert nxt and nxt.id == sibling.id
+
+
+async def test_recovery_cancels_a_stalled_item_whose_cancel_was_requested(
+    harness: Harness,
+) -> None:
+    """An item asked to stop that then stalls ends Cancelled, not requeued."""
+    await harness.store.enqueue("A")
+    item = await harness.store.claim("w", LEASE)
+    assert item
+    assert await harness.store.request_cancel(item.id) is CancelOutcome.REQUESTED
+    harness.expire_lease(item.id)
+    [recovered] = await harness.store.recover_expired_leases(max_stalls=3)
+    assert recovered.status is Status.CANCELLED
+
+
+async def test_request_cancel_outcomes(harness: Harness) -> None:
+    """Queued: cancelled at once. Finished: left alone. Unknown id: not found."""
+    queued = await harness.store.enqueue("A")
+    assert await harness.store.request_cancel(queued.id) is CancelOutcome.CANCELLED
+    assert harness.items()[0].status is Status.CANCELLED
+    assert await harness.store.request_cancel(queued.id) is CancelOutcome.ALREADY_FINISHED
+    assert await harness.store.request_cancel(999_999) is CancelOutcome.NOT_FOUND
+    assert await harness.store.claim("w", LEASE) is None
+
+
+async def test_delete_finished_keeps_recent_and_unfinished_items(harness: Harness) -> None:
+    """Retention deletes finished items older than the cut-off, nothing else."""
+    await harness.store.enqueue("done")
+    await harness.store.enqueue("running")
+    await harness.store.enqueue("queued")
+    done = await harness.store.claim("w", LEASE)
+    assert done and await harness.store.complete(done.id, done.attempt)
+    assert await harness.store.claim("w", LEASE)
+    assert await harness.store.delete_finished(dt.timedelta(hours=1)) == 0
+    assert await harness.store.delete_finished(dt.timedelta(0)) == 1
+    assert sorted(i.kind for i in harness.items()) == ["queued", "running"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kind": ""}, "kind must not be empty"),
+        ({"kind": 7}, "kind must be a string"),
+        ({"kind": "x" * 201}, "longer than 200"),
+        ({"kind": "A", "payload": {"f": object()}}, "not JSON-serialisable"),
+        ({"kind": "A", "payload": float("nan")}, "not JSON-serialisable"),
+        ({"kind": "A", "payload": "x" * 70_000}, "the limit is 65536"),
+        ({"kind": "A", "scope": ""}, "scope must not be empty"),
+        ({"kind": "A", "dedup_key": 5}, "dedup_key must be a string"),
+        ({"kind": "A", "run_after": dt.datetime(2026, 1, 1)}, "timezone-aware"),
+        ({"kind": "A", "run_after": dt.datetime(9999, 1, 1, tzinfo=dt.UTC)}, "366 days"),
+        ({"kind": "A", "run_after": dt.timedelta(days=1000)}, "366 days"),
+        ({"kind": "A", "run_after": "tomorrow"}, "datetime or a timedelta"),
+    ],
+)
+async def test_bad_input_is_rejected_and_nothing_is_written(
+    harness: Harness, kwargs: dict[str, object], message: str
+) -> None:
+    """Bad enqueue input raises InvalidWorkItem with a clear message and writes nothing."""
+    with pytest.raises(InvalidWorkItem, match=message):
+        await harness.store.enqueue(**kwargs)  # type: ignore[arg-type]
+    assert harness.items() == []
+
+
+async def test_unknown_kind_is_rejected_when_kinds_are_known(harness: Harness) -> None:
+    """A store that knows the registry's kinds refuses others."""
+    harness.store.known_kinds = frozenset({"Crawl"})
+    with pytest.raises(InvalidWorkItem, match="unknown kind 'Crawll'"):
+        await harness.store.enqueue("Crawll")
+    assert harness.items() == []

