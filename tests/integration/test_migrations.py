@@ -1,0 +1,85 @@
+"""Migrations: they produce exactly docs/schema.sql, and run safely side by side."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.support.database import Databases, with_dbname
+from tests.support.schema import describe
+from trioworker import SchemaNotReady
+from trioworker._migrate import check_schema, migrate, pending_migrations
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture
+def empty_dsn(databases: Databases) -> Iterator[str]:
+    name = databases.create_empty()
+    try:
+        yield with_dbname(databases.admin_dsn, name)
+    finally:
+        databases.drop(name)
+
+
+def test_migrations_produce_the_schema_snapshot(empty_dsn: str) -> None:
+    """Applying every migration to an empty database gives exactly docs/schema.sql."""
+    migrate(empty_dsn)
+    with psycopg.connect(empty_dsn) as conn:
+        actual = describe(conn)
+    expected = (ROOT / "docs" / "schema.sql").read_text()
+    assert actual == expected, "schema drifted: run scripts/update-schema-snapshot"
+
+
+def test_check_schema_names_the_missing_migrations(empty_dsn: str) -> None:
+    """An unmigrated database is refused with the command that fixes it."""
+    with pytest.raises(SchemaNotReady, match="python -m trioworker migrate"):
+        check_schema(empty_dsn)
+    migrate(empty_dsn)
+    check_schema(empty_dsn)
+    assert pending_migrations(empty_dsn) == []
+
+
+def test_migrate_from_several_processes_at_once(empty_dsn: str) -> None:
+    """Four `trioworker migrate` processes started together all succeed, once each."""
+    env = {**os.environ, "TRIOWORKER_DSN": empty_dsn}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "trioworker", "migrate"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], outputs
+    applied = [out for out, _ in outputs if out.startswith("applied")]
+    assert len(applied) == 1, outputs
+    with psycopg.connect(empty_dsn) as conn:
+        assert describe(conn) == (ROOT / "docs" / "schema.sql").read_text()
+
+
+def test_migrate_clears_a_stale_yoyo_lock(empty_dsn: str) -> None:
+    """A yoyo_lock row left by a migrator killed mid-way does not block the next one."""
+    migrate(empty_dsn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO yoyo_lock (locked, ctime, pid) VALUES (1, now(), 424242)")
+        conn.execute("DELETE FROM _yoyo_migration WHERE migration_id = '0002.scope-heads'")
+        conn.execute("DROP TRIGGER work_items_after_insert ON work_items")
+        conn.execute("DROP TRIGGER work_items_after_update ON work_items")
+        conn.execute("DROP TRIGGER work_items_after_delete ON work_items")
+        conn.execute(
+            "DROP FUNCTION work_items_after_insert, work_items_after_update,"
+            " work_items_after_delete, work_items_refresh_head"
+        )
+    assert migrate(empty_dsn) == ["0002.scope-heads"]
+    with psycopg.connect(empty_dsn) as conn:
+        assert describe(conn) == (ROOT / "docs" / "schema.sql").read_text()
