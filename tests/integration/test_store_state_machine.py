@@ -90,7 +90,7 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
 
         @rule()
         def recover(self) -> None:
-            a, b = self.both("recover_expired_leases", 3)
+            a, b = self.both("recover_expired_leases", 2)
             assert sorted((self.ids[r.id], r.status, r.stalls) for r in a) == sorted(
                 (r.id, r.status, r.stalls) for r in b
             )
