@@ -83,6 +83,7 @@ class Worker:
         self._watchdog = Watchdog(self.settings.stop_grace, fail_stop) if watchdog else None
         self._wake = trio.Event()
         self._stopping = trio.Event()
+        self._slot_wait = trio.CancelScope()
         self._claimed = 0
         self._in_flight = 0
         self._item_done = trio.Event()
@@ -111,6 +112,7 @@ class Worker:
                 self.settings.shutdown_grace,
             )
         self._stopping.set()
+        self._slot_wait.cancel()
         self._wake.set()
 
     def _on_notify(self, scope: str | None) -> None:
@@ -161,11 +163,7 @@ class Worker:
     async def _claim_loop(self, items: trio.Nursery) -> None:
         slots = trio.Semaphore(self.settings.concurrency)
         backoff = Backoff(initial=0.5, maximum=max(self.settings.poll * 2, 5.0))
-        while not self._stopping.is_set():
-            await slots.acquire()
-            if self._stopping.is_set():
-                slots.release()
-                return
+        while await self._free_slot(slots):
             self._wake = trio.Event()  # before the claim: a NOTIFY during it is not lost
             sent_at = trio.current_time()
             try:
@@ -186,7 +184,8 @@ class Worker:
                     backoff.failures,
                     delay,
                 )
-                await self._idle(delay)
+                with trio.move_on_after(delay):  # backoff: NOTIFYs do not cut it short
+                    await self._stopping.wait()
                 continue
             if backoff.failures:
                 log.info("PostgreSQL answers again; claiming")
@@ -198,6 +197,15 @@ class Worker:
             self._claimed += 1
             self.observe("claimed", item.kind)
             items.start_soon(self._run_item, item, sent_at, slots)
+
+    async def _free_slot(self, slots: trio.Semaphore) -> bool:
+        """Wait for a free slot; False (holding none) once stop() has been called."""
+        self._slot_wait = trio.CancelScope()
+        with self._slot_wait:
+            if not self._stopping.is_set():
+                await slots.acquire()
+                return True
+        return False
 
     async def _until_next_due(self) -> float:
         """The poll interval, or less when a delayed item falls due sooner."""
