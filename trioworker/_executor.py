@@ -11,6 +11,7 @@ alone, so a self-stopped or lost attempt writes nothing.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -60,8 +61,15 @@ class Context:
 class Attempt:
     """One attempt's cancel scope and the recorded reason it was cancelled."""
 
-    def __init__(self, item: WorkItem, claim_sent_at: float, settings: Settings) -> None:
+    def __init__(
+        self,
+        item: WorkItem,
+        claim_sent_at: float,
+        settings: Settings,
+        on_deadline: Callable[[], None] | None = None,
+    ) -> None:
         self.item = item
+        self._on_deadline = on_deadline
         self.claim_sent_at = claim_sent_at
         self.settings = settings
         self.scope = trio.CancelScope(deadline=claim_sent_at + settings.self_stop_after)
@@ -75,6 +83,8 @@ class Attempt:
             self.scope.deadline = deadline
             self._changed.set()
             self._changed = trio.Event()
+            if self._on_deadline is not None:
+                self._on_deadline()
 
     @property
     def stop_requested(self) -> bool:
@@ -116,8 +126,11 @@ class Executor:
         worker_id: str,
         fail_stop: FailStop,
         observer: Any = None,
+        on_deadline: Callable[[], None] | None = None,
     ) -> None:
+        """`on_deadline` is called whenever the set of self-stop deadlines changes."""
         self.store = store
+        self.on_deadline = on_deadline
         self.registry = registry
         self.settings = settings
         self.worker_id = worker_id
@@ -143,8 +156,9 @@ class Executor:
             await self._write(item, decision, Attempt(item, claim_sent_at, self.settings), ilog)
             return decision
 
-        attempt = Attempt(item, claim_sent_at, self.settings)
+        attempt = Attempt(item, claim_sent_at, self.settings, self.on_deadline)
         self.running[item.id] = attempt
+        self._deadlines_changed()
         if self._shutting_down:
             attempt.cancel(CancelReason.SHUTDOWN)
         ctx = Context(self.worker_id, attempt.scope, self.limiter, ilog)
@@ -157,6 +171,7 @@ class Executor:
                 nursery.cancel_scope.cancel()
         finally:
             del self.running[item.id]
+            self._deadlines_changed()
         reason = attempt.reason
         self._observe("handler_duration", item.kind, trio.current_time() - started)
         decision = decide(
@@ -168,6 +183,13 @@ class Executor:
         self._log_end(ilog, reason, outcome, decision, attempt)
         await self._write(item, decision, attempt, ilog)
         return decision
+
+    def _deadlines_changed(self) -> None:
+        if self.on_deadline is not None:
+            self.on_deadline()
+
+    def earliest_deadline(self) -> float:
+        return min((a.scope.deadline for a in self.running.values()), default=math.inf)
 
     async def _run_handler(
         self, handler: Any, item: WorkItem, ctx: Context, attempt: Attempt

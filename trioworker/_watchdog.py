@@ -2,8 +2,8 @@
 
 A handler that blocks the event loop in synchronous code stops every timer: its own
 deadline cannot fire and the in-loop stop watch cannot run. This thread sees it from
-outside: the loop ticks it a few times a second and publishes the earliest self-stop
-deadline of its running attempts (in `time.monotonic()` terms). When that deadline
+outside: the loop ticks it a few times a second, and publishes the earliest self-stop
+deadline of its running attempts (in `time.monotonic()` terms) whenever it changes. When that deadline
 plus the stop grace has passed and the loop has not ticked for over a second, the
 file side effects cannot be trusted to stop, so the process exits.
 """
@@ -34,10 +34,13 @@ class Watchdog:
     def stop(self) -> None:
         self._stopped.set()
 
-    def tick(self, earliest_deadline: float) -> None:
-        """Called from the loop: it is alive, and this is the earliest self-stop."""
+    def tick(self) -> None:
+        """Called from the loop a few times a second: it is alive."""
         self._last_tick = time.monotonic()
-        self._deadline = earliest_deadline
+
+    def set_deadline(self, earliest: float) -> None:
+        """Called from the loop whenever an attempt starts, ends or moves its deadline."""
+        self._deadline = earliest
 
     def _watch(self) -> None:
         while not self._stopped.wait(TICK_EVERY):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import os
 import socket
 import time
@@ -79,6 +78,7 @@ class Worker:
             worker_id=self.worker_id,
             fail_stop=fail_stop,
             observer=self,
+            on_deadline=self._publish_deadline if watchdog else None,
         )
         self._watchdog = Watchdog(self.settings.stop_grace, fail_stop) if watchdog else None
         self._wake = trio.Event()
@@ -262,9 +262,12 @@ class Worker:
                     log.warning("lease expired; stall %d: %s (%s)", r.stalls, r.status.value, r.reason, extra=fields)
             await trio.sleep(self.settings.recovery_every)
 
+    def _publish_deadline(self) -> None:
+        if self._watchdog is not None:
+            earliest = self.executor.earliest_deadline()
+            self._watchdog.set_deadline(time.monotonic() + (earliest - trio.current_time()))
+
     async def _tick_watchdog(self, watchdog: Watchdog) -> None:
         while True:
-            deadlines = [a.scope.deadline for a in self.executor.running.values()]
-            earliest = min(deadlines, default=math.inf)
-            watchdog.tick(time.monotonic() + (earliest - trio.current_time()))
+            watchdog.tick()
             await trio.sleep(TICK_EVERY)

@@ -1,0 +1,257 @@
+"""Workers on real PostgreSQL in real time, with short settings (lease 4 s, heartbeat 1 s)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+import trio_asyncio
+
+from tests.integration.test_scope_rule import running_per_scope
+from tests.support.fault_proxy import FaultProxy
+from tests.support.processes import attempts, observed, overlaps, wait_for, workers
+from trioworker import (
+    Context,
+    Heartbeat,
+    PostgresStore,
+    Registry,
+    Settings,
+    Status,
+    StoreTimeout,
+    WorkItem,
+    Worker,
+    open_store,
+)
+
+SHORT = Settings(lease=4, heartbeat=1, poll=1, stop_grace=1, recovery_every=0.5)
+FAST = ["--lease", "4", "--heartbeat", "1", "--poll", "1", "--stop-grace", "1"]
+Conn = psycopg.Connection[Any]
+
+
+def target_of(dsn: str) -> tuple[str, int]:
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    return str(params.get("host", "127.0.0.1")), int(params.get("port", 5432))
+
+
+class TimedStore(PostgresStore):
+    """Records every heartbeat's duration, and every write after a claim."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(dsn, call_timeout=10.0)
+        self.heartbeat_spans: list[float] = []
+        self.writes: list[str] = []
+
+    async def heartbeat(self, id: int, attempt: int, lease: float) -> Heartbeat:
+        begun = trio.current_time()
+        try:
+            return await super().heartbeat(id, attempt, lease)
+        finally:
+            self.heartbeat_spans.append(trio.current_time() - begun)
+
+    async def complete(self, id: int, attempt: int) -> bool:
+        self.writes.append("complete")
+        return await super().complete(id, attempt)
+
+    async def fail(self, id: int, attempt: int, reason: str, error: str | None = None) -> bool:
+        self.writes.append("fail")
+        return await super().fail(id, attempt, reason, error)
+
+
+async def test_a_blackholed_worker_stops_itself_and_another_worker_finishes_the_item(
+    dsn: str, pg: Conn
+) -> None:
+    """Cut one Worker's link mid-handler (no socket closed): its handler is cancelled
+    within lease/2 + 0.5 s, every heartbeat call returns within one interval, a second
+    Worker reclaims the item after the lease expires and completes it: Succeeded,
+    stalls = 1, never Failed.
+    """
+    registry = Registry()
+    events: list[tuple[str, str, float]] = []
+    running = trio.Event()
+
+    @registry.handler("Crawl")
+    async def crawl(item: WorkItem, ctx: Context) -> None:
+        events.append(("start", ctx.worker_id, trio.current_time()))
+        if ctx.worker_id == "cut-off":
+            running.set()
+            try:
+                await trio.sleep_forever()
+            except trio.Cancelled:
+                events.append(("cancelled", ctx.worker_id, trio.current_time()))
+                raise
+        await trio.sleep(0.2)
+        events.append(("end", ctx.worker_id, trio.current_time()))
+
+    proxy = FaultProxy(*target_of(dsn))
+    async with trio_asyncio.open_loop(), open_store(dsn) as healthy_store:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy.run)
+            cut_store = TimedStore(proxy.dsn(dsn))
+            await cut_store.open()
+            cut_off = Worker(cut_store, registry, SHORT, worker_id="cut-off", fail_stop=pytest.fail)
+            await nursery.start(cut_off.run)
+            item = await healthy_store.enqueue("Crawl", scope="7")
+            with trio.fail_after(10):
+                await running.wait()
+            await trio.sleep(1.5)  # a heartbeat or two succeed first
+            cut_at = trio.current_time()
+            proxy.blackhole()
+            rescuer = Worker(healthy_store, registry, SHORT, worker_id="rescuer", fail_stop=pytest.fail)
+            await nursery.start(rescuer.run)
+            with trio.fail_after(20):
+                while not any(e[0] == "end" for e in events):
+                    await trio.sleep(0.05)
+            proxy.heal()
+            await trio.sleep(2)  # the cut-off Worker is back: it must still write nothing
+            state = await healthy_store.get_item(item.id)
+            nursery.cancel_scope.cancel()
+        await cut_store.close()
+
+    cancelled = [t for kind, who, t in events if kind == "cancelled"]
+    assert len(cancelled) == 1
+    assert cancelled[0] - cut_at <= SHORT.self_stop_after + 0.5
+    assert max(cut_store.heartbeat_spans) <= SHORT.heartbeat + 0.25
+    assert [who for kind, who, _ in events if kind == "start"] == ["cut-off", "rescuer"]
+    assert state is not None
+    assert (state.status, state.stalls, state.attempt, state.failures) == (Status.SUCCEEDED, 1, 2, 0)
+    assert state.reason is None and state.worker_id == "rescuer"
+    assert cut_store.writes == []
+
+
+async def test_a_store_call_on_a_dead_link_gives_control_back_at_once(dsn: str) -> None:
+    """Cancelling a query on a blackholed link returns in well under psycopg's own
+    ~10.5 s cancel path, and the call as a whole is bounded by the call timeout."""
+    proxy = FaultProxy(*target_of(dsn))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        async with open_store(proxy.dsn(dsn), call_timeout=1.5) as store:
+            await store.enqueue("A")
+            proxy.blackhole()
+            begun = trio.current_time()
+            with trio.move_on_after(0.3):
+                await store.enqueue("A")
+            assert trio.current_time() - begun < 0.8
+            begun = trio.current_time()
+            with pytest.raises(StoreTimeout):
+                await store.enqueue("A")
+            assert trio.current_time() - begun < 2.5
+            proxy.heal()
+            assert (await store.enqueue("B")).id > 0  # the store recovers
+        nursery.cancel_scope.cancel()
+
+
+def test_two_worker_processes_never_overlap_a_scope(dsn: str, pg: Conn, tmp_path: Path) -> None:
+    """Two `python -m trioworker run` processes: items of one scope never overlap, while
+    items of other scopes and unscoped items run meanwhile."""
+    for i in range(24):
+        scope = None if i % 4 == 3 else f"s{i % 3}"
+        pg.execute(
+            "INSERT INTO work_items (kind, scope, payload) VALUES ('Record', %s, '{\"seconds\": 0.3}')",
+            (scope,),
+        )
+    with workers(tmp_path) as start:
+        procs = [start(dsn, *FAST, "--concurrency", "3", name=f"w{n}") for n in range(2)]
+        wait_for(
+            lambda: pg.execute("SELECT count(*) FROM work_items WHERE status = 'Succeeded'").fetchone()
+            == (24,),
+            timeout=60,
+            what="all items to succeed",
+        )
+        for p in procs:
+            p.signal(signal.SIGTERM)
+        assert [p.wait(timeout=30) for p in procs] == [0, 0], [p.output() for p in procs]
+    spans = attempts(observed(tmp_path))
+    assert len(spans) == 24 and all(s["end"] is not None for s in spans)
+    assert overlaps(spans) == []
+    assert {s["worker"] for s in spans} == {"w0", "w1"}  # both Workers took work
+    # Other scopes and unscoped items ran while a scope's item ran.
+    concurrent = [
+        (a, b) for a in spans for b in spans
+        if a["scope"] != b["scope"] and a["start"] < b["start"] < a["end"]
+    ]  # fmt: skip
+    assert any(b["scope"] is None for _, b in concurrent)
+    assert any(a["scope"] is not None and b["scope"] is not None for a, b in concurrent)
+
+
+def test_notify_wakes_an_idle_worker_process_well_before_its_poll(
+    dsn: str, pg: Conn, tmp_path: Path
+) -> None:
+    """An idle Worker polling every 30 s starts an item within a second of its enqueue."""
+    with workers(tmp_path) as start:
+        worker = start(dsn, "--poll", "30", name="idle")
+        wait_for(lambda: "ready" in worker.output(), timeout=30, what="the worker to be ready")
+        time.sleep(1.0)
+        enqueued_at = time.monotonic()
+        pg.execute("INSERT INTO work_items (kind, payload) VALUES ('Record', '{\"seconds\": 0}')")
+        started = wait_for(
+            lambda: [e for e in observed(tmp_path) if e["event"] == "start"],
+            timeout=10,
+            what="the handler to start",
+        )
+        assert started[0]["t"] - enqueued_at < 1.0
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0
+
+
+def test_sigterm_drains_then_releases(dsn: str, pg: Conn, tmp_path: Path) -> None:
+    """SIGTERM: a short item finishes, a long one is released after the grace period
+    (Queued again, no stall), and the process exits 0."""
+    with workers(tmp_path) as start:
+        worker = start(dsn, *FAST, "--concurrency", "2", "--shutdown-grace", "1.5", name="w")
+        pg.execute(
+            "INSERT INTO work_items (kind, scope, payload) VALUES"
+            " ('Record', 'a', '{\"seconds\": 0.5}'), ('Record', 'b', '{\"seconds\": 120}')"
+        )
+        wait_for(
+            lambda: len([e for e in observed(tmp_path) if e["event"] == "start"]) == 2,
+            timeout=20,
+            what="both items to start",
+        )
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(timeout=20) == 0, worker.output()
+    rows = pg.execute("SELECT scope, status, stalls, attempt FROM work_items ORDER BY scope").fetchall()
+    assert rows == [("a", "Succeeded", 0, 1), ("b", "Queued", 0, 1)]
+    assert "cancelling and releasing 1 item" in worker.output()
+
+
+def test_a_second_sigint_exits_at_once(dsn: str, pg: Conn, tmp_path: Path) -> None:
+    """SIGINT twice: the Worker exits at once with 130, leaving the item to recovery."""
+    with workers(tmp_path) as start:
+        worker = start(dsn, *FAST, "--shutdown-grace", "60", name="w")
+        pg.execute("INSERT INTO work_items (kind, payload) VALUES ('Record', '{\"seconds\": 120}')")
+        wait_for(lambda: observed(tmp_path), timeout=20, what="the item to start")
+        worker.signal(signal.SIGINT)
+        time.sleep(0.5)
+        begun = time.monotonic()
+        worker.signal(signal.SIGINT)
+        assert worker.wait(timeout=10) == 130, worker.output()
+        assert time.monotonic() - begun < 5
+    assert pg.execute("SELECT status FROM work_items").fetchone() == ("Running",)
+
+
+@pytest.mark.parametrize("kind", ["BlockLoop", "IgnoreCancel"])
+def test_a_handler_that_will_not_stop_makes_the_worker_fail_stop(
+    dsn: str, pg: Conn, tmp_path: Path, kind: str
+) -> None:
+    """A handler that blocks the event loop, or swallows its cancel, past the self-stop
+    and the stop grace: the process logs why and exits 70, so the OS ends its writes."""
+    with workers(tmp_path) as start:
+        # An unreachable heartbeat path forces the self-stop: point at a dead proxy? No:
+        # a blocked loop cannot heartbeat at all, and IgnoreCancel gets a cancel request.
+        worker = start(dsn, *FAST, name="w")
+        pg.execute("INSERT INTO work_items (kind, scope) VALUES (%s, 'x')", (kind,))
+        wait_for(lambda: observed(tmp_path), timeout=20, what="the item to start")
+        started = time.monotonic()
+        if kind == "IgnoreCancel":
+            pg.execute("UPDATE work_items SET cancel_requested = true")
+        code = worker.wait(timeout=30)
+        elapsed = time.monotonic() - started
+        assert code == 70, worker.output()
+        assert "fail-stop" in worker.output()
+        assert elapsed < 10
+    assert running_per_scope(pg) == {"x": 1}  # left for lease recovery; never Failed
