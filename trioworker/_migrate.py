@@ -8,6 +8,7 @@ its connection, so a leftover `yoyo_lock` row is known to be stale and is remove
 from __future__ import annotations
 
 import logging
+import re
 import urllib.parse
 from pathlib import Path
 
@@ -38,15 +39,19 @@ def yoyo_uri(dsn: str) -> str:
     )
 
 
-# Connection failures no retry can fix: bad password, unknown role or database.
-_PERMANENT_SQLSTATES = {"28P01", "28000", "3D000", "42501"}
+# Connection failures no retry can fix: bad password, unknown role or database, no
+# such host. libpq reports them as text only (no SQLSTATE before the session starts).
+_PERMANENT = re.compile(
+    r"password authentication failed|no pg_hba\.conf entry|role \"[^\"]*\" does not exist"
+    r"|database \"[^\"]*\" does not exist|could not translate host name|permission denied"
+)
 
 
 def connection_error(exc: psycopg.OperationalError, dsn: str) -> Exception:
     """A connect failure as ConfigurationError (permanent) or DatabaseUnavailable."""
     detail = " ".join(str(exc).split())  # libpq's hints span lines; keep it to one
     message = redact(f"cannot connect to PostgreSQL ({redact_dsn(dsn)}): {detail}", dsn)
-    if exc.sqlstate in _PERMANENT_SQLSTATES or "could not translate host name" in str(exc):
+    if _PERMANENT.search(detail):
         return ConfigurationError(message)
     return DatabaseUnavailable(message)
 
