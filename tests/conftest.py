@@ -60,11 +60,8 @@ async def store(dsn: str) -> AsyncIterator[PostgresStore]:
         yield store
 
 
-
 @pytest.fixture(params=["memory", "postgres"])
-async def harness(
-    request: pytest.FixtureRequest, databases: Databases
-) -> AsyncIterator["Harness"]:
+async def harness(request: pytest.FixtureRequest, databases: Databases) -> AsyncIterator["Harness"]:
     """Each contract test runs against the in-memory store and against PostgreSQL."""
     if request.param == "memory":
         yield MemoryHarness()

@@ -15,14 +15,13 @@ from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-import trio
 import trio_asyncio
 
 T = TypeVar("T")
 
 
 def current_loop() -> asyncio.AbstractEventLoop:
-    loop = trio_asyncio.current_loop.get(None)
+    loop: asyncio.AbstractEventLoop | None = trio_asyncio.current_loop.get(None)
     if loop is None:
         raise RuntimeError("no trio-asyncio loop here: open the store inside `open_store`")
     return loop
@@ -78,4 +77,3 @@ def _sole_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None
     if isinstance(inner, BaseExceptionGroup):
         return _sole_leaf(inner)
     return inner
-

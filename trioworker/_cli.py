@@ -147,6 +147,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     registry = load_registry(args.app)
+    optional = {"stop_grace": args.stop_grace} if args.stop_grace is not None else {}
     settings = Settings(
         lease=args.lease,
         heartbeat=args.heartbeat,
@@ -155,7 +156,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         max_concurrent_files=args.max_concurrent_files,
         shutdown_grace=args.shutdown_grace,
-        stop_grace=args.stop_grace,
+        **optional,
     )
     if args.migrate:
         migrate(args.dsn)
@@ -206,8 +207,9 @@ async def _on_signals(worker: Worker, scope: trio.CancelScope, interrupted: trio
                 worker.stop()
                 first = False
             else:
-                log.warning("%s again: stopping at once; running items are left to lease"
-                            " recovery", name)
+                log.warning(
+                    "%s again: stopping at once; running items are left to lease recovery", name
+                )
                 interrupted.set()
                 scope.cancel()
                 return
@@ -260,37 +262,60 @@ def build_parser() -> argparse.ArgumentParser:
         " 0 done, 1 error, 2 usage, 70 fail-stop, 130 interrupted twice.",
     )
     parser.add_argument("--dsn", help="libpq connection string or URI")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
     parser.add_argument("--log-format", default="text", choices=["text", "json"])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run a Worker until SIGTERM/SIGINT")
     run.add_argument("--app", required=True, metavar="MODULE:ATTR", help="a trioworker.Registry")
     run.add_argument("--worker-id", default=default_worker_id(), help="default: HOST-PID")
-    run.add_argument("--scope", action="append", metavar="S",
-                     help="serve only this scope (repeat for more); default: all scopes")
-    run.add_argument("--unscoped", action=argparse.BooleanOptionalAction, default=None,
-                     help="also take unscoped items (default: yes without --scope, no with it)")
+    run.add_argument(
+        "--scope",
+        action="append",
+        metavar="S",
+        help="serve only this scope (repeat for more); default: all scopes",
+    )
+    run.add_argument(
+        "--unscoped",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also take unscoped items (default: yes without --scope, no with it)",
+    )
     run.add_argument("--concurrency", type=_positive_int, default=1, help="items at once (1)")
     run.add_argument("--lease", type=_positive_float, default=60.0, help="seconds (60)")
     run.add_argument("--heartbeat", type=_positive_float, default=10.0, help="seconds (10)")
     run.add_argument("--poll", type=_positive_float, default=5.0, help="seconds (5)")
     run.add_argument("--max-stalls", type=_positive_int, default=3, help="(3)")
     run.add_argument("--max-concurrent-files", type=_positive_int, default=4, help="(4)")
-    run.add_argument("--shutdown-grace", type=_positive_float, default=30.0,
-                     help="seconds running items get after SIGTERM (30)")
-    run.add_argument("--stop-grace", type=_positive_float, default=None,
-                     help="seconds a cancelled handler gets before fail-stop (lease/4)")
-    run.add_argument("--startup-timeout", type=float, default=60.0,
-                     help="give up if PostgreSQL cannot be reached at start for this long;"
-                     " 0: wait forever (60)")
+    run.add_argument(
+        "--shutdown-grace",
+        type=_positive_float,
+        default=30.0,
+        help="seconds running items get after SIGTERM (30)",
+    )
+    run.add_argument(
+        "--stop-grace",
+        type=_positive_float,
+        default=None,
+        help="seconds a cancelled handler gets before fail-stop (lease/4)",
+    )
+    run.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=60.0,
+        help="give up if PostgreSQL cannot be reached at start for this long; 0: wait forever (60)",
+    )
     run.add_argument("--migrate", action="store_true", help="apply migrations first")
-    run.add_argument("--metrics-port", type=int, default=None,
-                     help="serve Prometheus metrics on this port")
+    run.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
+    )
     run.set_defaults(func=cmd_run)
 
-    sub.add_parser("migrate", help="apply database migrations (safe to run concurrently)"
-                   ).set_defaults(func=cmd_migrate)
+    sub.add_parser(
+        "migrate", help="apply database migrations (safe to run concurrently)"
+    ).set_defaults(func=cmd_migrate)
 
     enqueue = sub.add_parser("enqueue", help="queue a work item; prints its id")
     enqueue.add_argument("kind")
@@ -332,4 +357,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-__all__ = ["main", "SchemaNotReady"]
+__all__ = ["SchemaNotReady", "main"]

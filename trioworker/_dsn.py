@@ -37,7 +37,7 @@ def redact_dsn(dsn: str) -> str:
         return "<unparseable DSN>"
     if parts.get("password"):
         parts["password"] = "***"
-    return psycopg.conninfo.make_conninfo(**parts) or "<libpq defaults>"
+    return psycopg.conninfo.make_conninfo("", **parts) or "<libpq defaults>"
 
 
 def redact(text: str, dsn: str) -> str:

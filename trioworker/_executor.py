@@ -309,7 +309,9 @@ class Executor:
             if applied:
                 self._observe(decision.action.value, item.kind)
             else:
-                ilog.warning("%s was fenced out: the attempt had lost the item", decision.action.value)
+                ilog.warning(
+                    "%s was fenced out: the attempt had lost the item", decision.action.value
+                )
                 self._observe("lost", item.kind)
             return
 

@@ -20,7 +20,9 @@ ITEM_FIELDS = ("item_id", "attempt", "kind", "scope", "worker_id")
 class ItemLogger(logging.LoggerAdapter[logging.Logger]):
     """Adds the item's fields to every record."""
 
-    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+    def process(
+        self, msg: Any, kwargs: MutableMapping[str, Any]
+    ) -> tuple[Any, MutableMapping[str, Any]]:
         kwargs["extra"] = {**(self.extra or {}), **kwargs.get("extra", {})}
         return msg, kwargs
 

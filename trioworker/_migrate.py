@@ -94,7 +94,8 @@ def pending_migrations(dsn: str) -> list[str]:
         exists = conn.execute("SELECT to_regclass('_yoyo_migration') IS NOT NULL").fetchone()
         applied: set[str] = set()
         if exists and exists[0]:
-            applied = {r[0] for r in conn.execute("SELECT migration_id FROM _yoyo_migration")}
+            rows = conn.execute("SELECT migration_id FROM _yoyo_migration")
+            applied = {str(r[0]) for r in rows}
     return [m for m in wanted if m not in applied]
 
 

@@ -39,10 +39,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _as_service_user() -> dict[str, object]:
-    """subprocess arguments that drop root privileges, when we have them."""
+def _service_user() -> tuple[int, int] | None:
+    """(uid, gid) to drop root privileges to, when we have them; None otherwise."""
     if os.geteuid() != 0:
-        return {}
+        return None
     import pwd
 
     try:
@@ -54,7 +54,7 @@ def _as_service_user() -> dict[str, object]:
             capture_output=True,
         )
         entry = pwd.getpwnam(_SERVICE_USER)
-    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+    return entry.pw_uid, entry.pw_gid
 
 
 def _open_up(path: Path) -> None:
@@ -72,7 +72,7 @@ class PrivateCluster:
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="trioworker-pg-"))
         self.port = port or free_port()
         self._bin = _bin_dir()
-        self._user = _as_service_user()
+        self._user = _service_user()
 
     def _run(self, tool: str, *args: str, timeout: float = 60) -> None:
         result = subprocess.run(
@@ -80,7 +80,10 @@ class PrivateCluster:
             capture_output=True,
             text=True,
             timeout=timeout,
-            **self._user,  # type: ignore[arg-type]
+            check=False,
+            user=self._user[0] if self._user else None,
+            group=self._user[1] if self._user else None,
+            extra_groups=[] if self._user else None,
         )
         if result.returncode != 0:
             raise RuntimeError(f"{tool} failed ({result.returncode}): {result.stderr.strip()}")
@@ -91,7 +94,7 @@ class PrivateCluster:
         if self._user:
             _open_up(self.data_dir)
             _open_up(self._bin)
-            os.chown(self.data_dir, self._user["user"], self._user["group"])  # type: ignore[arg-type]
+            os.chown(self.data_dir, *self._user)
         self._run(
             "initdb",
             "-D", str(self.data_dir),

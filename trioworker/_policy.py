@@ -73,7 +73,7 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def decide(
+def decide(  # noqa: PLR0911  one return per rule reads like the rule
     reason: CancelReason | None,
     outcome: Outcome,
     *,

@@ -62,10 +62,7 @@ _LINK_DEFAULTS = {
 
 def _violates(exc: BaseException, index: str) -> bool:
     """Whether `exc` is a unique violation of the named index (and no other)."""
-    return (
-        isinstance(exc, psycopg.errors.UniqueViolation)
-        and exc.diag.constraint_name == index
-    )
+    return isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name == index
 
 
 class Transaction:
@@ -142,10 +139,9 @@ class PostgresStore:
         op: Op[T],
         *,
         conn: psycopg.AsyncConnection[Any] | None = None,
-        timeout: float | None = None,
     ) -> T:
-        """Run `op` on a pooled connection (or `conn`), bounded in time."""
-        limit = self.call_timeout if timeout is None else timeout
+        """Run `op` on a pooled connection (or `conn`), bounded by `call_timeout`."""
+        limit = self.call_timeout
         with trio.move_on_after(limit):
             try:
                 if conn is not None:
@@ -331,7 +327,8 @@ class PostgresStore:
     async def seconds_until_due(self) -> float | None:
         """Seconds until the next not-yet-due candidate is due; None if there is none."""
         rows = await self._rows("seconds_until_due", {})
-        return rows[0]["seconds"]
+        seconds: float | None = rows[0]["seconds"]
+        return seconds
 
     async def heartbeat(self, id: int, attempt: int, lease: float) -> Heartbeat:
         rows = await self._rows("heartbeat", {"id": id, "attempt": attempt, "lease": lease})
@@ -468,10 +465,10 @@ class PostgresStore:
 
 
 async def _relay(
-    conn: psycopg.AsyncConnection[Any], on_notify: NotifyCallback, timeout: float
+    conn: psycopg.AsyncConnection[Any], on_notify: NotifyCallback, quiet_period: float
 ) -> None:
-    # asyncio side
-    async for notify in conn.notifies(timeout=timeout):
+    # asyncio side: returns after `quiet_period` seconds without a notification
+    async for notify in conn.notifies(timeout=quiet_period):
         if notify.channel == NOTIFY_CHANNEL:
             on_notify(notify.payload)
 

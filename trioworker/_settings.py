@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from ._errors import ConfigurationError
 
 
-def _positive(instance: object, attribute: attrs.Attribute[float], value: float) -> None:
+def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if not value > 0:
         raise ConfigurationError(f"{attribute.name} must be positive, not {value!r}")
 
@@ -27,15 +29,13 @@ class Settings:
     shutdown_grace: float = attrs.field(default=30.0, validator=_positive)
     #: How long a cancelled handler may take to stop before the process fail-stops.
     #: Default: a quarter lease, so a stopped attempt is gone before its lease expires.
-    stop_grace: float = attrs.field(default=None, converter=attrs.Converter(
-        lambda value, self_: self_.lease / 4 if value is None else float(value),
-        takes_self=True,
-    ))
+    stop_grace: float = attrs.field(
+        default=attrs.Factory(lambda self: self.lease / 4, takes_self=True), validator=_positive
+    )
     #: How often this Worker runs lease recovery. Default: a quarter lease.
-    recovery_every: float = attrs.field(default=None, converter=attrs.Converter(
-        lambda value, self_: self_.lease / 4 if value is None else float(value),
-        takes_self=True,
-    ))
+    recovery_every: float = attrs.field(
+        default=attrs.Factory(lambda self: self.lease / 4, takes_self=True), validator=_positive
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.heartbeat >= self.self_stop_after:
@@ -43,13 +43,11 @@ class Settings:
                 f"heartbeat ({self.heartbeat:g}s) must be shorter than half the lease"
                 f" ({self.self_stop_after:g}s), or every attempt would self-stop"
             )
-        if self.stop_grace <= 0 or self.self_stop_after + self.stop_grace >= self.lease:
+        if self.self_stop_after + self.stop_grace >= self.lease:
             raise ConfigurationError(
-                f"stop grace ({self.stop_grace:g}s) must be positive and end before the"
-                f" lease does: half the lease + grace < lease ({self.lease:g}s)"
+                f"stop grace ({self.stop_grace:g}s) must end before the lease does:"
+                f" half the lease + grace < lease ({self.lease:g}s)"
             )
-        if self.recovery_every <= 0:
-            raise ConfigurationError("recovery_every must be positive")
 
     @property
     def self_stop_after(self) -> float:

@@ -83,20 +83,18 @@ def _payload_json(payload: Any) -> str:
         raise InvalidWorkItem("payload must not contain NUL characters (jsonb rejects them)")
     size = len(text.encode())
     if size > MAX_PAYLOAD_BYTES:
-        raise InvalidWorkItem(
-            f"payload is {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}"
-        )
+        raise InvalidWorkItem(f"payload is {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}")
     return text
 
 
-def _check_run_after(
-    run_after: object, now: dt.datetime
-) -> tuple[dt.datetime | None, float]:
+def _check_run_after(run_after: object, now: dt.datetime) -> tuple[dt.datetime | None, float]:
     if run_after is None:
         return None, 0.0
     if isinstance(run_after, dt.timedelta):
         if abs(run_after) > MAX_RUN_AFTER_DISTANCE:
-            raise InvalidWorkItem(f"run_after {run_after} is further than {MAX_RUN_AFTER_DISTANCE.days} days away")
+            raise InvalidWorkItem(
+                f"run_after {run_after} is further than {MAX_RUN_AFTER_DISTANCE.days} days away"
+            )
         seconds = run_after.total_seconds()
         if not math.isfinite(seconds):
             raise InvalidWorkItem("run_after must be finite")

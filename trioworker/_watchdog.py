@@ -3,8 +3,8 @@
 A handler that blocks the event loop in synchronous code stops every timer: its own
 deadline cannot fire and the in-loop stop watch cannot run. This thread sees it from
 outside: the loop ticks it a few times a second, and publishes the earliest self-stop
-deadline of its running attempts (in `time.monotonic()` terms) whenever it changes. When that deadline
-plus the stop grace has passed and the loop has not ticked for over a second, the
+deadline of its running attempts (in `time.monotonic()` terms) whenever it changes.
+When that deadline plus the stop grace has passed and the loop has not ticked for over a second, the
 file side effects cannot be trusted to stop, so the process exits.
 """
 

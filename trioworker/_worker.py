@@ -249,17 +249,43 @@ class Worker:
             try:
                 recovered = await self.store.recover_expired_leases(self.settings.max_stalls)
             except StoreError as exc:
-                log.warning("lease recovery failed: %s; next try in %.0fs", exc, self.settings.recovery_every)
+                log.warning(
+                    "lease recovery failed: %s; next try in %.0fs",
+                    exc,
+                    self.settings.recovery_every,
+                )
                 recovered = []
             for r in recovered:
-                fields = {"item_id": r.id, "attempt": r.attempt, "kind": r.kind, "scope": r.scope, "worker_id": self.worker_id}
+                fields = {
+                    "item_id": r.id,
+                    "attempt": r.attempt,
+                    "kind": r.kind,
+                    "scope": r.scope,
+                    "worker_id": self.worker_id,
+                }
                 self.observe("stall_recovered", r.kind)
                 if r.status is Status.FAILED:
-                    log.error("lease expired; stall %d of %d: failed as stalled", r.stalls, self.settings.max_stalls, extra=fields)
+                    log.error(
+                        "lease expired; stall %d of %d: failed as stalled",
+                        r.stalls,
+                        self.settings.max_stalls,
+                        extra=fields,
+                    )
                 elif r.status is Status.QUEUED:
-                    log.warning("lease expired; stall %d of %d: requeued", r.stalls, self.settings.max_stalls, extra=fields)
+                    log.warning(
+                        "lease expired; stall %d of %d: requeued",
+                        r.stalls,
+                        self.settings.max_stalls,
+                        extra=fields,
+                    )
                 else:
-                    log.warning("lease expired; stall %d: %s (%s)", r.stalls, r.status.value, r.reason, extra=fields)
+                    log.warning(
+                        "lease expired; stall %d: %s (%s)",
+                        r.stalls,
+                        r.status.value,
+                        r.reason,
+                        extra=fields,
+                    )
             await trio.sleep(self.settings.recovery_every)
 
     def _publish_deadline(self) -> None:

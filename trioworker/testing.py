@@ -369,7 +369,9 @@ class MemoryStore:
         row = self._rows.get(id)
         if row is None:
             return None
-        return ItemState(**{k: copy.deepcopy(v) for k, v in attrs.asdict(row, recurse=False).items()})
+        return ItemState(
+            **{k: copy.deepcopy(v) for k, v in attrs.asdict(row, recurse=False).items()}
+        )
 
     async def listen(
         self,

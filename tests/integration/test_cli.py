@@ -17,7 +17,9 @@ from tests.support.processes import ROOT
 Conn = psycopg.Connection[Any]
 
 
-def trioworker(*args: str, dsn: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def trioworker(
+    *args: str, dsn: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "TRIOWORKER_DSN"}
     if dsn is not None:
         env["TRIOWORKER_DSN"] = dsn
@@ -52,9 +54,8 @@ def test_enqueue_prints_the_id_and_status_shows_it(dsn: str, pg: Conn) -> None:
     result = trioworker("enqueue", "Crawl", "--scope", "7", "--payload", '{"path": "/m"}', dsn=dsn)
     assert result.returncode == 0, result.stderr
     item_id = int(result.stdout.strip())
-    assert pg.execute("SELECT kind, scope, payload FROM work_items WHERE id = %s", (item_id,)).fetchone() == (
-        "Crawl", "7", {"path": "/m"},
-    )  # fmt: skip
+    row = pg.execute("SELECT kind, scope, payload FROM work_items WHERE id = %s", (item_id,))
+    assert row.fetchone() == ("Crawl", "7", {"path": "/m"})
     again = trioworker("enqueue", "Crawl", "--dedup-key", "k", dsn=dsn)
     same = trioworker("enqueue", "Crawl", "--dedup-key", "k", dsn=dsn)
     assert again.stdout == same.stdout and "already queued" in same.stderr
@@ -106,7 +107,9 @@ def test_an_unreachable_database_is_one_clear_line_without_the_password() -> Non
     """run against a server that does not answer gives up after --startup-timeout with
     one line that names the target but not the password."""
     dsn = "host=127.0.0.1 port=1 user=app password=hunter2 dbname=media"
-    result = trioworker("run", "--app", "tests.apps.recording:registry", "--startup-timeout", "1", dsn=dsn)
+    result = trioworker(
+        "run", "--app", "tests.apps.recording:registry", "--startup-timeout", "1", dsn=dsn
+    )
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("trioworker: error: cannot connect to PostgreSQL (")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any
 
 import psycopg
@@ -48,18 +47,18 @@ def running_per_scope(pg: Conn) -> dict[str, int]:
     return {scope: n for scope, n in rows}
 
 
-async def wait_until_blocked_on_lock(pg: Conn, *, timeout: float = 10.0) -> None:
+async def wait_until_blocked_on_lock(pg: Conn) -> None:
     """Return once some other backend waits on a lock (the index's uniqueness check)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        row = pg.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            " AND pid <> pg_backend_pid()"
-        ).fetchone()
-        if row and row[0]:
-            return
-        await trio.sleep(0.01)
+    with trio.move_on_after(10):
+        while True:
+            row = pg.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                " AND pid <> pg_backend_pid()"
+            ).fetchone()
+            if row and row[0]:
+                return
+            await trio.sleep(0.01)
     raise AssertionError("the second claim never blocked")
 
 
@@ -95,7 +94,9 @@ async def test_concurrent_claims_collide_on_the_index_and_the_loser_gets_nothing
     assert store.statistics().race_losses == 1
 
 
-async def test_a_second_running_item_of_a_scope_violates_the_index(store: PostgresStore, pg: Conn) -> None:
+async def test_a_second_running_item_of_a_scope_violates_the_index(
+    store: PostgresStore, pg: Conn
+) -> None:
     """Setting a second item of a scope Running by hand fails, naming the index."""
     await store.enqueue("Crawl", scope="C")
     second = await store.enqueue("Purge", scope="C")
@@ -205,20 +206,43 @@ async def test_a_backdated_item_becomes_its_scopes_head(store: PostgresStore, pg
     assert item and item.id == early.id
 
 
+class Heard:
+    """A listener callback that records the scopes it hears, and can be waited on."""
+
+    def __init__(self) -> None:
+        self.scopes: list[str | None] = []
+        self._changed = trio.Event()
+
+    def __call__(self, scope: str | None) -> None:
+        self.scopes.append(scope)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def until(self, count: int) -> None:
+        with trio.fail_after(5):
+            while len(self.scopes) < count:
+                await self._changed.wait()
+
+
 async def test_plain_sql_insert_enqueues_and_notifies(store: PostgresStore, pg: Conn) -> None:
     """`INSERT INTO work_items (kind, scope, payload)` queues an item and wakes listeners."""
-    heard: list[str | None] = []
+    heard = Heard()
     async with trio.open_nursery() as nursery:
-        await nursery.start(store.listen, heard.append)
-        pg.execute("""INSERT INTO work_items (kind, scope, payload) VALUES ('Crawl', '7', '{"a": 1}')""")
+        await nursery.start(store.listen, heard)
+        pg.execute(
+            """INSERT INTO work_items (kind, scope, payload) VALUES ('Crawl', '7', '{"a": 1}')"""
+        )
         pg.execute("INSERT INTO work_items (kind) VALUES ('TokenCleanup')")
-        with trio.fail_after(5):
-            while len(heard) < 2:
-                await trio.sleep(0.01)
+        await heard.until(2)
         nursery.cancel_scope.cancel()
-    assert heard == ["7", ""]
+    assert heard.scopes == ["7", ""]
     item = await store.claim("w", LEASE)
-    assert item and (item.kind, item.scope, item.payload, item.attempt) == ("Crawl", "7", {"a": 1}, 1)
+    assert item and (item.kind, item.scope, item.payload, item.attempt) == (
+        "Crawl",
+        "7",
+        {"a": 1},
+        1,
+    )
 
 
 async def test_enqueue_in_the_callers_transaction(store: PostgresStore, pg: Conn) -> None:
@@ -226,9 +250,9 @@ async def test_enqueue_in_the_callers_transaction(store: PostgresStore, pg: Conn
     and listeners hear of it at commit, not before.
     """
     pg.execute("CREATE TABLE assets (id int PRIMARY KEY)")
-    heard: list[str | None] = []
+    heard = Heard()
     async with trio.open_nursery() as nursery:
-        await nursery.start(store.listen, heard.append)
+        await nursery.start(store.listen, heard)
         with pytest.raises(RuntimeError, match="business write failed"):
             async with store.transaction() as tx:
                 await tx.execute("INSERT INTO assets VALUES (1)")
@@ -239,12 +263,10 @@ async def test_enqueue_in_the_callers_transaction(store: PostgresStore, pg: Conn
             await tx.execute("INSERT INTO assets VALUES (2)")
             enqueued = await store.enqueue("Purge", scope="7", tx=tx)
             await trio.sleep(0.2)
-            assert heard == []  # not before the commit
-        with trio.fail_after(5):
-            while not heard:
-                await trio.sleep(0.01)
+            assert heard.scopes == []  # not before the commit
+        await heard.until(1)
         nursery.cancel_scope.cancel()
-    assert heard == ["7"]
+    assert heard.scopes == ["7"]
     assert pg.execute("SELECT id FROM assets").fetchall() == [(2,)]
     item = await store.get_item(enqueued.id)
     assert item and item.status is Status.QUEUED

@@ -45,7 +45,9 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
 
         def both(self, op: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
             on_pg = trio.from_thread.run(lambda: getattr(self.pg.store, op)(*args, **kwargs))
-            mem_args = [self.ids.get(a, a) if i == 0 and op != "enqueue" else a for i, a in enumerate(args)]
+            mem_args = [
+                self.ids.get(a, a) if i == 0 and op != "enqueue" else a for i, a in enumerate(args)
+            ]
             on_mem = trio.from_thread.run(lambda: getattr(self.mem.store, op)(*mem_args, **kwargs))
             return on_pg, on_mem
 
@@ -67,8 +69,13 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
                 self.claims[a.id] = a.attempt
 
         @precondition(lambda self: self.claims)
-        @rule(data=st.data(), stale=st.booleans(), op=st.sampled_from(
-            ["heartbeat", "complete", "fail", "cancel", "release", "retry_later"]))
+        @rule(
+            data=st.data(),
+            stale=st.booleans(),
+            op=st.sampled_from(
+                ["heartbeat", "complete", "fail", "cancel", "release", "retry_later"]
+            ),
+        )
         def write(self, data: st.DataObject, stale: bool, op: str) -> None:
             id = data.draw(st.sampled_from(sorted(self.claims)))
             attempt = self.claims[id] - 1 if stale else self.claims[id]

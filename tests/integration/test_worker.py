@@ -23,8 +23,8 @@ from trioworker import (
     Settings,
     Status,
     StoreTimeout,
-    WorkItem,
     Worker,
+    WorkItem,
     open_store,
 )
 
@@ -72,7 +72,7 @@ async def test_a_blackholed_worker_stops_itself_and_another_worker_finishes_the_
     """
     registry = Registry()
     events: list[tuple[str, str, float]] = []
-    running = trio.Event()
+    running, finished = trio.Event(), trio.Event()
 
     @registry.handler("Crawl")
     async def crawl(item: WorkItem, ctx: Context) -> None:
@@ -86,6 +86,7 @@ async def test_a_blackholed_worker_stops_itself_and_another_worker_finishes_the_
                 raise
         await trio.sleep(0.2)
         events.append(("end", ctx.worker_id, trio.current_time()))
+        finished.set()
 
     proxy = FaultProxy(*target_of(dsn))
     async with trio_asyncio.open_loop(), open_store(dsn) as healthy_store:
@@ -101,11 +102,12 @@ async def test_a_blackholed_worker_stops_itself_and_another_worker_finishes_the_
             await trio.sleep(1.5)  # a heartbeat or two succeed first
             cut_at = trio.current_time()
             proxy.blackhole()
-            rescuer = Worker(healthy_store, registry, SHORT, worker_id="rescuer", fail_stop=pytest.fail)
+            rescuer = Worker(
+                healthy_store, registry, SHORT, worker_id="rescuer", fail_stop=pytest.fail
+            )
             await nursery.start(rescuer.run)
             with trio.fail_after(20):
-                while not any(e[0] == "end" for e in events):
-                    await trio.sleep(0.05)
+                await finished.wait()
             proxy.heal()
             await trio.sleep(2)  # the cut-off Worker is back: it must still write nothing
             state = await healthy_store.get_item(item.id)
@@ -118,7 +120,12 @@ async def test_a_blackholed_worker_stops_itself_and_another_worker_finishes_the_
     assert max(cut_store.heartbeat_spans) <= SHORT.heartbeat + 0.25
     assert [who for kind, who, _ in events if kind == "start"] == ["cut-off", "rescuer"]
     assert state is not None
-    assert (state.status, state.stalls, state.attempt, state.failures) == (Status.SUCCEEDED, 1, 2, 0)
+    assert (state.status, state.stalls, state.attempt, state.failures) == (
+        Status.SUCCEEDED,
+        1,
+        2,
+        0,
+    )
     assert state.reason is None and state.worker_id == "rescuer"
     assert cut_store.writes == []
 
@@ -151,14 +158,16 @@ def test_two_worker_processes_never_overlap_a_scope(dsn: str, pg: Conn, tmp_path
     for i in range(24):
         scope = None if i % 4 == 3 else f"s{i % 3}"
         pg.execute(
-            "INSERT INTO work_items (kind, scope, payload) VALUES ('Record', %s, '{\"seconds\": 0.3}')",
-            (scope,),
+            "INSERT INTO work_items (kind, scope, payload) VALUES ('Record', %s, %s)",
+            (scope, '{"seconds": 0.3}'),
         )
     with workers(tmp_path) as start:
         procs = [start(dsn, *FAST, "--concurrency", "3", name=f"w{n}") for n in range(2)]
         wait_for(
-            lambda: pg.execute("SELECT count(*) FROM work_items WHERE status = 'Succeeded'").fetchone()
-            == (24,),
+            lambda: (
+                pg.execute("SELECT count(*) FROM work_items WHERE status = 'Succeeded'").fetchone()
+                == (24,)
+            ),
             timeout=60,
             what="all items to succeed",
         )
@@ -214,7 +223,9 @@ def test_sigterm_drains_then_releases(dsn: str, pg: Conn, tmp_path: Path) -> Non
         )
         worker.signal(signal.SIGTERM)
         assert worker.wait(timeout=20) == 0, worker.output()
-    rows = pg.execute("SELECT scope, status, stalls, attempt FROM work_items ORDER BY scope").fetchall()
+    rows = pg.execute(
+        "SELECT scope, status, stalls, attempt FROM work_items ORDER BY scope"
+    ).fetchall()
     assert rows == [("a", "Succeeded", 0, 1), ("b", "Queued", 0, 1)]
     assert "cancelling and releasing 1 item" in worker.output()
 

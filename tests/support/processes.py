@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -91,8 +92,17 @@ def attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     spans: dict[tuple[int, int], dict[str, Any]] = {}
     for e in events:
         key = (e["id"], e["attempt"])
-        span = spans.setdefault(key, {"id": e["id"], "attempt": e["attempt"], "scope": e["scope"],
-                                      "worker": e["worker"], "start": None, "end": None})
+        span = spans.setdefault(
+            key,
+            {
+                "id": e["id"],
+                "attempt": e["attempt"],
+                "scope": e["scope"],
+                "worker": e["worker"],
+                "start": None,
+                "end": None,
+            },
+        )
         if e["event"] == "start":
             span["start"] = e["t"]
         else:
@@ -109,7 +119,7 @@ def overlaps(spans: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str
             by_scope.setdefault(s["scope"], []).append(s)
     for group in by_scope.values():
         group.sort(key=lambda s: s["start"])
-        for a, b in zip(group, group[1:], strict=False):
+        for a, b in itertools.pairwise(group):
             end_a = a["end"] if a["end"] is not None else float("inf")
             if b["start"] < end_a:
                 found.append((a, b))

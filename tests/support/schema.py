@@ -45,7 +45,9 @@ def describe(conn: psycopg.Connection[Any]) -> str:
         for name, type_, notnull, default, identity in columns:
             line = f"    {name} {type_}"
             if identity:
-                line += " GENERATED " + ("ALWAYS" if identity == "a" else "BY DEFAULT") + " AS IDENTITY"
+                line += (
+                    " GENERATED " + ("ALWAYS" if identity == "a" else "BY DEFAULT") + " AS IDENTITY"
+                )
             if notnull:
                 line += " NOT NULL"
             if default is not None:

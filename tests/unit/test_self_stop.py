@@ -6,6 +6,7 @@ after the last heartbeat that succeeded (the claim counts as the first).
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -15,7 +16,7 @@ import pytest
 import trio
 import trio.testing
 
-from trioworker import Context, Registry, RetryPolicy, Settings, Status, WorkItem, Worker
+from trioworker import Context, Registry, RetryPolicy, Settings, Status, Worker, WorkItem
 from trioworker.testing import MemoryStore
 
 SETTINGS = Settings()  # lease 60, heartbeat 10, poll 5, stop grace 15, shutdown grace 30
@@ -307,8 +308,12 @@ async def test_handler_errors_retry_with_backoff_then_fail(
     await store.enqueue("Flaky")
     async with running_worker(store, registry):
         await trio.sleep(200)
-    gaps = [b - a for a, b in zip(attempts, attempts[1:], strict=False)]
-    assert gaps == [pytest.approx(10.0, abs=0.1), pytest.approx(20.0, abs=0.1), pytest.approx(40.0, abs=0.1)]
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert gaps == [
+        pytest.approx(10.0, abs=0.1),
+        pytest.approx(20.0, abs=0.1),
+        pytest.approx(40.0, abs=0.1),
+    ]
     state = store.items()[0]
     assert (state.status, state.failures, state.attempt) == (Status.FAILED, 4, 4)
     assert state.reason == "failed 4 of 4 attempts"
