@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, LiteralString, TypeVar
@@ -47,6 +48,7 @@ Op = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
 RUNNING_SCOPE_INDEX = "work_items_one_running_per_scope"
 QUEUED_DEDUP_INDEX = "work_items_one_queued_per_dedup_key"
 NOTIFY_CHANNEL = "trioworker"
+SCOPE_RULE_OFF_ENV = "TRIOWORKER_TEST_SCOPE_RULE_OFF"
 
 # Connection settings that keep a dead link from holding a call forever; a DSN that
 # sets any of them wins.
@@ -113,6 +115,11 @@ class PostgresStore:
             name="trioworker",
         )
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Test-only: claims ignore scopes, to prove the chaos test's checks can fail.
+        # Meaningful only on a database whose running-scope index was dropped.
+        self._scope_rule_off = os.environ.get(SCOPE_RULE_OFF_ENV) == "1"
+        if self._scope_rule_off:
+            log.warning("%s=1: the scope rule is OFF (test only)", SCOPE_RULE_OFF_ENV)
         self._race_losses = 0
         self._dedup_hits = 0
         self._timeouts = 0
@@ -304,7 +311,7 @@ class PostgresStore:
         if scopes is None:
             if not unscoped:
                 raise ValueError("a Worker serving every scope serves unscoped items too")
-            name = "claim"
+            name = "claim_without_scope_rule" if self._scope_rule_off else "claim"
         else:
             name = "claim_in_scopes_or_unscoped" if unscoped else "claim_in_scopes"
         params = {"worker_id": worker_id, "lease": lease, "scopes": list(scopes or ())}

@@ -99,6 +99,29 @@ WHERE w.id = candidate.id
 RETURNING w.id, w.kind, w.scope, w.payload, w.attempt, w.stalls, w.failures,
           w.requested_at, w.dedup_key;
 
+-- name: claim_without_scope_rule
+-- TEST ONLY (TRIOWORKER_TEST_SCOPE_RULE_OFF=1): the oldest due Queued item, scope or
+-- not, so the chaos test can show that its checks catch overlapping attempts.
+WITH candidate AS (
+    SELECT w.id
+    FROM work_items AS w
+    WHERE w.status = 'Queued' AND w.run_after <= now()
+    ORDER BY w.run_after, w.id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE work_items AS w
+SET status = 'Running',
+    attempt = w.attempt + 1,
+    worker_id = %(worker_id)s,
+    lease_expires_at = now() + make_interval(secs => %(lease)s),
+    heartbeat_at = now(),
+    started_at = now()
+FROM candidate
+WHERE w.id = candidate.id
+RETURNING w.id, w.kind, w.scope, w.payload, w.attempt, w.stalls, w.failures,
+          w.requested_at, w.dedup_key;
+
 -- name: seconds_until_due
 -- How long until the next candidate that is not due yet becomes due (NULL: none).
 SELECT EXTRACT(EPOCH FROM min(run_after) - now())::float8 AS seconds
