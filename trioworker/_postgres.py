@@ -308,28 +308,46 @@ class PostgresStore:
         None also when this claim lost the race for a scope to a concurrent claim (the
         running-scope index rejected it): the Worker waits for its next poll.
         """
+        items = await self.claim_batch(worker_id, lease, 1, scopes, unscoped=unscoped)
+        return items[0] if items else None
+
+    async def claim_batch(
+        self,
+        worker_id: str,
+        lease: float,
+        limit: int,
+        scopes: Sequence[str] | None = None,
+        *,
+        unscoped: bool = True,
+    ) -> list[WorkItem]:
+        """Claim up to `limit` items in one statement (never two of one scope)."""
         if scopes is None:
             if not unscoped:
                 raise ValueError("a Worker serving every scope serves unscoped items too")
             name = "claim_without_scope_rule" if self._scope_rule_off else "claim"
         else:
             name = "claim_in_scopes_or_unscoped" if unscoped else "claim_in_scopes"
-        params = {"worker_id": worker_id, "lease": lease, "scopes": list(scopes or ())}
+        params = {
+            "worker_id": worker_id,
+            "lease": lease,
+            "limit": limit,
+            "scopes": list(scopes or ()),
+        }
         query = QUERIES[name]
 
-        async def op(conn: psycopg.AsyncConnection[Any]) -> dict[str, Any] | None:
+        async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
             try:
                 async with conn.cursor(row_factory=dict_row) as cur:
                     await cur.execute(query, params)
-                    return await cur.fetchone()
+                    return await cur.fetchall()
             except psycopg.errors.UniqueViolation as exc:
                 if not _violates(exc, RUNNING_SCOPE_INDEX):
                     raise
                 self._race_losses += 1
-                return None
+                return []
 
-        row = await self._call(name, op)
-        return WorkItem(**row) if row is not None else None
+        rows = await self._call(name, op)
+        return sorted((WorkItem(**row) for row in rows), key=lambda item: item.id)
 
     async def seconds_until_due(self) -> float | None:
         """Seconds until the next not-yet-due candidate is due; None if there is none."""

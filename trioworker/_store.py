@@ -46,6 +46,16 @@ class Store(Protocol):
         unscoped: bool = True,
     ) -> WorkItem | None: ...
 
+    async def claim_batch(
+        self,
+        worker_id: str,
+        lease: float,
+        limit: int,
+        scopes: Sequence[str] | None = None,
+        *,
+        unscoped: bool = True,
+    ) -> list[WorkItem]: ...
+
     async def seconds_until_due(self) -> float | None: ...
 
     async def heartbeat(self, id: int, attempt: int, lease: float) -> Heartbeat: ...

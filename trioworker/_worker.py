@@ -164,19 +164,22 @@ class Worker:
         slots = trio.Semaphore(self.settings.concurrency)
         backoff = Backoff(initial=0.5, maximum=max(self.settings.poll * 2, 5.0))
         while await self._free_slot(slots):
+            free = 1 + self._more_free_slots(slots)
             self._wake = trio.Event()  # before the claim: a NOTIFY during it is not lost
             sent_at = trio.current_time()
             try:
-                item = await self.store.claim(
+                claimed = await self.store.claim_batch(
                     self.worker_id,
                     self.settings.lease,
+                    free,
                     self.scopes,
                     unscoped=self.unscoped,
                 )
             except SchemaNotReady:
                 raise
             except StoreError as exc:
-                slots.release()
+                for _ in range(free):
+                    slots.release()
                 delay = backoff.next()
                 log.warning(
                     "cannot claim: %s (failure %d); retrying in %.1fs",
@@ -190,13 +193,14 @@ class Worker:
             if backoff.failures:
                 log.info("PostgreSQL answers again; claiming")
                 backoff.reset()
-            if item is None:
+            for _ in range(free - len(claimed)):
                 slots.release()
+            for item in claimed:
+                self._claimed += 1
+                self.observe("claimed", item.kind)
+                items.start_soon(self._run_item, item, sent_at, slots)
+            if not claimed:
                 await self._idle(await self._until_next_due())
-                continue
-            self._claimed += 1
-            self.observe("claimed", item.kind)
-            items.start_soon(self._run_item, item, sent_at, slots)
 
     async def _free_slot(self, slots: trio.Semaphore) -> bool:
         """Wait for a free slot; False (holding none) once stop() has been called."""
@@ -206,6 +210,17 @@ class Worker:
                 await slots.acquire()
                 return True
         return False
+
+    @staticmethod
+    def _more_free_slots(slots: trio.Semaphore) -> int:
+        """Take every other free slot too, so one claim can fill them all."""
+        taken = 0
+        while True:
+            try:
+                slots.acquire_nowait()
+            except trio.WouldBlock:
+                return taken
+            taken += 1
 
     async def _until_next_due(self) -> float:
         """The poll interval, or less when a delayed item falls due sooner."""

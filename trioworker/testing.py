@@ -205,9 +205,28 @@ class MemoryStore:
         *,
         unscoped: bool = True,
     ) -> WorkItem | None:
+        items = await self.claim_batch(worker_id, lease, 1, scopes, unscoped=unscoped)
+        return items[0] if items else None
+
+    async def claim_batch(
+        self,
+        worker_id: str,
+        lease: float,
+        limit: int,
+        scopes: Sequence[str] | None = None,
+        *,
+        unscoped: bool = True,
+    ) -> list[WorkItem]:
         if scopes is None and not unscoped:
             raise ValueError("a Worker serving every scope serves unscoped items too")
         await self._enter("claim")
+        return [
+            self._claim_one(row, worker_id, lease)
+            for row in self._claimable(scopes, unscoped=unscoped)[:limit]
+        ]
+
+    def _claimable(self, scopes: Sequence[str] | None, *, unscoped: bool) -> list[_Row]:
+        """Due Queued items in order, at most one per free scope (its first)."""
         now = self.now()
 
         def eligible(row: _Row) -> bool:
@@ -220,9 +239,17 @@ class MemoryStore:
             return not self._busy(row.scope)
 
         candidates = sorted((r for r in self._rows.values() if eligible(r)), key=lambda r: r.key)
-        if not candidates:
-            return None
-        row = candidates[0]
+        firsts: list[_Row] = []
+        taken: set[str] = set()
+        for row in candidates:
+            if row.scope is None or row.scope not in taken:
+                firsts.append(row)
+                if row.scope is not None:
+                    taken.add(row.scope)
+        return firsts
+
+    def _claim_one(self, row: _Row, worker_id: str, lease: float) -> WorkItem:
+        now = self.now()
         row.status = Status.RUNNING
         row.attempt += 1
         row.worker_id = worker_id

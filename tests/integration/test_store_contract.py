@@ -310,3 +310,17 @@ async def test_unknown_kind_is_rejected_when_kinds_are_known(harness: Harness) -
     with pytest.raises(InvalidWorkItem, match="unknown kind 'Crawll'"):
         await harness.store.enqueue("Crawll")
     assert harness.items() == []
+
+
+async def test_a_batch_claim_takes_one_item_per_scope(harness: Harness) -> None:
+    """claim_batch fills up to its limit in order, but never with two items of one scope."""
+    a1 = await harness.store.enqueue("A", scope="a")
+    await harness.store.enqueue("A", scope="a")
+    b1 = await harness.store.enqueue("A", scope="b")
+    u1 = await harness.store.enqueue("A")
+    u2 = await harness.store.enqueue("A")
+    await harness.store.enqueue("A")
+    batch = await harness.store.claim_batch("w", LEASE, 4)
+    assert [i.id for i in batch] == [a1.id, b1.id, u1.id, u2.id]
+    rest = await harness.store.claim_batch("w", LEASE, 10)
+    assert [i.scope for i in rest] == [None]  # a's second item waits for a1

@@ -14,10 +14,11 @@ RETURNING id;
 SELECT id FROM work_items WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 
 -- name: claim
--- The oldest due candidate whose scope has nothing Running. Candidates are unscoped
+-- The oldest due candidates (up to %(limit)s) whose scopes have nothing Running. Candidates are unscoped
 -- items and scope heads (migration 0002), so busy scopes' backlogs are never read.
 -- Two claims of one scope that slip past NOT EXISTS collide on
--- work_items_one_running_per_scope; the loser gets nothing (see the store).
+-- work_items_one_running_per_scope; the loser gets nothing (see the store). A batch
+-- never holds two items of one scope: each scope has one head at most.
 WITH candidate AS (
     SELECT w.id
     FROM work_items AS w
@@ -28,7 +29,7 @@ WITH candidate AS (
             SELECT 1 FROM work_items AS r
             WHERE r.scope = w.scope AND r.status = 'Running'))
     ORDER BY w.run_after, w.id
-    LIMIT 1
+    LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE work_items AS w
@@ -56,7 +57,7 @@ WITH candidate AS (
             SELECT 1 FROM work_items AS r
             WHERE r.scope = w.scope AND r.status = 'Running')
     ORDER BY w.run_after, w.id
-    LIMIT 1
+    LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE work_items AS w
@@ -84,7 +85,7 @@ WITH candidate AS (
             SELECT 1 FROM work_items AS r
             WHERE r.scope = w.scope AND r.status = 'Running'))
     ORDER BY w.run_after, w.id
-    LIMIT 1
+    LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE work_items AS w
@@ -100,14 +101,14 @@ RETURNING w.id, w.kind, w.scope, w.payload, w.attempt, w.stalls, w.failures,
           w.requested_at, w.dedup_key;
 
 -- name: claim_without_scope_rule
--- TEST ONLY (TRIOWORKER_TEST_SCOPE_RULE_OFF=1): the oldest due Queued item, scope or
--- not, so the chaos test can show that its checks catch overlapping attempts.
+-- TEST ONLY (TRIOWORKER_TEST_SCOPE_RULE_OFF=1): the oldest due Queued items, scope
+-- or not, so the chaos test can show that its checks catch overlapping attempts.
 WITH candidate AS (
     SELECT w.id
     FROM work_items AS w
     WHERE w.status = 'Queued' AND w.run_after <= now()
     ORDER BY w.run_after, w.id
-    LIMIT 1
+    LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE work_items AS w
