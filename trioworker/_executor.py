@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import attrs
@@ -127,9 +127,12 @@ class Executor:
         fail_stop: FailStop,
         observer: Any = None,
         on_deadline: Callable[[], None] | None = None,
+        complete: Callable[[int, int], Awaitable[bool]] | None = None,
     ) -> None:
-        """`on_deadline` is called whenever the set of self-stop deadlines changes."""
+        """`on_deadline` is called whenever the set of self-stop deadlines changes;
+        `complete` replaces `store.complete` (the Worker passes its batcher's)."""
         self.store = store
+        self.complete = complete or store.complete
         self.on_deadline = on_deadline
         self.registry = registry
         self.settings = settings
@@ -319,7 +322,7 @@ class Executor:
         store, id, attempt = self.store, item.id, item.attempt
         match decision.action:
             case Action.COMPLETE:
-                return await store.complete(id, attempt)
+                return await self.complete(id, attempt)
             case Action.RETRY:
                 assert decision.error is not None
                 return await store.retry_later(id, attempt, decision.delay, decision.error)

@@ -364,6 +364,11 @@ class PostgresStore:
     async def complete(self, id: int, attempt: int) -> bool:
         return bool(await self._rows("complete", {"id": id, "attempt": attempt}))
 
+    async def complete_batch(self, attempts: Sequence[tuple[int, int]]) -> set[int]:
+        """Complete many (id, attempt) pairs at once; the ids whose write applied."""
+        params = {"ids": [id for id, _ in attempts], "attempts": [a for _, a in attempts]}
+        return {row["id"] for row in await self._rows("complete_batch", params)}
+
     async def fail(self, id: int, attempt: int, reason: str, error: str | None = None) -> bool:
         params = {"id": id, "attempt": attempt, "reason": reason, "error": error}
         return bool(await self._rows("fail", params))

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import attrs
 import trio
 
+from ._batching import CompletionBatcher
 from ._errors import SchemaNotReady, StoreError
 from ._executor import Executor, FailStop
 from ._model import Status, WorkItem
@@ -71,6 +72,7 @@ class Worker:
         self.unscoped = (scopes is None) if unscoped is None else unscoped
         self.events: collections.Counter[str] = collections.Counter()
         self._observer = observer
+        self._completions = CompletionBatcher(store)
         self.executor = Executor(
             store,
             registry,
@@ -79,6 +81,7 @@ class Worker:
             fail_stop=fail_stop,
             observer=self,
             on_deadline=self._publish_deadline if watchdog else None,
+            complete=self._completions.complete,
         )
         self._watchdog = Watchdog(self.settings.stop_grace, fail_stop) if watchdog else None
         self._wake = trio.Event()
@@ -143,6 +146,7 @@ class Worker:
             async with trio.open_nursery() as background:
                 await background.start(self.store.listen, self._on_notify)
                 background.start_soon(self._recovery_loop)
+                background.start_soon(self._completions.run)
                 if self._watchdog is not None:
                     background.start_soon(self._tick_watchdog, self._watchdog)
                 async with trio.open_nursery() as items:

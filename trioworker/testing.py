@@ -295,6 +295,17 @@ class MemoryStore:
             self._finish(row, Status.SUCCEEDED)
         return self._record("complete", id, attempt, row)
 
+    async def complete_batch(self, attempts: Sequence[tuple[int, int]]) -> set[int]:
+        await self._enter("complete_batch")
+        applied = set()
+        for id, attempt in attempts:
+            row = self._fenced(id, attempt)
+            if row is not None:
+                self._finish(row, Status.SUCCEEDED)
+                applied.add(id)
+            self._record("complete", id, attempt, row)
+        return applied
+
     async def fail(self, id: int, attempt: int, reason: str, error: str | None = None) -> bool:
         await self._enter("fail")
         row = self._fenced(id, attempt)

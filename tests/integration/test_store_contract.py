@@ -324,3 +324,17 @@ async def test_a_batch_claim_takes_one_item_per_scope(harness: Harness) -> None:
     assert [i.id for i in batch] == [a1.id, b1.id, u1.id, u2.id]
     rest = await harness.store.claim_batch("w", LEASE, 10)
     assert [i.scope for i in rest] == [None]  # a's second item waits for a1
+
+
+async def test_complete_batch_applies_only_to_live_attempts(harness: Harness) -> None:
+    """A batched complete is fenced per item: a stale attempt in the batch writes nothing."""
+    for scope in ("a", "b"):
+        await harness.store.enqueue("A", scope=scope)
+    a, b = await harness.store.claim_batch("w", LEASE, 2)
+    applied = await harness.store.complete_batch([(a.id, a.attempt), (b.id, b.attempt + 1)])
+    assert applied == {a.id}
+    states = by_id(harness)
+    assert states[a.id].status is Status.SUCCEEDED  # type: ignore[attr-defined]
+    assert states[b.id].status is Status.RUNNING  # type: ignore[attr-defined]
+    nxt = await harness.store.claim("w", LEASE)
+    assert nxt is None  # b is still running; a's scope has nothing queued

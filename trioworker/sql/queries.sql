@@ -142,6 +142,14 @@ SET status = 'Succeeded', finished_at = now(), lease_expires_at = NULL
 WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'Running'
 RETURNING id;
 
+-- name: complete_batch
+-- complete for many attempts in one statement (the Worker's completion batcher).
+UPDATE work_items AS w
+SET status = 'Succeeded', finished_at = now(), lease_expires_at = NULL
+FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS done(id, attempt)
+WHERE w.id = done.id AND w.attempt = done.attempt AND w.status = 'Running'
+RETURNING w.id;
+
 -- name: fail
 UPDATE work_items
 SET status = 'Failed', finished_at = now(), lease_expires_at = NULL,
