@@ -205,11 +205,17 @@ class Executor:
         return Outcome()
 
     async def _heartbeats(self, attempt: Attempt, ilog: logging.LoggerAdapter[Any]) -> None:
+        """Renew the lease every interval, until the attempt has self-stopped or is lost:
+        those write nothing, and a heartbeat is a write. After a cancel request or at
+        shutdown they go on, so the lease holds until the fenced write that follows.
+        """
         interval = self.settings.heartbeat
         next_beat = attempt.claim_sent_at + interval
         while True:
             await trio.sleep_until(next_beat)
             next_beat += interval
+            if attempt.reason in (CancelReason.SELF_STOP, CancelReason.LOST):
+                return
             sent_at = trio.current_time()
             with trio.move_on_after(interval) as timeout:
                 try:

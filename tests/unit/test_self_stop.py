@@ -478,3 +478,32 @@ async def test_database_outage_at_claim_time_is_retried_and_nothing_is_lost(
     assert store.items()[0].status is Status.SUCCEEDED
     claims = [r for r in caplog.records if r.getMessage().startswith("cannot claim")]
     assert 5 <= len(claims) <= 40  # backoff: neither silent nor a tight loop
+
+
+async def test_a_self_stopped_attempt_stops_heartbeating(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """After the self-stop, no heartbeat renews the lease, even once the database is back
+    and the handler is still cleaning up: a heartbeat is a write too."""
+    store, registry, probe = MemoryStore(), Registry(), Probe()
+
+    @registry.handler("Crawl")
+    async def crawl(item: WorkItem, ctx: Context) -> None:
+        probe.start()
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(12)  # slow cleanup, inside the stop grace
+            raise
+
+    store.fault, store.fault_ops = "fail", frozenset({"heartbeat"})
+    await store.enqueue("Crawl", scope="7")
+    async with running_worker(store, registry):
+        await probe.running.wait()
+        await trio.sleep_until(probe.started[0] + 30.5)
+        store.fault = None
+        beats_then = store.calls.count("heartbeat")
+        await trio.sleep(12)
+        assert store.calls.count("heartbeat") == beats_then
+    assert [w for w in store.writes if w.applied] == []
