@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -57,11 +58,13 @@ def _service_user() -> tuple[int, int] | None:
     return entry.pw_uid, entry.pw_gid
 
 
-def _open_up(path: Path) -> None:
-    # The service user must be able to reach the data directory and the binaries.
-    for parent in [path, *path.parents]:
+def _let_through(path: Path) -> None:
+    """Let the service user traverse every directory above `path` (search permission
+    only: it can reach the binaries and its data directory, not list anything)."""
+    for parent in path.parents:
         mode = parent.stat().st_mode
-        parent.chmod(mode | 0o055)
+        if not mode & 0o001:
+            parent.chmod(mode | 0o001)
 
 
 class PrivateCluster:
@@ -92,8 +95,8 @@ class PrivateCluster:
         if (self.data_dir / "PG_VERSION").exists():
             return
         if self._user:
-            _open_up(self.data_dir)
-            _open_up(self._bin)
+            _let_through(self.data_dir)
+            _let_through(self._bin)
             os.chown(self.data_dir, *self._user)
         self._run(
             "initdb",
@@ -145,9 +148,20 @@ class PrivateCluster:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname={dbname}"
 
     def cleanup(self) -> None:
-        self.stop(mode="immediate")
+        """Stop the server (killing it if pg_ctl cannot) and remove a directory we made."""
+        try:
+            self.stop(mode="immediate")
+        except (RuntimeError, OSError, subprocess.TimeoutExpired):
+            self._kill_postmaster()
         if self._owns_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _kill_postmaster(self) -> None:
+        try:
+            pid = int((self.data_dir / "postmaster.pid").read_text().split()[0])
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            pass  # no pid file, or the server is already gone
 
     def __enter__(self) -> PrivateCluster:
         self.start()
