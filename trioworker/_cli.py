@@ -198,6 +198,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 async def _on_signals(worker: Worker, scope: trio.CancelScope, interrupted: trio.Event) -> None:
     """First SIGTERM/SIGINT: graceful stop. Second: stop at once."""
+    # When the receiver closes, Trio re-raises signals it received but nobody read, with
+    # the handlers it found. A signal that lands as the Worker finishes stopping would
+    # then kill the process on its way out (exit -15 instead of 0): by then the Worker
+    # is stopping anyway, so let those be ignored.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         first = True
         async for signum in signals:
