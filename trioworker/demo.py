@@ -286,7 +286,7 @@ class Demo:
             totals.update(by_status)
         unfinished = totals["Queued"] + totals["Running"]
         missing = sum(snap.missing.values())
-        # Stopped by our SIGTERM: exit 0, or (rarely) killed by that very signal.
+        # Stopped by our SIGTERM: exit 0, or killed by it while still starting up.
         bad_exits = {n: c for n, c in codes.items() if c not in (0, -signal.SIGTERM)}
         checks = [
             (
