@@ -1,0 +1,193 @@
+"""End-to-end throughput: enqueue -> finished, trioworker against its peers, one run.
+
+For each system: a fresh database, N worker processes started and warmed up (a small
+batch run through first), `ANALYZE` (the same policy for every system), then all items
+enqueued in one statement; items/s = items / (last finished - enqueue committed).
+Systems take turns round by round, in a rotating order, and each figure is the median
+of its rounds. pgbench's single-row UPDATE gives the physical reference.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench import pgbench
+from bench.common import QUERIES, Server, connect, ratio, save, show
+from bench.procs import Processes, processes, wait_until
+from bench.systems import SERIAL_KEYS, Pgqueuer, Procrastinate, System, Trioworker
+
+PROCESSES = 2  # one per core
+NO_PEER = {"label": "no peer ran", "items_per_s": math.nan}
+
+
+def systems() -> list[System]:
+    """Each system at the best settings found (see docs/benchmarks.md for the search)."""
+    serial = f"{SERIAL_KEYS} scopes"
+    return [
+        Trioworker("trioworker, unscoped", False, PROCESSES, concurrency=32),
+        Trioworker(f"trioworker, {serial}", True, PROCESSES, concurrency=32),
+        Procrastinate("procrastinate, plain", False, PROCESSES, concurrency=16),
+        Procrastinate(f"procrastinate, {SERIAL_KEYS} locks", True, PROCESSES, concurrency=16),
+        Pgqueuer("pgqueuer, plain (batch 10)", False, PROCESSES, batch_size=10),
+        Pgqueuer(
+            "pgqueuer, batched (batch 100, pool)", False, PROCESSES, batch_size=100, pool=True
+        ),
+        Pgqueuer(f"pgqueuer, {SERIAL_KEYS} entrypoints limit 1", True, PROCESSES, batch_size=10),
+    ]
+
+
+def slug(label: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")[:40]
+
+
+def wait_finished(conn: Any, system: System, procs: Processes, timeout: float) -> int:
+    """Poll until nothing is unfinished (or the timeout); how many are left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = system.unfinished(conn)
+        if left == 0 or time.monotonic() > deadline:
+            return left
+        procs.check_alive()
+        time.sleep(0.05)
+
+
+def run_once(srv: Server, system: System, n: int, log_dir: Path) -> dict[str, Any]:
+    name = slug(system.label)
+    with (
+        srv.database(name, migrated=system.migrated) as dsn,
+        processes(log_dir / name) as procs,
+        connect(dsn) as conn,
+    ):
+        system.install(dsn)
+        for i, command in enumerate(system.worker_commands(dsn)):
+            procs.start(command, f"worker-{i}")
+
+        def connected() -> bool:
+            procs.check_alive()
+            row = conn.execute(QUERIES["other_backends"]).fetchone()
+            return bool(row and row[0] >= system.processes)
+
+        wait_until(connected, 60, f"{system.label}: workers connecting")
+        system.enqueue(dsn, 50 * system.processes)  # warm-up, not timed
+        if wait_finished(conn, system, procs, 60):
+            raise RuntimeError(f"{system.label}: the warm-up batch did not finish")
+        time.sleep(0.5)
+        conn.execute(QUERIES["analyze"])
+        committed = system.enqueue(dsn, n)
+        left = wait_finished(conn, system, procs, 60 + n / 20)
+        seconds = time.monotonic() - committed
+    return {
+        "items": n,
+        "finished": n - left,
+        "seconds": seconds,
+        "items_per_s": (n - left) / seconds,
+        "complete": left == 0,
+    }
+
+
+def run_peer(srv: Server, system: System, n: int, log_dir: Path) -> dict[str, Any]:
+    """run_once; a peer that cannot be made to run is reported with the reason, and the
+    others still run. trioworker's own failures are bugs and end the benchmark."""
+    if system.family == "trioworker":
+        return run_once(srv, system, n, log_dir)
+    try:
+        return run_once(srv, system, n, log_dir)
+    except (RuntimeError, TimeoutError, OSError, psycopg.Error) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
+
+
+def summarise(system: System, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    rates = [r["items_per_s"] for r in runs if "error" not in r] or [math.nan]
+    return {
+        "label": system.label,
+        "family": system.family,
+        "serialised": system.serialised,
+        "settings": system.settings(),
+        "runs": runs,
+        "items_per_s": statistics.median(rates),
+        "min": min(rates),
+        "max": max(rates),
+        "all_complete": all(r.get("complete") for r in runs),
+        "errors": [r["error"] for r in runs if "error" in r],
+    }
+
+
+def compare(rows: list[dict[str, Any]], reference: dict[str, Any]) -> dict[str, Any]:
+    def best(serialised: bool) -> dict[str, Any]:
+        peers = [r for r in rows if r["family"] != "trioworker" and r["serialised"] == serialised
+                 and not math.isnan(r["items_per_s"])]  # fmt: skip
+        return max(peers, key=lambda r: r["items_per_s"], default=NO_PEER)
+
+    ours = {r["serialised"]: r for r in rows if r["family"] == "trioworker"}
+    plain, serial = best(False), best(True)
+    unscoped_ratio = ratio(ours[False]["items_per_s"], plain["items_per_s"])
+    scoped_ratio = ratio(ours[True]["items_per_s"], serial["items_per_s"])
+    return {
+        "best_peer_plain": plain["label"],
+        "best_peer_serialised": serial["label"],
+        "unscoped_vs_best_peer_plain": unscoped_ratio,
+        "scoped_vs_best_peer_serialised": scoped_ratio,
+        "unscoped_vs_pgbench_ceiling": ratio(
+            ours[False]["items_per_s"], reference["items_per_s_ceiling"]
+        ),
+        "targets": {
+            "unscoped_at_least_best_peer_plain": unscoped_ratio >= 1.0,
+            "scoped_at_least_1.5x_best_peer_serialised": scoped_ratio >= 1.5,
+        },
+    }
+
+
+def report(rows: list[dict[str, Any]], reference: dict[str, Any], verdict: dict[str, Any]) -> None:
+    ceiling = reference["items_per_s_ceiling"]
+    ours = {r["serialised"]: r["items_per_s"] for r in rows if r["family"] == "trioworker"}
+    table = [
+        [r["label"], r["items_per_s"], r["min"], r["max"],
+         ratio(ours[r["serialised"]], r["items_per_s"]), ratio(r["items_per_s"], ceiling),
+         "yes" if r["all_complete"] else f"NO {'; '.join(r['errors'])[:60]}"]
+        for r in rows
+    ]  # fmt: skip
+    show(
+        f"End-to-end throughput (pgbench: {reference['tps']:,.0f} tps, ceiling tps/3 ="
+        f" {ceiling:,.0f} items/s; with a NOTIFY in each: {reference['tps_with_notify']:,.0f} tps)",
+        ["system", "items/s (median)", "min", "max", "trioworker / this",
+         "/ pgbench ceiling", "finished"],
+        table,
+    )  # fmt: skip
+    t = verdict["targets"]
+    print(
+        f"  unscoped: {verdict['unscoped_vs_best_peer_plain']:.2f}x {verdict['best_peer_plain']}"
+        f" (target >= 1x: {'met' if t['unscoped_at_least_best_peer_plain'] else 'MISSED'});"
+        f" {SERIAL_KEYS} scopes: {verdict['scoped_vs_best_peer_serialised']:.2f}x"
+        f" {verdict['best_peer_serialised']} (target >= 1.5x:"
+        f" {'met' if t['scoped_at_least_1.5x_best_peer_serialised'] else 'MISSED'})"
+    )
+
+
+def main(srv: Server, quick: bool, out: Path) -> dict[str, Any]:
+    n, rounds, pgbench_seconds = (1000, 1, 3) if quick else (10_000, 3, 10)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    log_dir = out / "logs" / f"e2e-{stamp}"
+    reference = pgbench.run(srv, pgbench_seconds)
+    chosen = systems()
+    runs: dict[str, list[dict[str, Any]]] = {s.label: [] for s in chosen}
+    for r in range(rounds):
+        for system in chosen[r:] + chosen[:r]:
+            result = run_peer(srv, system, n, log_dir / f"round-{r}")
+            rate = f"{result['items_per_s']:,.0f} items/s" if "error" not in result else "FAILED"
+            print(f"  round {r + 1}/{rounds} {system.label}: {rate}")
+            runs[system.label].append(result)
+    rows = [summarise(s, runs[s.label]) for s in chosen]
+    verdict = compare(rows, reference)
+    report(rows, reference, verdict)
+    params = {"items": n, "rounds": rounds, "processes": PROCESSES, "serial_keys": SERIAL_KEYS}
+    results = {"pgbench": reference, "systems": rows, "comparison": verdict}
+    print(f"  -> {save(out, 'e2e', srv, params, results)}")
+    return results

@@ -1,0 +1,275 @@
+"""Head-of-line claim: what a claim costs when work piles up behind busy scopes.
+
+Two databases side by side: one holding the backlog, one empty but for one free item.
+Every sample claims through the store and releases the item again (so each sample sees
+the same backlog); the same claim SQL (also with its plan cached, as a diagnostic), and
+the baseline plain NOT EXISTS claim (no scope-heads filter), are also timed on a plain
+psycopg connection, inside a transaction that is rolled back. Samples of every series
+are interleaved, and both databases are vacuumed between rounds, so the series differ
+only in the backlog.
+"""
+
+from __future__ import annotations
+
+# trio_asyncio before psycopg, or psycopg's async calls find no running event loop.
+import trio_asyncio  # noqa: F401  isort: skip
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import psycopg
+import trio
+
+from bench.common import QUERIES, Server, connect, ratio, save, show, summary_ms
+from trioworker import PostgresStore, open_store
+from trioworker._queries import QUERIES as STORE_QUERIES
+
+LEASE = 60.0
+CLAIM_PARAMS = {"worker_id": "bench", "lease": LEASE, "limit": 1, "scopes": []}
+
+
+@attrs.frozen
+class Shape:
+    key: str
+    title: str
+    busy_scopes: int  # each with one Running item
+    behind: int  # Queued items behind the busy scopes, older than any free item
+    free_scopes: int
+    free_items: int
+
+    @property
+    def rows(self) -> int:
+        return self.busy_scopes + self.behind + self.free_items
+
+
+SHAPES = {
+    "full": [
+        Shape("a", "1,000 busy scopes x 100 queued, 1 free item", 1000, 100_000, 1, 1),
+        Shape("b", "1 M queued: 99% behind 1 busy scope, 1% over 1,000 free",
+              1, 990_000, 1000, 10_000),
+    ],
+    "quick": [
+        Shape("a", "100 busy scopes x 100 queued, 1 free item", 100, 10_000, 1, 1),
+        Shape("b", "100 k queued: 99% behind 1 busy scope, 1% over 100 free",
+              1, 99_000, 100, 1_000),
+    ],
+}  # fmt: skip
+
+
+def load(conn: psycopg.Connection[Any], shape: Shape | None) -> None:
+    """The backlog of `shape` (None: just one free item), analysed and vacuumed."""
+    if shape is not None:
+        conn.execute(QUERIES["insert_running"], {"prefix": "busy-", "scopes": shape.busy_scopes})
+        conn.execute(
+            QUERIES["insert_queued"],
+            {"kind": "Behind", "prefix": "busy-", "scopes": shape.busy_scopes,
+             "n": shape.behind, "age": 3600},
+        )  # fmt: skip
+    free_scopes, free_items = (shape.free_scopes, shape.free_items) if shape else (1, 1)
+    conn.execute(
+        QUERIES["insert_queued"],
+        {"kind": "Free", "prefix": "free-", "scopes": free_scopes, "n": free_items, "age": 0},
+    )
+    conn.execute(QUERIES["plain_index"])
+    conn.execute("VACUUM ANALYZE work_items")
+
+
+def _check(row: Any) -> None:
+    scope = row["scope"] if isinstance(row, dict) else row[2]
+    if not (isinstance(scope, str) and scope.startswith("free-")):
+        raise AssertionError(f"the claim took {scope!r}, not an item of a free scope")
+
+
+async def store_sample(store: PostgresStore) -> float:
+    """One claim through the store; the item is released again (not timed)."""
+    t0 = time.perf_counter()
+    item = await store.claim("bench", LEASE)
+    elapsed = time.perf_counter() - t0
+    if item is None:
+        raise AssertionError("the store's claim found nothing to claim")
+    _check({"scope": item.scope})
+    await store.release(item.id, item.attempt)
+    return elapsed
+
+
+def sync_sample(conn: psycopg.Connection[Any], query: str) -> float:
+    """One claim statement on a sync connection, in a transaction rolled back after."""
+    conn.execute("BEGIN")
+    try:
+        t0 = time.perf_counter()
+        row = conn.execute(query, CLAIM_PARAMS).fetchone()
+        elapsed = time.perf_counter() - t0
+    finally:
+        conn.execute("ROLLBACK")
+    _check(row)
+    return elapsed
+
+
+def explain(conn: psycopg.Connection[Any], query: str) -> str:
+    conn.execute("BEGIN")
+    try:
+        rows = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS) " + query,
+            CLAIM_PARAMS,
+        ).fetchall()
+    finally:
+        conn.execute("ROLLBACK")
+    return "\n".join(r[0] for r in rows)
+
+
+Sampler = Callable[[], Awaitable[float]]
+
+#: Diagnostic series. The store's claim with synchronous_commit off: what the claim
+#: costs without waiting for its commit's WAL flush. The claim SQL with its plan cached:
+#: with `LIMIT %(limit)s` the server's generic plan looks dearer than a custom one, so
+#: it plans every call anew.
+NO_FLUSH = "store.claim, no flush wait"
+GENERIC = "claim SQL, generic plan"
+LABELS = ("store.claim", NO_FLUSH, "claim SQL", GENERIC, "plain NOT EXISTS")
+
+
+def with_options(dsn: str, options: str) -> str:
+    return psycopg.conninfo.make_conninfo(dsn, options=options)
+
+
+def sync(conn: psycopg.Connection[Any], query: str) -> Sampler:
+    async def sample() -> float:
+        return sync_sample(conn, query)
+
+    return sample
+
+
+def claims(store: PostgresStore) -> Sampler:
+    return lambda: store_sample(store)
+
+
+async def measure(
+    backlog_dsn: str, empty_dsn: str, rounds: int, per_round: int, plain_per_round: int
+) -> dict[str, list[float]]:
+    """Samples (seconds) of each series, interleaved sample by sample."""
+    claim, plain = STORE_QUERIES["claim"], QUERIES["plain_claim"]
+    async with contextlib.AsyncExitStack() as stack:
+        series: dict[str, tuple[Sampler, int]] = {}
+        conns = []
+        for where, dsn in (("backlog", backlog_dsn), ("near-empty", empty_dsn)):
+            store = await stack.enter_async_context(open_store(dsn, max_connections=1))
+            no_flush = await stack.enter_async_context(
+                open_store(with_options(dsn, "-c synchronous_commit=off"), max_connections=1)
+            )
+            conn = stack.enter_context(connect(dsn))
+            cached = stack.enter_context(
+                connect(with_options(dsn, "-c plan_cache_mode=force_generic_plan"))
+            )
+            conns.append(conn)
+            series[f"store.claim {where}"] = (claims(store), per_round)
+            series[f"{NO_FLUSH} {where}"] = (claims(no_flush), per_round)
+            series[f"claim SQL {where}"] = (sync(conn, claim), per_round)
+            series[f"{GENERIC} {where}"] = (sync(cached, claim), per_round)
+            series[f"plain NOT EXISTS {where}"] = (
+                sync(conn, plain),
+                plain_per_round if where == "backlog" else per_round,
+            )
+        samples: dict[str, list[float]] = {name: [] for name in series}
+        for sampler, _ in series.values():  # warm up: connections, plans, caches
+            for _ in range(3):
+                await sampler()
+        for _ in range(rounds):
+            for conn in conns:
+                conn.execute(QUERIES["vacuum"])
+            for i in range(per_round):
+                for name, (sampler, count) in series.items():
+                    if i < count:
+                        samples[name].append(await sampler())
+        return samples
+
+
+def run_shape(srv: Server, shape: Shape, rounds: int, per_round: int) -> dict[str, Any]:
+    with srv.database(f"hol_{shape.key}") as backlog_dsn, srv.database("hol_empty") as empty_dsn:
+        t0 = time.perf_counter()
+        with connect(backlog_dsn) as conn:
+            load(conn, shape)
+        load_seconds = time.perf_counter() - t0
+        with connect(empty_dsn) as conn:
+            load(conn, None)
+        plain_per_round = max(1, per_round // 6)
+        samples = trio.run(measure, backlog_dsn, empty_dsn, rounds, per_round, plain_per_round)
+        with connect(backlog_dsn) as conn:
+            plans = {
+                "claim": explain(conn, STORE_QUERIES["claim"]),
+                "plain_claim": explain(conn, QUERIES["plain_claim"]),
+            }
+    series = {name: summary_ms(values) for name, values in samples.items()}
+
+    def median(name: str) -> float:
+        return series[name]["median_ms"]
+
+    store_ratio = ratio(median("store.claim backlog"), median("store.claim near-empty"))
+    return {
+        "shape": attrs.asdict(shape),
+        "rows": shape.rows,
+        "load_seconds": load_seconds,
+        "series": series,
+        "ratios": {
+            "store_backlog_vs_near_empty": store_ratio,
+            "claim_sql_backlog_vs_near_empty": ratio(
+                median("claim SQL backlog"), median("claim SQL near-empty")
+            ),
+            "no_flush_backlog_vs_near_empty": ratio(
+                median(f"{NO_FLUSH} backlog"), median(f"{NO_FLUSH} near-empty")
+            ),
+            "generic_plan_backlog_vs_near_empty": ratio(
+                median(f"{GENERIC} backlog"), median(f"{GENERIC} near-empty")
+            ),
+            "plain_backlog_vs_claim_sql_backlog": ratio(
+                median("plain NOT EXISTS backlog"), median("claim SQL backlog")
+            ),
+        },
+        "targets": {
+            # The 2 ms bound is shape (a)'s target; recorded for both.
+            "median_within_2ms": median("store.claim backlog") <= 2.0,
+            "within_2x_near_empty": store_ratio <= 2.0,
+        },
+        "plans": plans,
+    }
+
+
+def report(results: list[dict[str, Any]]) -> None:
+    for r in results:
+        s = r["series"]
+        rows = []
+        for label in LABELS:
+            back, empty = s[f"{label} backlog"], s[f"{label} near-empty"]
+            rows.append([
+                label, back["median_ms"], back["p99_ms"], empty["median_ms"], empty["p99_ms"],
+                ratio(back["median_ms"], empty["median_ms"]), back["n"],
+            ])  # fmt: skip
+        show(
+            f"Head-of-line ({r['shape']['key']}): {r['shape']['title']} ({r['rows']:,} rows)",
+            ["claim", "backlog median ms", "backlog p99 ms", "near-empty median ms",
+             "near-empty p99 ms", "backlog / near-empty", "n"],
+            rows,
+        )  # fmt: skip
+        t = r["targets"]
+        within = ""
+        if r["shape"]["key"] == "a":
+            within = f" (target <= 2 ms: {'met' if t['median_within_2ms'] else 'MISSED'})"
+        print(
+            f"  store.claim: {r['ratios']['store_backlog_vs_near_empty']:.2f}x near-empty"
+            f" (target <= 2x: {'met' if t['within_2x_near_empty'] else 'MISSED'});"
+            f" median {s['store.claim backlog']['median_ms']:.2f} ms{within};"
+            f" plain NOT EXISTS is {r['ratios']['plain_backlog_vs_claim_sql_backlog']:.0f}x"
+            " the claim SQL on the backlog"
+        )
+
+
+def main(srv: Server, quick: bool, out: Any) -> dict[str, Any]:
+    size = "quick" if quick else "full"
+    rounds, per_round = (3, 10) if quick else (10, 30)
+    results = [run_shape(srv, shape, rounds, per_round) for shape in SHAPES[size]]
+    report(results)
+    path = save(out, "hol", srv, {"size": size, "rounds": rounds, "per_round": per_round}, results)
+    print(f"  -> {path}")
+    return {"hol": results}

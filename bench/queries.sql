@@ -1,0 +1,103 @@
+-- The benchmarks' own statements, each under a `-- name:` header (parsed like
+-- trioworker/sql/queries.sql). Loading goes through trioworker's triggers: the insert
+-- trigger is statement-level and refreshes each distinct scope's head once.
+
+-- name: insert_running
+-- One Running item in each of %(scopes)s scopes, PREFIX0 .. PREFIX(n-1): busy scopes.
+INSERT INTO work_items (kind, scope, status, attempt, worker_id, lease_expires_at,
+                        started_at, heartbeat_at)
+SELECT 'Busy', %(prefix)s || g, 'Running', 1, 'bench-holder',
+       now() + interval '1 day', now(), now()
+FROM generate_series(0, %(scopes)s - 1) AS g;
+
+-- name: insert_queued
+-- %(n)s Queued items, round robin over %(scopes)s scopes (unscoped when 0), due
+-- %(age)s seconds ago: an older backlog is ahead of newer items in scheduling order.
+INSERT INTO work_items (kind, scope, run_after)
+SELECT %(kind)s,
+       CASE WHEN %(scopes)s > 0 THEN %(prefix)s || mod(g, %(scopes)s) END,
+       now() - make_interval(secs => %(age)s)
+FROM generate_series(0, %(n)s - 1) AS g;
+
+-- name: insert_mixed
+-- %(n)s Queued items, alternately unscoped and scoped (round robin over %(scopes)s).
+INSERT INTO work_items (kind, scope)
+SELECT %(kind)s, CASE WHEN mod(g, 2) = 1 THEN %(prefix)s || mod(g / 2, %(scopes)s) END
+FROM generate_series(0, %(n)s - 1) AS g;
+
+-- name: plain_index
+-- The index a plain NOT EXISTS claim needs to walk Queued items in scheduling order
+-- (what a queue without scope heads would have).
+CREATE INDEX bench_plain_queued ON work_items (run_after, id) WHERE status = 'Queued';
+
+-- name: plain_claim
+-- The baseline: trioworker's claim without the scope-heads filter, so it walks every
+-- Queued item of a busy scope until it finds one whose scope is free.
+WITH candidate AS (
+    SELECT w.id
+    FROM work_items AS w
+    WHERE w.status = 'Queued'
+      AND w.run_after <= now()
+      AND (w.scope IS NULL OR NOT EXISTS (
+            SELECT 1 FROM work_items AS r
+            WHERE r.scope = w.scope AND r.status = 'Running'))
+    ORDER BY w.run_after, w.id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE work_items AS w
+SET status = 'Running',
+    attempt = w.attempt + 1,
+    worker_id = %(worker_id)s,
+    lease_expires_at = now() + make_interval(secs => %(lease)s),
+    heartbeat_at = now(),
+    started_at = now()
+FROM candidate
+WHERE w.id = candidate.id
+RETURNING w.id, w.kind, w.scope, w.payload, w.attempt, w.stalls, w.failures,
+          w.requested_at, w.dedup_key;
+
+-- name: most_running_in_a_scope
+-- The scope rule's check: never above 1.
+SELECT coalesce(max(n), 0) AS n
+FROM (SELECT count(*) AS n FROM work_items
+      WHERE status = 'Running' AND scope IS NOT NULL GROUP BY scope) AS per_scope;
+
+-- name: count_status
+SELECT count(*) FROM work_items WHERE status = %(status)s;
+
+-- name: analyze
+ANALYZE;
+
+-- name: vacuum
+VACUUM work_items;
+
+-- name: unfinished
+SELECT count(*) FROM work_items WHERE status IN ('Queued', 'Running');
+
+-- name: procrastinate_unfinished
+SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing');
+
+-- name: pgqueuer_unfinished
+-- pgqueuer deletes a job from its queue table when it finishes (and logs it elsewhere).
+SELECT count(*) FROM pgqueuer;
+
+-- name: other_backends
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid();
+
+-- name: pgbench_update
+-- A pgbench script: one single-row UPDATE by primary key per transaction.
+\set aid random(1, 100000 * :scale)
+UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
+
+-- name: pgbench_update_notify
+-- The same UPDATE with a NOTIFY in its transaction, as a scoped completion that
+-- promotes the next head sends one. A notifying commit holds a cluster-wide lock
+-- (async.c, "database 0") until after its commit record is flushed, so these commits
+-- flush one at a time instead of in groups.
+\set aid random(1, 100000 * :scale)
+BEGIN;
+UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
+SELECT pg_notify('bench', 'x');
+COMMIT;

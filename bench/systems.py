@@ -1,0 +1,165 @@
+"""The queues the end-to-end benchmark runs, each behind one small interface.
+
+Every system gets a database of its own on the same server, the same number of worker
+processes, no-op handlers, and an enqueue of all items in one statement; its clock
+starts when that statement has committed (`time.monotonic()`, one clock for every
+process) and stops when nothing is left unfinished.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Protocol
+
+import attrs
+import psycopg
+
+from bench.common import QUERIES, connect
+from bench.procs import run_helper, trioworker_command
+
+#: Items i of a serialised run go to scope/lock/entrypoint i % SERIAL_KEYS.
+SERIAL_KEYS = 50
+
+
+class System(Protocol):
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def family(self) -> str:
+        """The queue, for "best peer" comparisons."""
+        ...
+
+    @property
+    def serialised(self) -> bool:
+        """One item at a time per key (scope, lock, limited entrypoint)."""
+        ...
+
+    @property
+    def processes(self) -> int: ...
+
+    @property
+    def migrated(self) -> bool:
+        """Whether its database starts with trioworker's schema."""
+        ...
+
+    def install(self, dsn: str) -> None: ...
+
+    def worker_commands(self, dsn: str) -> list[list[str]]: ...
+
+    def enqueue(self, dsn: str, n: int) -> float:
+        """Queue n items in one statement; time.monotonic() once it has committed."""
+        ...
+
+    def unfinished(self, conn: psycopg.Connection[Any]) -> int: ...
+
+    def settings(self) -> dict[str, Any]: ...
+
+
+def _count(conn: psycopg.Connection[Any], name: str) -> int:
+    row = conn.execute(QUERIES[name]).fetchone()
+    return int(row[0]) if row else 0
+
+
+@attrs.frozen
+class Trioworker:
+    label: str
+    serialised: bool
+    processes: int
+    concurrency: int
+    poll: float = 5.0
+    family: str = "trioworker"
+    migrated: bool = True
+
+    def install(self, dsn: str) -> None:
+        """The database is a copy of the migrated template."""
+
+    def worker_commands(self, dsn: str) -> list[list[str]]:
+        return [
+            trioworker_command(
+                dsn, f"bench-{i}", "--concurrency", str(self.concurrency), "--poll", str(self.poll)
+            )
+            for i in range(self.processes)
+        ]
+
+    def enqueue(self, dsn: str, n: int) -> float:
+        params = {"kind": "Noop", "prefix": "s-", "n": n, "age": 0,
+                  "scopes": SERIAL_KEYS if self.serialised else 0}  # fmt: skip
+        with connect(dsn) as conn:
+            conn.execute(QUERIES["insert_queued"], params)
+            return time.monotonic()
+
+    def unfinished(self, conn: psycopg.Connection[Any]) -> int:
+        return _count(conn, "unfinished")
+
+    def settings(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class Procrastinate:
+    label: str
+    serialised: bool  # a `lock` per job, over SERIAL_KEYS values
+    processes: int
+    concurrency: int
+    family: str = "procrastinate"
+    migrated: bool = False
+
+    def install(self, dsn: str) -> None:
+        run_helper("bench.peer_procrastinate", "install", "--dsn", dsn)
+
+    def worker_commands(self, dsn: str) -> list[list[str]]:
+        return [
+            [sys.executable, "-m", "bench.peer_procrastinate", "worker", "--dsn", dsn,
+             "--concurrency", str(self.concurrency)]
+            for _ in range(self.processes)
+        ]  # fmt: skip
+
+    def enqueue(self, dsn: str, n: int) -> float:
+        locks = str(SERIAL_KEYS if self.serialised else 0)
+        out = run_helper("bench.peer_procrastinate", "enqueue", "--dsn", dsn, "--n", str(n),
+                         "--locks", locks)  # fmt: skip
+        return float(out.split()[-1])
+
+    def unfinished(self, conn: psycopg.Connection[Any]) -> int:
+        return _count(conn, "procrastinate_unfinished")
+
+    def settings(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+@attrs.frozen
+class Pgqueuer:
+    label: str
+    serialised: bool  # SERIAL_KEYS entrypoints, each with concurrency_limit=1
+    processes: int
+    batch_size: int
+    pool: bool = False
+    family: str = "pgqueuer"
+    migrated: bool = False
+
+    def install(self, dsn: str) -> None:
+        run_helper("bench.peer_pgqueuer", "install", "--dsn", dsn)
+
+    def _entrypoint_args(self) -> list[str]:
+        return ["--entrypoints", str(SERIAL_KEYS), "--limit", "1"] if self.serialised else []
+
+    def worker_commands(self, dsn: str) -> list[list[str]]:
+        return [
+            [sys.executable, "-m", "bench.peer_pgqueuer", "worker", "--dsn", dsn,
+             "--batch-size", str(self.batch_size), *self._entrypoint_args(),
+             *(["--pool"] if self.pool else [])]
+            for _ in range(self.processes)
+        ]  # fmt: skip
+
+    def enqueue(self, dsn: str, n: int) -> float:
+        out = run_helper("bench.peer_pgqueuer", "enqueue", "--dsn", dsn, "--n", str(n),
+                         *self._entrypoint_args()[:2])  # fmt: skip
+        return float(out.split()[-1])
+
+    def unfinished(self, conn: psycopg.Connection[Any]) -> int:
+        return _count(conn, "pgqueuer_unfinished")
+
+    def settings(self) -> dict[str, Any]:
+        return attrs.asdict(self)
