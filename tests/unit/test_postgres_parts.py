@@ -1,0 +1,77 @@
+"""The parts of the PostgreSQL store that need no server: error translation,
+connection settings, and how the store shows itself."""
+
+from __future__ import annotations
+
+import psycopg
+import psycopg.errors
+import pytest
+
+from trioworker import DatabaseUnavailable, SchemaNotReady, StoreError
+from trioworker._postgres import PostgresStore, _connect_kwargs
+
+STORE = PostgresStore("host=db user=app password=s3cr3t")
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (psycopg.errors.UndefinedTable, SchemaNotReady),
+        (psycopg.errors.UndefinedFunction, SchemaNotReady),
+        (psycopg.OperationalError, DatabaseUnavailable),
+        (psycopg.errors.AdminShutdown, DatabaseUnavailable),
+        (psycopg.InterfaceError, DatabaseUnavailable),
+        (psycopg.errors.UniqueViolation, StoreError),
+        (psycopg.errors.InsufficientPrivilege, StoreError),
+    ],
+)
+def test_driver_errors_become_one_domain_error_each(
+    error: type[psycopg.Error], kind: type[StoreError]
+) -> None:
+    """A missing table or function means an unmigrated schema; a lost link, an
+    unavailable database; anything else, a plain store error."""
+    translated = STORE._translate("claim", error("it broke"))
+    assert type(translated) is kind
+    expected = f"claim: {error.__name__}: it broke"
+    if kind is SchemaNotReady:
+        expected += " (run `python -m trioworker migrate`)"
+    assert str(translated) == expected
+
+
+def test_translated_errors_never_carry_the_password() -> None:
+    """An error text that echoes the DSN is masked; an empty one leaves no dangling space."""
+    leaked = psycopg.OperationalError("could not connect with password=s3cr3t")
+    assert str(STORE._translate("listen", leaked)) == (
+        "listen: OperationalError: could not connect with password=***"
+    )
+    assert str(STORE._translate("listen", psycopg.OperationalError())) == (
+        "listen: OperationalError:"
+    )
+
+
+def test_a_store_shows_its_dsn_without_the_password() -> None:
+    """repr() names the DSN, masked."""
+    shown = repr(STORE)
+    assert shown.startswith("PostgresStore('") and shown.endswith("')")
+    assert sorted(shown[15:-2].split()) == ["host=db", "password=***", "user=app"]
+
+
+def test_connections_get_link_timeouts_a_name_and_generic_plans() -> None:
+    """Keepalives, connect and TCP timeouts and the application name are added unless the
+    DSN sets them; generic plans are asked for after any options the DSN gives."""
+    assert _connect_kwargs("host=db", "trioworker w1") == {
+        "connect_timeout": "5",
+        "keepalives": "1",
+        "keepalives_idle": "5",
+        "keepalives_interval": "2",
+        "keepalives_count": "3",
+        "tcp_user_timeout": "10000",
+        "application_name": "trioworker w1",
+        "options": "-c plan_cache_mode=force_generic_plan",
+    }
+    mine = _connect_kwargs(
+        "host=db connect_timeout=1 application_name=mine options='-c work_mem=8MB'",
+        "trioworker w1",
+    )
+    assert "connect_timeout" not in mine and mine["application_name"] == "mine"
+    assert mine["options"] == "-c work_mem=8MB -c plan_cache_mode=force_generic_plan"

@@ -1,0 +1,35 @@
+"""Handlers by kind, each with its retry policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from trioworker import Registry
+from trioworker._policy import RetryPolicy
+
+
+async def handler(item: object, ctx: object) -> None: ...
+
+
+def test_a_kind_gets_its_own_retry_policy_else_the_registrys_default() -> None:
+    """A handler's own policy wins; otherwise the registry's default, which is
+    RetryPolicy() unless the registry was given one."""
+    patient = RetryPolicy(max_attempts=9)
+    registry = Registry()
+    registry.handler("Crawl")(handler)
+    registry.handler("Purge", retry=patient)(handler)
+    crawl, purge = registry.get("Crawl"), registry.get("Purge")
+    assert crawl is not None and purge is not None
+    assert (crawl.kind, crawl.handler, crawl.retry) == ("Crawl", handler, RetryPolicy())
+    assert (purge.kind, purge.retry) == ("Purge", patient)
+    strict = Registry(default_retry=RetryPolicy(max_attempts=1))
+    strict.handler("Crawl")(handler)
+    assert strict.get("Crawl").retry == RetryPolicy(max_attempts=1)  # type: ignore[union-attr]
+    assert strict.get("Nope") is None and "Nope" not in strict
+
+
+@pytest.mark.parametrize("kind", ["", "  ", None, 3])
+def test_a_kind_must_be_a_non_empty_string(kind: object) -> None:
+    """A blank or non-string kind is refused when registering."""
+    with pytest.raises(ValueError, match=r"^a handler's kind must be a non-empty string$"):
+        Registry().handler(kind)  # type: ignore[arg-type]

@@ -1,0 +1,158 @@
+"""Enqueue input checks: what is refused, with which message, and what passes through."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+import pytest
+
+from trioworker import InvalidWorkItem
+from trioworker._validation import (
+    MAX_NAME_LENGTH,
+    MAX_PAYLOAD_BYTES,
+    MAX_RUN_AFTER_DISTANCE,
+    EnqueueRequest,
+    validate_enqueue,
+)
+
+NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+NAMES = ["kind", "scope", "dedup_key"]
+
+
+def refused(message: str, **kwargs: object) -> None:
+    """validate_enqueue(**kwargs) raises InvalidWorkItem with exactly `message`."""
+    kwargs.setdefault("kind", "K")
+    with pytest.raises(InvalidWorkItem, match=f"^{re.escape(message)}$"):
+        validate_enqueue(now=NOW, **kwargs)  # type: ignore[arg-type]
+
+
+def test_the_request_carries_the_input_through() -> None:
+    """A valid request comes back as the store writes it."""
+    assert validate_enqueue(
+        "Crawl", "cfg-1", {"path": "/m", "n": [1, 2]}, "crawl:cfg-1", now=NOW
+    ) == EnqueueRequest(
+        kind="Crawl",
+        scope="cfg-1",
+        payload_json='{"path":"/m","n":[1,2]}',
+        dedup_key="crawl:cfg-1",
+        run_at=None,
+        delay=0.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("payload", "text"), [(None, "{}"), ([], "[]"), (0, "0"), ("", '""'), (False, "false")]
+)
+def test_no_payload_is_an_empty_object_but_falsy_payloads_are_kept(
+    payload: object, text: str
+) -> None:
+    """Only a missing payload becomes {}; an empty list, 0 or "" is stored as given."""
+    assert validate_enqueue("K", payload=payload, now=NOW).payload_json == text
+
+
+@pytest.mark.parametrize("what", NAMES)
+@pytest.mark.parametrize(("value", "type_name"), [(7, "int"), (b"x", "bytes"), (["x"], "list")])
+def test_names_must_be_strings(what: str, value: object, type_name: str) -> None:
+    """Kind, scope and dedup key must be strings; the error names the field and type."""
+    refused(f"{what} must be a string, not {type_name}", **{what: value})
+
+
+def test_kind_is_required_but_scope_and_dedup_key_are_optional() -> None:
+    """A missing kind is refused; a missing scope or dedup key is fine and stays None."""
+    refused("kind must be a string, not NoneType", kind=None)
+    request = validate_enqueue("K", None, None, None, now=NOW)
+    assert (request.scope, request.dedup_key) == (None, None)
+
+
+@pytest.mark.parametrize("what", NAMES)
+@pytest.mark.parametrize("value", ["", " ", "\t\n"])
+def test_names_must_not_be_blank(what: str, value: str) -> None:
+    """An empty or whitespace-only name is refused."""
+    refused(f"{what} must not be empty", **{what: value})
+
+
+@pytest.mark.parametrize("what", NAMES)
+def test_names_may_be_as_long_as_the_limit_and_no_longer(what: str) -> None:
+    """A name of exactly MAX_NAME_LENGTH characters passes; one more is refused."""
+    request = validate_enqueue(now=NOW, **{"kind": "K", what: "n" * MAX_NAME_LENGTH})  # type: ignore[arg-type]
+    assert getattr(request, what) == "n" * MAX_NAME_LENGTH
+    refused(
+        f"{what} is longer than {MAX_NAME_LENGTH} characters",
+        **{what: "n" * (MAX_NAME_LENGTH + 1)},
+    )
+
+
+@pytest.mark.parametrize("what", NAMES)
+def test_names_must_not_contain_nul(what: str) -> None:
+    """PostgreSQL text cannot hold NUL, so a name with one is refused up front."""
+    refused(f"{what} must not contain NUL characters", **{what: "a\x00b"})
+
+
+def test_a_kind_must_be_known_when_the_known_kinds_are_given() -> None:
+    """With known_kinds, an unknown kind is refused, naming the known ones in order."""
+    assert validate_enqueue("B", known_kinds={"B", "A"}, now=NOW).kind == "B"
+    refused("unknown kind 'C' (known kinds: A, B)", kind="C", known_kinds={"B", "A"})
+    refused("unknown kind 'C' (known kinds: none)", kind="C", known_kinds=set())
+
+
+def test_a_payload_must_be_json() -> None:
+    """A payload JSON cannot represent (a set, NaN) is refused, saying why."""
+    with pytest.raises(InvalidWorkItem, match=r"^payload is not JSON-serialisable: .*set"):
+        validate_enqueue("K", payload={1, 2}, now=NOW)
+    with pytest.raises(InvalidWorkItem, match=r"^payload is not JSON-serialisable: Out of range"):
+        validate_enqueue("K", payload={"x": float("nan")}, now=NOW)
+
+
+def test_a_payload_must_not_contain_nul() -> None:
+    """jsonb rejects \\u0000, so a payload string with NUL is refused up front."""
+    refused("payload must not contain NUL characters (jsonb rejects them)", payload=["a\x00"])
+
+
+def test_the_payload_limit_counts_the_bytes_of_compact_json() -> None:
+    """The limit is on the JSON as stored, without spaces; the error gives both numbers."""
+    at_limit = {"a": "x" * (MAX_PAYLOAD_BYTES - 8)}  # {"a":"..."} adds eight characters
+    assert len(validate_enqueue("K", payload=at_limit, now=NOW).payload_json) == MAX_PAYLOAD_BYTES
+    refused(
+        f"payload is {MAX_PAYLOAD_BYTES + 1} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}",
+        payload={"a": at_limit["a"] + "x"},
+    )
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_a_delay_may_reach_the_limit_either_way_and_no_further(sign: int) -> None:
+    """A timedelta up to MAX_RUN_AFTER_DISTANCE either way passes; beyond it, refused."""
+    limit = sign * MAX_RUN_AFTER_DISTANCE
+    assert validate_enqueue("K", run_after=limit, now=NOW).delay == limit.total_seconds()
+    beyond = limit + sign * dt.timedelta(microseconds=1)
+    refused(f"run_after {beyond} is further than 366 days away", run_after=beyond)
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_a_time_may_reach_the_limit_from_now_either_way_and_no_further(sign: int) -> None:
+    """A datetime up to MAX_RUN_AFTER_DISTANCE from now passes; beyond it, refused."""
+    at = NOW + sign * MAX_RUN_AFTER_DISTANCE
+    assert validate_enqueue("K", run_after=at, now=NOW).run_at == at
+    beyond = at + sign * dt.timedelta(microseconds=1)
+    refused(f"run_after {beyond.isoformat()} is further than 366 days from now", run_after=beyond)
+
+
+class NoOffset(dt.tzinfo):
+    """A time zone that does not know its offset."""
+
+    def utcoffset(self, when: dt.datetime | None) -> dt.timedelta | None:
+        return None
+
+
+@pytest.mark.parametrize("tzinfo", [None, NoOffset()])
+def test_a_time_must_be_aware(tzinfo: dt.tzinfo | None) -> None:
+    """A naive datetime, or one whose zone gives no offset, is refused."""
+    refused("run_after must be timezone-aware", run_after=dt.datetime(2026, 12, 2, tzinfo=tzinfo))
+
+
+@pytest.mark.parametrize(
+    ("value", "type_name"), [(60, "int"), ("1m", "str"), (dt.date.today(), "date")]
+)
+def test_run_after_is_a_datetime_or_a_timedelta(value: object, type_name: str) -> None:
+    """Anything else is refused, naming its type."""
+    refused(f"run_after must be a datetime or a timedelta, not {type_name}", run_after=value)
