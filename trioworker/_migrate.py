@@ -65,7 +65,17 @@ def _connect(dsn: str) -> psycopg.Connection[tuple[object, ...]]:
 
 def migrate(dsn: str) -> list[str]:
     """Apply pending migrations; the ids applied (empty when already current)."""
+    if not pending_migrations(dsn):
+        return []
     with _connect(dsn) as lock_conn:
+        row = lock_conn.execute(
+            "SELECT current_user, has_schema_privilege(current_schema(), 'CREATE')"
+        ).fetchone()
+        if row is None or not row[1]:
+            raise ConfigurationError(
+                f"role {row[0] if row else '?'!r} may not change the schema: run migrate"
+                " with the migration role (docs/roles.md)"
+            )
         lock_conn.execute("SELECT pg_advisory_lock(%s, %s)", MIGRATION_LOCK)
         backend = get_backend(yoyo_uri(dsn))
         try:

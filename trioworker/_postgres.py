@@ -552,8 +552,8 @@ def _connect_kwargs(dsn: str, application_name: str) -> dict[str, Any]:
     # The claim's LIMIT is a parameter (batched claims), so PostgreSQL would plan it
     # afresh on every call; its generic plan is the same index scan, without the
     # planning (0.28 ms a claim in docs/benchmarks.md). Our statements are all simple
-    # enough for generic plans. Options a DSN gives come first and win.
-    kwargs["options"] = f"{given.get('options', '')} -c plan_cache_mode=force_generic_plan".strip()
+    # enough for generic plans. A DSN's own options come after ours, so they win.
+    kwargs["options"] = f"-c plan_cache_mode=force_generic_plan {given.get('options', '')}".strip()
     return kwargs
 
 
