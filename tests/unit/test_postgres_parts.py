@@ -58,7 +58,8 @@ def test_a_store_shows_its_dsn_without_the_password() -> None:
 
 def test_connections_get_link_timeouts_a_name_and_generic_plans() -> None:
     """Keepalives, connect and TCP timeouts and the application name are added unless the
-    DSN sets them; generic plans are asked for after any options the DSN gives."""
+    DSN sets them; generic plans are asked for before any options the DSN gives, so the
+    DSN's own settings win."""
     assert _connect_kwargs("host=db", "trioworker w1") == {
         "connect_timeout": "5",
         "keepalives": "1",
@@ -74,4 +75,4 @@ def test_connections_get_link_timeouts_a_name_and_generic_plans() -> None:
         "trioworker w1",
     )
     assert "connect_timeout" not in mine and mine["application_name"] == "mine"
-    assert mine["options"] == "-c work_mem=8MB -c plan_cache_mode=force_generic_plan"
+    assert mine["options"] == "-c plan_cache_mode=force_generic_plan -c work_mem=8MB"
