@@ -232,9 +232,10 @@ class Demo:
         configs = Table(
             title=f"Storage configs ({phase}, {snap.elapsed:.0f}s)", box=box.SIMPLE_HEAVY
         )
-        for column in ("config", "running now", "queued", "done", "active", "soft-del.",
-                       "bursts", "without proxies"):  # fmt: skip
-            configs.add_column(column, justify="left" if column[0] in "cr" else "right")
+        configs.add_column("config", no_wrap=True)  # the name matters most: never cut it
+        for column in ("running now", "queued", "done", "active", "soft-del.", "bursts",
+                       "no proxies"):  # fmt: skip
+            configs.add_column(column, justify="left" if column[0] == "r" else "right")
         for c in self.configs:
             q = snap.queue.get(c.id, Counter())
             lib = snap.library.get(c.id, {})
