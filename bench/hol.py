@@ -25,10 +25,12 @@ import trio
 
 from bench.common import QUERIES, Server, connect, ratio, save, show, summary_ms
 from trioworker import PostgresStore, open_store
-from trioworker._queries import QUERIES as STORE_QUERIES
+from trioworker._postgres import claim_statement
 
 LEASE = 60.0
-CLAIM_PARAMS = {"worker_id": "bench", "lease": LEASE, "limit": 1, "scopes": []}
+CLAIM_PARAMS = {"worker_id": "bench", "lease": LEASE, "scopes": []}
+#: The store's claim of one item, as SQL text.
+CLAIM = claim_statement("claim", 1).as_string()
 
 
 @attrs.frozen
@@ -123,9 +125,8 @@ def explain(conn: psycopg.Connection[Any], query: str) -> str:
 Sampler = Callable[[], Awaitable[float]]
 
 #: Diagnostic series. The store's claim with synchronous_commit off: what the claim
-#: costs without waiting for its commit's WAL flush. The claim SQL with its plan cached:
-#: with `LIMIT %(limit)s` the server's generic plan looks dearer than a custom one, so
-#: it plans every call anew.
+#: costs without waiting for its commit's WAL flush. The claim SQL with a generic plan
+#: (plan_cache_mode=force_generic_plan): what it costs without planning on each call.
 NO_FLUSH = "store.claim, no flush wait"
 GENERIC = "claim SQL, generic plan"
 LABELS = ("store.claim", NO_FLUSH, "claim SQL", GENERIC, "plain NOT EXISTS")
@@ -150,7 +151,7 @@ async def measure(
     backlog_dsn: str, empty_dsn: str, rounds: int, per_round: int, plain_per_round: int
 ) -> dict[str, list[float]]:
     """Samples (seconds) of each series, interleaved sample by sample."""
-    claim, plain = STORE_QUERIES["claim"], QUERIES["plain_claim"]
+    claim, plain = CLAIM, QUERIES["plain_claim"]
     async with contextlib.AsyncExitStack() as stack:
         series: dict[str, tuple[Sampler, int]] = {}
         conns = []
@@ -198,7 +199,7 @@ def run_shape(srv: Server, shape: Shape, rounds: int, per_round: int) -> dict[st
         samples = trio.run(measure, backlog_dsn, empty_dsn, rounds, per_round, plain_per_round)
         with connect(backlog_dsn) as conn:
             plans = {
-                "claim": explain(conn, STORE_QUERIES["claim"]),
+                "claim": explain(conn, CLAIM),
                 "plain_claim": explain(conn, QUERIES["plain_claim"]),
             }
     series = {name: summary_ms(values) for name, values in samples.items()}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
@@ -19,6 +20,7 @@ import psycopg
 import psycopg.errors
 import psycopg_pool
 import trio
+from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
@@ -333,13 +335,8 @@ class PostgresStore:
             name = "claim_without_scope_rule" if self._scope_rule_off else "claim"
         else:
             name = "claim_in_scopes_or_unscoped" if unscoped else "claim_in_scopes"
-        params = {
-            "worker_id": worker_id,
-            "lease": lease,
-            "limit": limit,
-            "scopes": list(scopes or ()),
-        }
-        query = QUERIES[name]
+        params = {"worker_id": worker_id, "lease": lease, "scopes": list(scopes or ())}
+        query = claim_statement(name, limit)
 
         async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
             try:
@@ -549,12 +546,16 @@ def _connect_kwargs(dsn: str, application_name: str) -> dict[str, Any]:
     given = psycopg.conninfo.conninfo_to_dict(dsn)
     kwargs: dict[str, Any] = {k: v for k, v in _LINK_DEFAULTS.items() if k not in given}
     kwargs.setdefault("application_name", given.get("application_name", application_name))
-    # The claim's LIMIT is a parameter (batched claims), so PostgreSQL would plan it
-    # afresh on every call; its generic plan is the same index scan, without the
-    # planning (0.28 ms a claim in docs/benchmarks.md). Our statements are all simple
-    # enough for generic plans. A DSN's own options come after ours, so they win.
-    kwargs["options"] = f"-c plan_cache_mode=force_generic_plan {given.get('options', '')}".strip()
     return kwargs
+
+
+@functools.cache
+def claim_statement(name: str, limit: int) -> sql.Composed:
+    """The named claim with its batch size as a literal: a constant LIMIT lets
+    PostgreSQL estimate the claim right and, once psycopg prepares it, reuse its plan.
+    (With `LIMIT $n` every claim was planned afresh, 0.28 ms in docs/benchmarks.md, and
+    a forced generic plan of it could turn into a scan of the whole table.)"""
+    return sql.SQL(QUERIES[name]).format(limit=sql.Literal(limit))
 
 
 @asynccontextmanager

@@ -1,42 +1,25 @@
 """A test app: handlers that record each attempt's start and end, outside the database.
 
-The observer log ($TW_OBSERVER_LOG) gets one JSON line per event, written with
-O_APPEND and flushed at once, with `time.monotonic()` stamps (one clock for every
+The observer log ($TW_OBSERVER_LOG) is the media library's attempt log: one JSON line
+per event, appended with O_APPEND, stamped with `time.monotonic()` (one clock for every
 process on the machine), so overlaps between Workers can be checked afterwards.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
 import trio
 
 from trioworker import Context, Registry, WorkItem
+from trioworker.media import _observer
 
 registry = Registry()
 
 
-def record(event: str, item: WorkItem, ctx: Context, **extra: object) -> None:
-    path = os.environ["TW_OBSERVER_LOG"]
-    line = json.dumps(
-        {
-            "event": event,
-            "id": item.id,
-            "attempt": item.attempt,
-            "scope": item.scope,
-            "worker": ctx.worker_id,
-            "pid": os.getpid(),
-            "t": time.monotonic(),
-            **extra,
-        }
-    )
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
+def record(event: str, item: WorkItem, ctx: Context) -> None:
+    _observer.record(os.environ["TW_OBSERVER_LOG"], event, item, ctx.worker_id)
 
 
 @registry.handler("Record")

@@ -14,7 +14,7 @@ import trio_asyncio
 
 from tests.integration.test_scope_rule import running_per_scope
 from tests.support.fault_proxy import FaultProxy
-from tests.support.processes import attempts, observed, overlaps, wait_for, workers
+from tests.support.processes import attempt_spans, observed, wait_for, workers
 from trioworker import (
     Context,
     Heartbeat,
@@ -27,6 +27,7 @@ from trioworker import (
     WorkItem,
     open_store,
 )
+from trioworker.media._observer import overlaps
 
 SHORT = Settings(lease=4, heartbeat=1, poll=1, stop_grace=1, recovery_every=0.5)
 FAST = ["--lease", "4", "--heartbeat", "1", "--poll", "1", "--stop-grace", "1"]
@@ -174,17 +175,17 @@ def test_two_worker_processes_never_overlap_a_scope(dsn: str, pg: Conn, tmp_path
         for p in procs:
             p.signal(signal.SIGTERM)
         assert [p.wait(timeout=30) for p in procs] == [0, 0], [p.output() for p in procs]
-    spans = attempts(observed(tmp_path))
-    assert len(spans) == 24 and all(s["end"] is not None for s in spans)
+    spans = attempt_spans(tmp_path)
+    assert len(spans) == 24 and all(s.end is not None for s in spans)
     assert overlaps(spans) == []
-    assert {s["worker"] for s in spans} == {"w0", "w1"}  # both Workers took work
+    assert {s.worker for s in spans} == {"w0", "w1"}  # both Workers took work
     # Other scopes and unscoped items ran while a scope's item ran.
     concurrent = [
         (a, b) for a in spans for b in spans
-        if a["scope"] != b["scope"] and a["start"] < b["start"] < a["end"]
+        if a.scope != b.scope and a.end is not None and a.start < b.start < a.end
     ]  # fmt: skip
-    assert any(b["scope"] is None for _, b in concurrent)
-    assert any(a["scope"] is not None and b["scope"] is not None for a, b in concurrent)
+    assert any(b.scope is None for _, b in concurrent)
+    assert any(a.scope is not None and b.scope is not None for a, b in concurrent)
 
 
 def test_notify_wakes_an_idle_worker_process_well_before_its_poll(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
@@ -13,6 +12,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from trioworker.media._observer import Span, read_spans
 
 ROOT = Path(__file__).parents[2]
 APP = "tests.apps.recording:registry"
@@ -71,10 +72,16 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
 
 
 def observed(tmp_path: Path) -> list[dict[str, Any]]:
+    """The raw observer log: one dict per start/end line (see tests/apps/recording.py)."""
     path = tmp_path / "observer.jsonl"
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def attempt_spans(tmp_path: Path) -> list[Span]:
+    """The observer log as attempts, each with its start and end."""
+    return read_spans(tmp_path / "observer.jsonl")
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -85,42 +92,3 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per attempt: its scope and [start, end] (end: its end or cancel)."""
-    spans: dict[tuple[int, int], dict[str, Any]] = {}
-    for e in events:
-        key = (e["id"], e["attempt"])
-        span = spans.setdefault(
-            key,
-            {
-                "id": e["id"],
-                "attempt": e["attempt"],
-                "scope": e["scope"],
-                "worker": e["worker"],
-                "start": None,
-                "end": None,
-            },
-        )
-        if e["event"] == "start":
-            span["start"] = e["t"]
-        else:
-            span["end"] = e["t"]
-    return list(spans.values())
-
-
-def overlaps(spans: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Pairs of attempts of one scope whose [start, end] intervals intersect."""
-    found = []
-    by_scope: dict[str, list[dict[str, Any]]] = {}
-    for s in spans:
-        if s["scope"] is not None:
-            by_scope.setdefault(s["scope"], []).append(s)
-    for group in by_scope.values():
-        group.sort(key=lambda s: s["start"])
-        for a, b in itertools.pairwise(group):
-            end_a = a["end"] if a["end"] is not None else float("inf")
-            if b["start"] < end_a:
-                found.append((a, b))
-    return found

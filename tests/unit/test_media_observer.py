@@ -9,7 +9,9 @@ from trioworker.media import Span, overlaps, read_spans
 
 
 def span(id: int, start: float, end: float | None, scope: str | None = "c") -> Span:
-    return Span(id=id, attempt=1, kind="Crawl", scope=scope, pid=1, start=start, end=end)
+    return Span(
+        id=id, attempt=1, kind="Crawl", scope=scope, worker="w", pid=1, start=start, end=end
+    )
 
 
 def test_back_to_back_attempts_do_not_overlap() -> None:

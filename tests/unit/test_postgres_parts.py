@@ -56,10 +56,9 @@ def test_a_store_shows_its_dsn_without_the_password() -> None:
     assert sorted(shown[15:-2].split()) == ["host=db", "password=***", "user=app"]
 
 
-def test_connections_get_link_timeouts_a_name_and_generic_plans() -> None:
+def test_connections_get_link_timeouts_and_a_name() -> None:
     """Keepalives, connect and TCP timeouts and the application name are added unless the
-    DSN sets them; generic plans are asked for before any options the DSN gives, so the
-    DSN's own settings win."""
+    DSN sets them."""
     assert _connect_kwargs("host=db", "trioworker w1") == {
         "connect_timeout": "5",
         "keepalives": "1",
@@ -68,11 +67,9 @@ def test_connections_get_link_timeouts_a_name_and_generic_plans() -> None:
         "keepalives_count": "3",
         "tcp_user_timeout": "10000",
         "application_name": "trioworker w1",
-        "options": "-c plan_cache_mode=force_generic_plan",
     }
     mine = _connect_kwargs(
         "host=db connect_timeout=1 application_name=mine options='-c work_mem=8MB'",
         "trioworker w1",
     )
     assert "connect_timeout" not in mine and mine["application_name"] == "mine"
-    assert mine["options"] == "-c plan_cache_mode=force_generic_plan -c work_mem=8MB"

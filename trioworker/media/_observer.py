@@ -72,6 +72,7 @@ class Span:
     attempt: int
     kind: str | None
     scope: str | None
+    worker: str | None
     pid: int
     start: float
     end: float | None  # None: the process died first (or is still running)
@@ -99,6 +100,7 @@ def read_spans(path: Path, died_at: Mapping[int, float] | None = None) -> list[S
             attempt=e["attempt"],
             kind=e.get("kind"),
             scope=e["scope"],
+            worker=e.get("worker"),
             pid=e["pid"],
             start=e["t"],
             end=ends.get(key, deaths.get(e["pid"])),

@@ -1,5 +1,7 @@
 -- Every statement trioworker sends, each under a `-- name:` header.
--- Parameters are psycopg named placeholders; identifiers are never interpolated.
+-- Parameters are psycopg named placeholders; identifiers are never interpolated. The
+-- claims' batch size is a constant ({limit}, filled in by psycopg.sql as a literal):
+-- with a parameter there PostgreSQL can neither estimate the LIMIT nor reuse a plan.
 -- Writes after the claim are fenced by (id, attempt) and only touch a Running item.
 
 -- name: enqueue
@@ -14,7 +16,7 @@ RETURNING id;
 SELECT id FROM work_items WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 
 -- name: claim
--- The oldest due candidates (up to %(limit)s) whose scopes have nothing Running. Candidates are unscoped
+-- The oldest due candidates (up to {limit}) whose scopes have nothing Running. Candidates are unscoped
 -- items and scope heads (migration 0002), so busy scopes' backlogs are never read.
 -- Two claims of one scope that slip past NOT EXISTS collide on
 -- work_items_one_running_per_scope; the loser gets nothing (see the store). A batch
@@ -29,7 +31,7 @@ WITH candidate AS (
             SELECT 1 FROM work_items AS r
             WHERE r.scope = w.scope AND r.status = 'Running'))
     ORDER BY w.run_after, w.id
-    LIMIT %(limit)s
+    LIMIT {limit}
     FOR UPDATE SKIP LOCKED
 )
 UPDATE work_items AS w
@@ -57,7 +59,7 @@ WITH candidate AS (
             SELECT 1 FROM work_items AS r
             WHERE r.scope = w.scope AND r.status = 'Running')
     ORDER BY w.run_after, w.id
-    LIMIT %(limit)s
+    LIMIT {limit}
     FOR UPDATE SKIP LOCKED
 )
 UPDATE work_items AS w
@@ -85,7 +87,7 @@ WITH candidate AS (
             SELECT 1 FROM work_items AS r
             WHERE r.scope = w.scope AND r.status = 'Running'))
     ORDER BY w.run_after, w.id
-    LIMIT %(limit)s
+    LIMIT {limit}
     FOR UPDATE SKIP LOCKED
 )
 UPDATE work_items AS w
@@ -108,7 +110,7 @@ WITH candidate AS (
     FROM work_items AS w
     WHERE w.status = 'Queued' AND w.run_after <= now()
     ORDER BY w.run_after, w.id
-    LIMIT %(limit)s
+    LIMIT {limit}
     FOR UPDATE SKIP LOCKED
 )
 UPDATE work_items AS w
