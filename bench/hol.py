@@ -30,7 +30,7 @@ from trioworker._postgres import claim_statement
 LEASE = 60.0
 CLAIM_PARAMS = {"worker_id": "bench", "lease": LEASE, "scopes": []}
 #: The store's claim of one item, as SQL text.
-CLAIM = claim_statement("claim", 1).as_string()
+CLAIM = claim_statement(1).as_string()
 
 
 @attrs.frozen

@@ -332,11 +332,11 @@ class PostgresStore:
         if scopes is None:
             if not unscoped:
                 raise ValueError("a Worker serving every scope serves unscoped items too")
-            name = "claim_without_scope_rule" if self._scope_rule_off else "claim"
+            name = "candidates_without_scope_rule" if self._scope_rule_off else "candidates"
         else:
-            name = "claim_in_scopes_or_unscoped" if unscoped else "claim_in_scopes"
+            name = "candidates_in_scopes_or_unscoped" if unscoped else "candidates_in_scopes"
         params = {"worker_id": worker_id, "lease": lease, "scopes": list(scopes or ())}
-        query = claim_statement(name, limit)
+        query = claim_statement(limit, name)
 
         async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
             try:
@@ -550,12 +550,16 @@ def _connect_kwargs(dsn: str, application_name: str) -> dict[str, Any]:
 
 
 @functools.cache
-def claim_statement(name: str, limit: int) -> sql.Composed:
-    """The named claim with its batch size as a literal: a constant LIMIT lets
-    PostgreSQL estimate the claim right and, once psycopg prepares it, reuse its plan.
-    (With `LIMIT $n` every claim was planned afresh, 0.28 ms in docs/benchmarks.md, and
-    a forced generic plan of it could turn into a scan of the whole table.)"""
-    return sql.SQL(QUERIES[name]).format(limit=sql.Literal(limit))
+def claim_statement(limit: int, candidates: str = "candidates") -> sql.Composed:
+    """The claim of up to `limit` of the named `candidates*` query's items.
+
+    The batch size goes in as a literal: a constant LIMIT lets PostgreSQL estimate the
+    claim right and, once psycopg prepares it, reuse its plan. (With `LIMIT $n` every
+    claim was planned afresh, 0.28 ms in docs/benchmarks.md, and a forced generic plan
+    of it could turn into a scan of the whole table.)"""
+    return sql.SQL(QUERIES["claim"]).format(
+        candidates=sql.SQL(QUERIES[candidates]), limit=sql.Literal(limit)
+    )
 
 
 @asynccontextmanager

@@ -77,7 +77,7 @@ async def test_concurrent_claims_collide_on_the_index_and_the_loser_gets_nothing
     pg.execute("UPDATE work_items SET is_head = true")
     with psycopg.connect(dsn) as first:  # not autocommit: an explicit transaction
         held = first.execute(
-            claim_statement("claim", 1), {"worker_id": "w1", "lease": LEASE, "scopes": []}
+            claim_statement(1), {"worker_id": "w1", "lease": LEASE, "scopes": []}
         ).fetchone()
         assert held is not None
         result: list[object] = []
@@ -118,7 +118,7 @@ async def test_a_claim_held_open_leaves_its_scope_to_nobody_else(
     pg.execute("INSERT INTO work_items (kind, scope) VALUES ('A', 'C'), ('B', 'C'), ('X', 'D')")
     with psycopg.connect(dsn) as first:
         held = first.execute(
-            claim_statement("claim", 1), {"worker_id": "w1", "lease": LEASE, "scopes": []}
+            claim_statement(1), {"worker_id": "w1", "lease": LEASE, "scopes": []}
         ).fetchone()
         assert held is not None and held[2] == "C"
         with trio.fail_after(5):  # SKIP LOCKED: no waiting on the held row

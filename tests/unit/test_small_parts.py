@@ -8,6 +8,7 @@ import pytest
 
 from trioworker import ConfigurationError, InvalidWorkItem, Registry, Settings
 from trioworker._dsn import redact, redact_dsn, resolve_dsn
+from trioworker._postgres import claim_statement
 from trioworker._queries import QUERIES, parse
 from trioworker._validation import MAX_PAYLOAD_BYTES, validate_enqueue
 
@@ -28,8 +29,9 @@ def test_a_query_name_may_not_repeat() -> None:
 
 def test_the_claim_and_its_index_live_together() -> None:
     """The claim's NOT EXISTS sits in the one queries file, next to the index it relies on."""
-    assert "NOT EXISTS" in QUERIES["claim"] and "FOR UPDATE SKIP LOCKED" in QUERIES["claim"]
-    assert "work_items_one_running_per_scope" in QUERIES["claim"]
+    claim = claim_statement(1).as_string()
+    assert "NOT EXISTS" in claim and "FOR UPDATE SKIP LOCKED" in claim and "LIMIT 1" in claim
+    assert "work_items_one_running_per_scope" in QUERIES["candidates"]
 
 
 @pytest.mark.parametrize(

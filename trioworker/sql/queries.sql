@@ -1,7 +1,7 @@
 -- Every statement trioworker sends, each under a `-- name:` header.
 -- Parameters are psycopg named placeholders; identifiers are never interpolated. The
--- claims' batch size is a constant ({limit}, filled in by psycopg.sql as a literal):
--- with a parameter there PostgreSQL can neither estimate the LIMIT nor reuse a plan.
+-- claim's batch size is a constant, filled in by psycopg.sql as a literal: with a
+-- parameter there PostgreSQL can neither estimate the LIMIT nor reuse a plan.
 -- Writes after the claim are fenced by (id, attempt) and only touch a Running item.
 
 -- name: enqueue
@@ -16,20 +16,13 @@ RETURNING id;
 SELECT id FROM work_items WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 
 -- name: claim
--- The oldest due candidates (up to {limit}) whose scopes have nothing Running. Candidates are unscoped
--- items and scope heads (migration 0002), so busy scopes' backlogs are never read.
--- Two claims of one scope that slip past NOT EXISTS collide on
--- work_items_one_running_per_scope; the loser gets nothing (see the store). A batch
--- never holds two items of one scope: each scope has one head at most.
+-- Claim the oldest due candidates (a batch of a constant size), locking each and
+-- skipping those another claim holds. The candidates come from one of the
+-- `candidates*` queries below, as the Worker serves every scope or a list of them
+-- (see claim_statement in the store). No braces in comments here: psycopg.sql fills
+-- the two placeholders below.
 WITH candidate AS (
-    SELECT w.id
-    FROM work_items AS w
-    WHERE w.status = 'Queued'
-      AND (w.scope IS NULL OR w.is_head)
-      AND w.run_after <= now()
-      AND (w.scope IS NULL OR NOT EXISTS (
-            SELECT 1 FROM work_items AS r
-            WHERE r.scope = w.scope AND r.status = 'Running'))
+    {candidates}
     ORDER BY w.run_after, w.id
     LIMIT {limit}
     FOR UPDATE SKIP LOCKED
@@ -46,84 +39,51 @@ WHERE w.id = candidate.id
 RETURNING w.id, w.kind, w.scope, w.payload, w.attempt, w.stalls, w.failures,
           w.requested_at, w.dedup_key;
 
--- name: claim_in_scopes
--- As claim, for a Worker that serves only the listed scopes.
-WITH candidate AS (
-    SELECT w.id
-    FROM work_items AS w
-    WHERE w.status = 'Queued'
-      AND (w.scope IS NULL OR w.is_head)
-      AND w.scope = ANY(%(scopes)s::text[])
-      AND w.run_after <= now()
-      AND NOT EXISTS (
-            SELECT 1 FROM work_items AS r
-            WHERE r.scope = w.scope AND r.status = 'Running')
-    ORDER BY w.run_after, w.id
-    LIMIT {limit}
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE work_items AS w
-SET status = 'Running',
-    attempt = w.attempt + 1,
-    worker_id = %(worker_id)s,
-    lease_expires_at = now() + make_interval(secs => %(lease)s),
-    heartbeat_at = now(),
-    started_at = now()
-FROM candidate
-WHERE w.id = candidate.id
-RETURNING w.id, w.kind, w.scope, w.payload, w.attempt, w.stalls, w.failures,
-          w.requested_at, w.dedup_key;
+-- name: candidates
+-- Due Queued items whose scopes have nothing Running. Candidates are unscoped items
+-- and scope heads (migration 0002), so busy scopes' backlogs are never read, and a
+-- batch never holds two items of one scope (a scope has one head at most). Two claims
+-- of one scope that slip past NOT EXISTS collide on work_items_one_running_per_scope;
+-- the loser gets nothing (see the store).
+SELECT w.id
+FROM work_items AS w
+WHERE w.status = 'Queued'
+  AND (w.scope IS NULL OR w.is_head)
+  AND w.run_after <= now()
+  AND (w.scope IS NULL OR NOT EXISTS (
+        SELECT 1 FROM work_items AS r
+        WHERE r.scope = w.scope AND r.status = 'Running'))
 
--- name: claim_in_scopes_or_unscoped
--- As claim, for a Worker that serves the listed scopes and unscoped items.
-WITH candidate AS (
-    SELECT w.id
-    FROM work_items AS w
-    WHERE w.status = 'Queued'
-      AND (w.scope IS NULL OR w.is_head)
-      AND (w.scope IS NULL OR w.scope = ANY(%(scopes)s::text[]))
-      AND w.run_after <= now()
-      AND (w.scope IS NULL OR NOT EXISTS (
-            SELECT 1 FROM work_items AS r
-            WHERE r.scope = w.scope AND r.status = 'Running'))
-    ORDER BY w.run_after, w.id
-    LIMIT {limit}
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE work_items AS w
-SET status = 'Running',
-    attempt = w.attempt + 1,
-    worker_id = %(worker_id)s,
-    lease_expires_at = now() + make_interval(secs => %(lease)s),
-    heartbeat_at = now(),
-    started_at = now()
-FROM candidate
-WHERE w.id = candidate.id
-RETURNING w.id, w.kind, w.scope, w.payload, w.attempt, w.stalls, w.failures,
-          w.requested_at, w.dedup_key;
+-- name: candidates_in_scopes
+-- As candidates, for a Worker that serves only the listed scopes.
+SELECT w.id
+FROM work_items AS w
+WHERE w.status = 'Queued'
+  AND (w.scope IS NULL OR w.is_head)
+  AND w.scope = ANY(%(scopes)s::text[])
+  AND w.run_after <= now()
+  AND NOT EXISTS (
+        SELECT 1 FROM work_items AS r
+        WHERE r.scope = w.scope AND r.status = 'Running')
 
--- name: claim_without_scope_rule
--- TEST ONLY (TRIOWORKER_TEST_SCOPE_RULE_OFF=1): the oldest due Queued items, scope
--- or not, so the chaos test can show that its checks catch overlapping attempts.
-WITH candidate AS (
-    SELECT w.id
-    FROM work_items AS w
-    WHERE w.status = 'Queued' AND w.run_after <= now()
-    ORDER BY w.run_after, w.id
-    LIMIT {limit}
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE work_items AS w
-SET status = 'Running',
-    attempt = w.attempt + 1,
-    worker_id = %(worker_id)s,
-    lease_expires_at = now() + make_interval(secs => %(lease)s),
-    heartbeat_at = now(),
-    started_at = now()
-FROM candidate
-WHERE w.id = candidate.id
-RETURNING w.id, w.kind, w.scope, w.payload, w.attempt, w.stalls, w.failures,
-          w.requested_at, w.dedup_key;
+-- name: candidates_in_scopes_or_unscoped
+-- As candidates, for a Worker that serves the listed scopes and unscoped items.
+SELECT w.id
+FROM work_items AS w
+WHERE w.status = 'Queued'
+  AND (w.scope IS NULL OR w.is_head)
+  AND (w.scope IS NULL OR w.scope = ANY(%(scopes)s::text[]))
+  AND w.run_after <= now()
+  AND (w.scope IS NULL OR NOT EXISTS (
+        SELECT 1 FROM work_items AS r
+        WHERE r.scope = w.scope AND r.status = 'Running'))
+
+-- name: candidates_without_scope_rule
+-- TEST ONLY (TRIOWORKER_TEST_SCOPE_RULE_OFF=1): every due Queued item, scope or not,
+-- so the chaos test can show that its checks catch overlapping attempts.
+SELECT w.id
+FROM work_items AS w
+WHERE w.status = 'Queued' AND w.run_after <= now()
 
 -- name: seconds_until_due
 -- How long until the next candidate that is not due yet becomes due (NULL: none).
