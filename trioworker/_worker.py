@@ -87,7 +87,6 @@ class Worker:
         self._wake = trio.Event()
         self._stopping = trio.Event()
         self._slot_wait = trio.CancelScope()
-        self._claimed = 0
         self._in_flight = 0
         self._item_done = trio.Event()
 
@@ -101,7 +100,7 @@ class Worker:
 
     def statistics(self) -> WorkerStatistics:
         return WorkerStatistics(
-            claimed=self._claimed, running=self._in_flight, events=dict(self.events)
+            claimed=self.events["claimed"], running=self._in_flight, events=dict(self.events)
         )
 
     # -- control -------------------------------------------------------------------------
@@ -200,7 +199,6 @@ class Worker:
             for _ in range(free - len(claimed)):
                 slots.release()
             for item in claimed:
-                self._claimed += 1
                 self.observe("claimed", item.kind)
                 items.start_soon(self._run_item, item, sent_at, slots)
             if not claimed:
