@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 import psycopg
 import pytest
 
-from tests.support.database import Databases, server_dsn, with_dbname
+from tests.support.database import Databases, server_dsn
 from tests.support.harness import Harness, MemoryHarness, PostgresHarness
 from trioworker import PostgresStore, open_store
 
@@ -40,11 +40,8 @@ def databases() -> Iterator[Databases]:
 @pytest.fixture
 def dsn(databases: Databases) -> Iterator[str]:
     """A fresh, migrated database for this test."""
-    name = databases.create()
-    try:
-        yield with_dbname(databases.admin_dsn, name)
-    finally:
-        databases.drop(name)
+    with databases.database() as dsn:
+        yield dsn
 
 
 @pytest.fixture
@@ -66,11 +63,6 @@ async def harness(request: pytest.FixtureRequest, databases: Databases) -> Async
     if request.param == "memory":
         yield MemoryHarness()
         return
-    name = databases.create()
-    dsn = with_dbname(databases.admin_dsn, name)
-    try:
-        with psycopg.connect(dsn, autocommit=True) as pg:
-            async with open_store(dsn) as store:
-                yield PostgresHarness(store, pg)
-    finally:
-        databases.drop(name)
+    with databases.database() as dsn, psycopg.connect(dsn, autocommit=True) as pg:
+        async with open_store(dsn) as store:
+            yield PostgresHarness(store, pg)

@@ -134,14 +134,8 @@ def test_a_bad_dsn_is_one_clear_line() -> None:
 
 def test_run_refuses_an_unmigrated_database(databases: Databases) -> None:
     """A Worker will not start on a database that lacks migrations, and says what to do."""
-    name = databases.create_empty()
-    try:
-        result = trioworker(
-            "run", "--app", "tests.apps.recording:registry",
-            dsn=with_dbname(databases.admin_dsn, name),
-        )  # fmt: skip
-    finally:
-        databases.drop(name)
+    with databases.database(migrated=False) as dsn:
+        result = trioworker("run", "--app", "tests.apps.recording:registry", dsn=dsn)
     assert result.returncode == 1 and "python -m trioworker migrate" in result.stderr
 
 

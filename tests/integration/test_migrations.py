@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support.database import Databases, with_dbname
+from tests.support.database import Databases
 from tests.support.schema import describe
 from trioworker import SchemaNotReady
 from trioworker._migrate import check_schema, migrate, pending_migrations
@@ -21,11 +21,8 @@ ROOT = Path(__file__).parents[2]
 
 @pytest.fixture
 def empty_dsn(databases: Databases) -> Iterator[str]:
-    name = databases.create_empty()
-    try:
-        yield with_dbname(databases.admin_dsn, name)
-    finally:
-        databases.drop(name)
+    with databases.database(migrated=False) as dsn:
+        yield dsn
 
 
 def test_migrations_produce_the_schema_snapshot(empty_dsn: str) -> None:

@@ -18,18 +18,18 @@ import pytest
 from psycopg import sql
 
 from tests.integration.test_cli import trioworker
-from tests.support.database import Databases, with_dbname
+from tests.support.database import Databases
 from tests.support.processes import ROOT, wait_for, workers
 
 Conn = psycopg.Connection[Any]
 
 
 class Roles:
-    def __init__(self, databases: Databases, dbname: str) -> None:
+    def __init__(self) -> None:
         suffix = uuid.uuid4().hex[:8]
         self.migrator = f"tw_migrator_{suffix}"
         self.worker = f"tw_worker_{suffix}"
-        self.db_dsn = with_dbname(databases.admin_dsn, dbname)
+        self.db_dsn = ""  # the test database, once made
 
     def script(self, name: str) -> str:
         text = (ROOT / "docs" / name).read_text()
@@ -46,14 +46,13 @@ class Roles:
 @pytest.fixture
 def roles(databases: Databases) -> Iterator[Roles]:
     """An empty database with docs/roles.sql applied by the superuser."""
-    dbname = databases.create_empty()
-    roles = Roles(databases, dbname)
+    roles = Roles()
     try:
-        with psycopg.connect(roles.db_dsn, autocommit=True) as admin:
-            admin.execute(roles.script("roles.sql"))  # type: ignore[call-overload]
-        yield roles
-    finally:
-        databases.drop(dbname)
+        with databases.database(migrated=False) as roles.db_dsn:
+            with psycopg.connect(roles.db_dsn, autocommit=True) as admin:
+                admin.execute(roles.script("roles.sql"))  # type: ignore[call-overload]
+            yield roles
+    finally:  # roles outlive their database: drop them after it
         with psycopg.connect(databases.admin_dsn, autocommit=True) as admin:
             for role in (roles.worker, roles.migrator):
                 admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))

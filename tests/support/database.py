@@ -96,27 +96,24 @@ class Databases:
         self._admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.template)))
         migrate(with_dbname(admin_dsn, self.template))
 
-    def create(self) -> str:
+    @contextlib.contextmanager
+    def database(self, *, migrated: bool = True) -> Iterator[str]:
+        """The DSN of a throwaway database: a copy of the migrated template, or empty;
+        dropped afterwards."""
         name = f"trioworker_test_{uuid.uuid4().hex[:12]}"
-        self._admin.execute(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(self.template)
-            )
-        )
-        return name
-
-    def create_empty(self) -> str:
-        name = f"trioworker_empty_{uuid.uuid4().hex[:12]}"
-        self._admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        return name
+        create = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if migrated:
+            create += sql.SQL(" TEMPLATE {}").format(sql.Identifier(self.template))
+        self._admin.execute(create)
+        try:
+            yield with_dbname(self.admin_dsn, name)
+        finally:
+            self._drop(name)
 
     def _drop(self, name: str) -> None:
         self._admin.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
-
-    def drop(self, name: str) -> None:
-        self._drop(name)
 
     def close(self) -> None:
         self._drop(self.template)
