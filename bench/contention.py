@@ -44,7 +44,7 @@ async def _claim_loop(dsn: str, duration: float, name: str, barrier: Any) -> dic
         stop_at = time.monotonic() + duration
         while time.monotonic() < stop_at:
             t0 = time.perf_counter()
-            item = await store.claim(name, LEASE)
+            item = await store.claim(name, LEASE, kinds=["Noop"])
             elapsed = time.perf_counter() - t0
             if item is None:
                 empty.append(elapsed)

@@ -1,6 +1,6 @@
 -- The benchmarks' own statements, each under a `-- name:` header (parsed like
--- trioworker/sql/queries.sql). Loading goes through trioworker's triggers: the insert
--- trigger is statement-level and refreshes each distinct scope's head once.
+-- trioworker/sql/queries.sql). Loading goes through trioworker's triggers, as any
+-- plain-SQL enqueue does: each item takes its place in its scope's line.
 
 -- name: insert_running
 -- One Running item in each of %(scopes)s scopes, PREFIX0 .. PREFIX(n-1): busy scopes.
@@ -27,21 +27,28 @@ FROM generate_series(0, %(n)s - 1) AS g;
 
 -- name: plain_index
 -- The index a plain NOT EXISTS claim needs to walk Queued items in scheduling order
--- (what a queue without scope heads would have).
-CREATE INDEX bench_plain_queued ON work_items (run_after, id) WHERE status = 'Queued';
+-- (what a queue without scope lines would have).
+CREATE INDEX bench_plain_queued ON work_items (priority DESC, run_after, id)
+    WHERE status = 'Queued';
+
+-- name: claim
+-- trioworker's claim as plain SQL calls it: the public function, one item of the
+-- kinds the benchmark's Worker serves.
+SELECT id, kind, scope, attempt FROM work_claim(%(worker_id)s, %(lease)s, 1, %(kinds)s);
 
 -- name: plain_claim
--- The baseline: trioworker's claim without the scope-heads filter, so it walks every
--- Queued item of a busy scope until it finds one whose scope is free.
+-- The baseline: a claim without scope lines, so it walks every Queued item of a busy
+-- scope (and of kinds it does not serve) until it finds one it may take.
 WITH candidate AS (
     SELECT w.id
     FROM work_items AS w
     WHERE w.status = 'Queued'
       AND w.run_after <= now()
+      AND w.kind = ANY(%(kinds)s)
       AND (w.scope IS NULL OR NOT EXISTS (
             SELECT 1 FROM work_items AS r
             WHERE r.scope = w.scope AND r.status = 'Running'))
-    ORDER BY w.run_after, w.id
+    ORDER BY w.priority DESC, w.run_after, w.id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 )
@@ -54,8 +61,7 @@ SET status = 'Running',
     started_at = now()
 FROM candidate
 WHERE w.id = candidate.id
-RETURNING w.id, w.kind, w.scope, w.payload, w.attempt, w.stalls, w.failures,
-          w.requested_at, w.dedup_key;
+RETURNING w.id, w.kind, w.scope, w.attempt;
 
 -- name: most_running_in_a_scope
 -- The scope rule's check: never above 1.

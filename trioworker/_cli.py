@@ -88,7 +88,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     kinds = load_registry(args.app).kinds if args.app else None
     run_after = dt.timedelta(seconds=args.delay) if args.delay else None
     validate_enqueue(  # bad input is reported before anything connects
-        args.kind, args.scope, payload, args.dedup_key, run_after,
+        args.kind, args.scope, payload, args.dedup_key, run_after, priority=args.priority,
         now=dt.datetime.now(dt.UTC), known_kinds=kinds,
     )  # fmt: skip
     check_schema(args.dsn)
@@ -101,6 +101,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
                 payload=payload,
                 dedup_key=args.dedup_key,
                 run_after=run_after,
+                priority=args.priority,
             )
         print(enqueued.id)
         if enqueued.deduplicated:
@@ -331,6 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.add_argument("--payload", metavar="JSON")
     enqueue.add_argument("--dedup-key")
     enqueue.add_argument("--delay", type=float, default=0.0, metavar="SECONDS")
+    enqueue.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        metavar="N",
+        help="-1000..1000; higher is claimed sooner (0)",
+    )
     enqueue.add_argument("--app", metavar="MODULE:ATTR", help="reject kinds it has no handler for")
     enqueue.set_defaults(func=cmd_enqueue)
 

@@ -21,7 +21,7 @@ import trio
 from ._errors import StoreError
 from ._logging import item_logger
 from ._model import Heartbeat, WorkItem
-from ._policy import Action, CancelReason, Decision, Outcome, decide, unknown_kind
+from ._policy import Action, CancelReason, Decision, Outcome, decide
 from ._registry import Registry
 from ._retry import Backoff
 from ._settings import Settings
@@ -154,8 +154,10 @@ class Executor:
         ilog = item_logger(log, item, self.worker_id)
         registration = self.registry.get(item.kind)
         if registration is None:
-            decision = unknown_kind(item.kind, self.registry.kinds)
-            ilog.error("%s", decision.reason)
+            # Claims take only the registry's kinds; an item of another kind here
+            # means the store broke that, so the item goes back untouched.
+            ilog.error("claimed an item of kind %r, which has no handler here", item.kind)
+            decision = Decision(Action.RELEASE)
             await self._write(item, decision, Attempt(item, claim_sent_at, self.settings), ilog)
             return decision
 

@@ -54,6 +54,7 @@ class WorkItem:
     failures: int = 0
     requested_at: dt.datetime | None = None
     dedup_key: str | None = None
+    priority: int = 0
 
 
 @attrs.frozen
@@ -83,6 +84,7 @@ class ItemState:
     kind: str
     scope: str | None
     payload: Any
+    priority: int
     status: Status
     attempt: int
     stalls: int
@@ -101,9 +103,26 @@ class ItemState:
 
 
 @attrs.frozen
+class WorkerInfo:
+    """What a Worker advertises about itself in the Workers table."""
+
+    id: str
+    host: str
+    pid: int
+    kinds: tuple[str, ...]
+    scopes: tuple[str, ...] | None  # None: every scope
+    unscoped: bool
+    concurrency: int
+
+
+@attrs.frozen
 class StoreStatistics:
     """Counters a store keeps about its own calls, for metrics and tests."""
 
     race_losses: int  # claims that lost the running-scope race on the unique index
     dedup_hits: int  # enqueues merged onto an already Queued item
     timeouts: int  # calls that ran out of time
+    conflict_retries: int = 0  # the queue's own writes retried after a deadlock or
+    # serialization failure (none is expected: each one is worth a look)
+    scopes_settled: int = 0  # scopes settled from work_unsettled_scopes
+    heads_repaired: int = 0  # wedged scopes the repair found and fixed (a bug if > 0)

@@ -111,10 +111,3 @@ def decide(  # noqa: PLR0911  one return per rule reads like the rule
         rand=rand,
     )
     return Decision(Action.RETRY, delay=delay, error=error)
-
-
-def unknown_kind(kind: str, known: list[str]) -> Decision:
-    listed = ", ".join(sorted(known)) or "none"
-    return Decision(
-        Action.FAIL, reason=f"unknown kind {kind!r}: no handler registered (known: {listed})"
-    )

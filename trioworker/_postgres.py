@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import functools
 import logging
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, LiteralString, TypeVar
@@ -20,7 +18,6 @@ import psycopg
 import psycopg.errors
 import psycopg_pool
 import trio
-from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
@@ -35,6 +32,7 @@ from ._model import (
     Recovered,
     Status,
     StoreStatistics,
+    WorkerInfo,
     WorkItem,
 )
 from ._queries import QUERIES
@@ -50,7 +48,10 @@ Op = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
 RUNNING_SCOPE_INDEX = "work_items_one_running_per_scope"
 QUEUED_DEDUP_INDEX = "work_items_one_queued_per_dedup_key"
 NOTIFY_CHANNEL = "trioworker"
-SCOPE_RULE_OFF_ENV = "TRIOWORKER_TEST_SCOPE_RULE_OFF"
+SETTLE_CHANNEL = "trioworker_settle"
+#: The queue's own writes retry these (none is expected by design; each is counted).
+_CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+_CONFLICT_RETRIES = 5
 
 # Connection settings that keep a dead link from holding a call forever; a DSN that
 # sets any of them wins.
@@ -117,16 +118,15 @@ class PostgresStore:
             # new one at once, rather than waiting out a long backoff after an outage.
             reconnect_timeout=5.0,
             name="trioworker",
+            configure=_configure,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Test-only: claims ignore scopes, to prove the chaos test's checks can fail.
-        # Meaningful only on a database whose running-scope index was dropped.
-        self._scope_rule_off = os.environ.get(SCOPE_RULE_OFF_ENV) == "1"
-        if self._scope_rule_off:
-            log.warning("%s=1: the scope rule is OFF (test only)", SCOPE_RULE_OFF_ENV)
         self._race_losses = 0
         self._dedup_hits = 0
         self._timeouts = 0
+        self._conflict_retries = 0
+        self._scopes_settled = 0
+        self._heads_repaired = 0
 
     # -- plumbing ---------------------------------------------------------------
 
@@ -151,15 +151,27 @@ class PostgresStore:
         *,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> T:  # pragma: no mutate block
-        """Run `op` on a pooled connection (or `conn`), bounded by `call_timeout`."""
+        """Run `op` on a pooled connection (or `conn`), bounded by `call_timeout`.
+
+        On a pooled connection every call is its own transaction, so one that meets a
+        deadlock or a serialization failure is run again (and counted): the queue's
+        own writes never hand those to the Worker as errors.
+        """
         limit = self.call_timeout
         with trio.move_on_after(limit):
-            try:
-                if conn is not None:
-                    return await self._run(_discarding_on_failure(conn, op))
-                return await self._run(self._with_pooled_connection(op))
-            except psycopg.Error as exc:
-                raise self._translate(name, exc) from None
+            for retry in range(_CONFLICT_RETRIES + 1):
+                try:
+                    if conn is not None:
+                        return await self._run(_discarding_on_failure(conn, op))
+                    return await self._run(self._with_pooled_connection(op))
+                except _CONFLICTS as exc:
+                    if conn is not None or retry == _CONFLICT_RETRIES:
+                        raise self._translate(name, exc) from None
+                    self._conflict_retries += 1
+                    log.warning("%s met %s; running it again", name, type(exc).__name__)
+                    await trio.sleep(0.01 * (retry + 1))
+                except psycopg.Error as exc:
+                    raise self._translate(name, exc) from None
         self._timeouts += 1
         raise StoreTimeout(f"{name}: no answer from PostgreSQL within {limit:g}s")
 
@@ -191,31 +203,6 @@ class PostgresStore:
 
         return await self._call(name, op)
 
-    async def _requeue_rows(
-        self, name: str, params: dict[str, Any]
-    ) -> list[dict[str, Any]]:  # pragma: no mutate block
-        """Run a statement that may put items back to Queued.
-
-        A sibling enqueued with the same dedup key between this statement's snapshot
-        and its write makes it violate the dedup index; run it again, and the fresh
-        snapshot sees the sibling and supersedes the item instead.
-        """
-        query = QUERIES[name]
-
-        async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
-            for _ in range(3):
-                try:
-                    async with conn.cursor(row_factory=dict_row) as cur:
-                        await cur.execute(query, params)
-                        return await cur.fetchall()
-                except psycopg.errors.UniqueViolation as exc:
-                    if not _violates(exc, QUEUED_DEDUP_INDEX):
-                        raise
-                    last = exc
-            raise last
-
-        return await self._call(name, op)
-
     # -- enqueue ----------------------------------------------------------------
 
     async def enqueue(
@@ -226,6 +213,7 @@ class PostgresStore:
         payload: Any = None,
         dedup_key: str | None = None,
         run_after: dt.datetime | dt.timedelta | None = None,
+        priority: int = 0,
         tx: Transaction | None = None,
     ) -> Enqueued:  # pragma: no mutate block
         """Queue an item; with `tx`, only if the caller's transaction commits."""
@@ -235,6 +223,7 @@ class PostgresStore:
             payload,
             dedup_key,
             run_after,
+            priority=priority,
             now=dt.datetime.now(dt.UTC),
             known_kinds=self.known_kinds,
         )
@@ -242,6 +231,7 @@ class PostgresStore:
             "kind": request.kind,
             "scope": request.scope,
             "payload": request.payload_json,
+            "priority": request.priority,
             "dedup_key": request.dedup_key,
             "run_at": request.run_at,
             "delay": request.delay,
@@ -310,13 +300,10 @@ class PostgresStore:
         scopes: Sequence[str] | None = None,
         *,
         unscoped: bool = True,
+        kinds: Sequence[str],
     ) -> WorkItem | None:  # pragma: no mutate block
-        """Take the oldest due item whose scope is free; None if there is none.
-
-        None also when this claim lost the race for a scope to a concurrent claim (the
-        running-scope index rejected it): the Worker waits for its next poll.
-        """
-        items = await self.claim_batch(worker_id, lease, 1, scopes, unscoped=unscoped)
+        """Take the best due item of `kinds` whose scope is free; None if there is none."""
+        items = await self.claim_batch(worker_id, lease, 1, scopes, unscoped=unscoped, kinds=kinds)
         return items[0] if items else None
 
     async def claim_batch(
@@ -327,21 +314,30 @@ class PostgresStore:
         scopes: Sequence[str] | None = None,
         *,
         unscoped: bool = True,
+        kinds: Sequence[str],
     ) -> list[WorkItem]:  # pragma: no mutate block
-        """Claim up to `limit` items in one statement (never two of one scope)."""
-        if scopes is None:
-            if not unscoped:
-                raise ValueError("a Worker serving every scope serves unscoped items too")
-            name = "candidates_without_scope_rule" if self._scope_rule_off else "candidates"
-        else:
-            name = "candidates_in_scopes_or_unscoped" if unscoped else "candidates_in_scopes"
-        params = {"worker_id": worker_id, "lease": lease, "scopes": list(scopes or ())}
-        query = claim_statement(limit, name)
+        """Claim up to `limit` due items of `kinds` in one call (never two of one scope).
+
+        Highest priority first, then by due time. A scope whose claim the
+        running-scope index rejected (a Running item set by hand meanwhile) is a race
+        loss, counted and logged: the rest of the batch is still claimed, and that
+        scope's item waits for the next poll.
+        """
+        if scopes is None and not unscoped:
+            raise ValueError("a Worker serving every scope serves unscoped items too")
+        params = {
+            "worker_id": worker_id,
+            "lease": lease,
+            "limit": limit,
+            "kinds": list(kinds),
+            "scopes": None if scopes is None else list(scopes),
+            "unscoped": unscoped,
+        }
 
         async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
             try:
                 async with conn.cursor(row_factory=dict_row) as cur:
-                    await cur.execute(query, params)
+                    await cur.execute(QUERIES["claim"], params)
                     return await cur.fetchall()
             except psycopg.errors.UniqueViolation as exc:
                 if not _violates(exc, RUNNING_SCOPE_INDEX):
@@ -349,12 +345,33 @@ class PostgresStore:
                 self._race_losses += 1
                 return []
 
-        rows = await self._call(name, op)
-        return sorted((WorkItem(**row) for row in rows), key=lambda item: item.id)
+        rows = await self._call("claim", op)
+        lost = [row for row in rows if row["id"] is None]
+        if lost:
+            self._race_losses += len(lost)
+            log.warning(
+                "claim: scope %s lost to a Running item the running-scope index knew of"
+                " (one set by hand?); its item waits for the next poll",
+                ", ".join(repr(row["scope"]) for row in lost),
+            )
+        return sorted(
+            (WorkItem(**row) for row in rows if row["id"] is not None), key=lambda item: item.id
+        )
 
-    async def seconds_until_due(self) -> float | None:  # pragma: no mutate block
-        """Seconds until the next not-yet-due candidate is due; None if there is none."""
-        rows = await self._rows("seconds_until_due", {})
+    async def seconds_until_due(
+        self,
+        *,
+        kinds: Sequence[str],
+        scopes: Sequence[str] | None = None,
+        unscoped: bool = True,
+    ) -> float | None:  # pragma: no mutate block
+        """Seconds until the next not-yet-due item a claim could take; None: none."""
+        params = {
+            "kinds": list(kinds),
+            "scopes": None if scopes is None else list(scopes),
+            "unscoped": unscoped,
+        }
+        rows = await self._rows("seconds_until_due", params)
         seconds: float | None = rows[0]["seconds"]
         return seconds
 
@@ -366,33 +383,76 @@ class PostgresStore:
             return Heartbeat.LOST
         return Heartbeat.CANCEL_REQUESTED if rows[0]["cancel_requested"] else Heartbeat.OK
 
+    async def _finish(
+        self,
+        attempts: Sequence[tuple[int, int]],
+        status: Status,
+        reason: str | None = None,
+        error: str | None = None,
+        *,
+        wait: bool = True,
+    ) -> set[int]:  # pragma: no mutate block
+        params = {
+            "ids": [id for id, _ in attempts],
+            "attempts": [a for _, a in attempts],
+            "status": status.value,
+            "reason": reason,
+            "error": error,
+            "wait": wait,
+        }
+        return {row["id"] for row in await self._rows("finish", params)}
+
     async def complete(self, id: int, attempt: int) -> bool:  # pragma: no mutate block
-        return bool(await self._rows("complete", {"id": id, "attempt": attempt}))
+        return bool(await self._finish([(id, attempt)], Status.SUCCEEDED))
 
     async def complete_batch(
         self, attempts: Sequence[tuple[int, int]]
     ) -> set[int]:  # pragma: no mutate block
-        """Complete many (id, attempt) pairs at once; the ids whose write applied."""
-        params = {"ids": [id for id, _ in attempts], "attempts": [a for _, a in attempts]}
-        return {row["id"] for row in await self._rows("complete_batch", params)}
+        """Complete many (id, attempt) pairs at once; the ids whose write applied.
+
+        Rows another transaction holds are passed over by the batch and completed one
+        by one afterwards, so a row an operator holds delays only its own item.
+        """
+        applied = await self._finish(attempts, Status.SUCCEEDED, wait=False)
+        for id, attempt in attempts:
+            if id not in applied and await self.complete(id, attempt):
+                applied.add(id)
+        return applied
 
     async def fail(
         self, id: int, attempt: int, reason: str, error: str | None = None
     ) -> bool:  # pragma: no mutate block
-        params = {"id": id, "attempt": attempt, "reason": reason, "error": error}
-        return bool(await self._rows("fail", params))
+        return bool(await self._finish([(id, attempt)], Status.FAILED, reason, error))
 
     async def cancel(self, id: int, attempt: int) -> bool:  # pragma: no mutate block
-        return bool(await self._rows("cancel", {"id": id, "attempt": attempt}))
+        return bool(await self._finish([(id, attempt)], Status.CANCELLED, "cancel requested"))
+
+    async def _requeue(
+        self, id: int, attempt: int, cause: str, delay: float = 0.0, error: str | None = None
+    ) -> bool:  # pragma: no mutate block
+        params = {
+            "ids": [id],
+            "attempts": [attempt],
+            "cause": cause,
+            "delay": delay,
+            "error": error,
+        }
+        rows = await self._rows("requeue", params)
+        if rows and rows[0]["status"] == Status.RUNNING.value:
+            raise StoreError(
+                f"{cause}: an item with the same dedup key is being enqueued; try again"
+            )
+        return bool(rows)
 
     async def release(self, id: int, attempt: int) -> bool:  # pragma: no mutate block
-        return bool(await self._requeue_rows("release", {"id": id, "attempt": attempt}))
+        """Back to Queued at its old place in line (or superseded by a dedup sibling)."""
+        return await self._requeue(id, attempt, "release")
 
     async def retry_later(
         self, id: int, attempt: int, delay: float, error: str
     ) -> bool:  # pragma: no mutate block
-        params = {"id": id, "attempt": attempt, "delay": delay, "error": error}
-        return bool(await self._requeue_rows("retry_later", params))
+        """Back to Queued after a handler error, due again in `delay` seconds."""
+        return await self._requeue(id, attempt, "retry", delay, error)
 
     # -- maintenance ----------------------------------------------------------------
 
@@ -402,21 +462,37 @@ class PostgresStore:
         """Requeue items whose lease expired (a stall); fail those at max_stalls."""
         recovered: list[Recovered] = []
         while True:
-            rows = await self._requeue_rows(
+            rows = await self._rows(
                 "recover_expired_leases", {"max_stalls": max_stalls, "batch": batch}
             )
             recovered += [Recovered(**{**r, "status": Status(r["status"])}) for r in rows]
             if len(rows) < batch:
                 return recovered
 
+    async def settle_noted_scopes(self, *, batch: int = 100) -> int:  # pragma: no mutate block
+        """Settle the heads of scopes noted in work_unsettled_scopes; how many."""
+        settled = 0
+        while True:
+            rows = await self._rows("settle_noted_scopes", {"limit": batch})
+            n: int = rows[0]["settled"]
+            settled += n
+            self._scopes_settled += n
+            if n < batch:
+                return settled
+
+    async def repair_heads(self, *, batch: int = 1000) -> list[str]:  # pragma: no mutate block
+        """Find and fix wedged scopes (there should never be any); the scopes fixed."""
+        rows = await self._rows("repair_heads", {"limit": batch})
+        self._heads_repaired += len(rows)
+        return [row["scope"] for row in rows]
+
     async def request_cancel(self, id: int) -> CancelOutcome:  # pragma: no mutate block
         rows = await self._rows("request_cancel", {"id": id})
-        if rows:
-            return (
-                CancelOutcome.CANCELLED
-                if rows[0]["status"] == Status.CANCELLED.value
-                else CancelOutcome.REQUESTED
-            )
+        status = rows[0]["status"]
+        if status == Status.CANCELLED.value:
+            return CancelOutcome.CANCELLED
+        if status == Status.RUNNING.value:
+            return CancelOutcome.REQUESTED
         found = await self._rows("status_of", {"id": id})
         return CancelOutcome.ALREADY_FINISHED if found else CancelOutcome.NOT_FOUND
 
@@ -438,6 +514,24 @@ class PostgresStore:
             if count < batch:
                 return deleted
 
+    # -- Workers --------------------------------------------------------------------
+
+    async def advertise(self, worker: WorkerInfo) -> None:  # pragma: no mutate block
+        """Record (or refresh) a Worker in the Workers table."""
+        params = {
+            "id": worker.id,
+            "host": worker.host,
+            "pid": worker.pid,
+            "kinds": list(worker.kinds),
+            "scopes": None if worker.scopes is None else list(worker.scopes),
+            "unscoped": worker.unscoped,
+            "concurrency": worker.concurrency,
+        }
+        await self._rows("advertise_worker", params)
+
+    async def worker_stopped(self, worker_id: str) -> None:  # pragma: no mutate block
+        await self._rows("worker_stopped", {"id": worker_id})
+
     async def get_item(self, id: int) -> ItemState | None:  # pragma: no mutate block
         rows = await self._rows("get_item", {"id": id})
         if not rows:
@@ -452,7 +546,12 @@ class PostgresStore:
 
     def statistics(self) -> StoreStatistics:  # pragma: no mutate block
         return StoreStatistics(
-            race_losses=self._race_losses, dedup_hits=self._dedup_hits, timeouts=self._timeouts
+            race_losses=self._race_losses,
+            dedup_hits=self._dedup_hits,
+            timeouts=self._timeouts,
+            conflict_retries=self._conflict_retries,
+            scopes_settled=self._scopes_settled,
+            heads_repaired=self._heads_repaired,
         )
 
     # -- notifications ---------------------------------------------------------------
@@ -461,14 +560,16 @@ class PostgresStore:
         self,
         on_notify: NotifyCallback,
         *,
+        on_settle: NotifyCallback | None = None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
         check_every: float = 30.0,
     ) -> None:  # pragma: no mutate block
-        """Call `on_notify` for each NOTIFY about new work, until cancelled.
+        """Call `on_notify` for each NOTIFY about new work, until cancelled, and
+        `on_settle` for each scope left to be settled.
 
         Runs on a connection of its own, checks the link when quiet for
         `check_every` seconds, and reconnects with backoff. After a reconnect it calls
-        `on_notify(None)`, since notifications sent meanwhile were missed.
+        both with None, since notifications sent meanwhile were missed.
         """
         backoff = Backoff(initial=0.5, maximum=15.0)
         started = False
@@ -482,15 +583,19 @@ class PostgresStore:
                         )
                     )
                     await self._run(conn.execute(QUERIES["listen"]))
+                    if on_settle is not None:
+                        await self._run(conn.execute(QUERIES["listen_settle"]))
                 backoff.reset()
                 if started:
                     log.info("listening for new work again")
                     on_notify(None)
+                    if on_settle is not None:
+                        on_settle(None)
                 else:
                     started = True
                     task_status.started()
                 while True:
-                    await self._run(_relay(conn, on_notify, check_every))
+                    await self._run(_relay(conn, on_notify, on_settle, check_every))
                     with trio.fail_after(self.call_timeout):
                         await self._run(conn.execute("SELECT 1"))
             except (psycopg.Error, trio.TooSlowError, OSError) as exc:
@@ -512,12 +617,17 @@ class PostgresStore:
 
 
 async def _relay(
-    conn: psycopg.AsyncConnection[Any], on_notify: NotifyCallback, quiet_period: float
+    conn: psycopg.AsyncConnection[Any],
+    on_notify: NotifyCallback,
+    on_settle: NotifyCallback | None,
+    quiet_period: float,
 ) -> None:  # pragma: no mutate block
     # asyncio side: returns after `quiet_period` seconds without a notification
     async for notify in conn.notifies(timeout=quiet_period):
         if notify.channel == NOTIFY_CHANNEL:
             on_notify(notify.payload)
+        elif notify.channel == SETTLE_CHANNEL and on_settle is not None:
+            on_settle(notify.payload)
 
 
 async def _discarding_on_failure(
@@ -549,17 +659,10 @@ def _connect_kwargs(dsn: str, application_name: str) -> dict[str, Any]:
     return kwargs
 
 
-@functools.cache
-def claim_statement(limit: int, candidates: str = "candidates") -> sql.Composed:
-    """The claim of up to `limit` of the named `candidates*` query's items.
-
-    The batch size goes in as a literal: a constant LIMIT lets PostgreSQL estimate the
-    claim right and, once psycopg prepares it, reuse its plan. (With `LIMIT $n` every
-    claim was planned afresh, 0.28 ms in docs/benchmarks.md, and a forced generic plan
-    of it could turn into a scan of the whole table.)"""
-    return sql.SQL(QUERIES["claim"]).format(
-        candidates=sql.SQL(QUERIES[candidates]), limit=sql.Literal(limit)
-    )
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:  # pragma: no mutate block
+    # asyncio side: the queue's functions read fresh snapshots after taking their
+    # locks, which needs READ COMMITTED whatever the database's default is.
+    await conn.execute("SET default_transaction_isolation = 'read committed'")
 
 
 @asynccontextmanager

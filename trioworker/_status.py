@@ -13,6 +13,8 @@ from ._model import Status
 from ._postgres import PostgresStore
 
 STATUS_ORDER = [s.value for s in Status]
+#: A Worker not seen for this long is reported gone, and its kinds unserved.
+ALIVE_WITHIN = 180.0
 
 
 async def gather(store: PostgresStore, *, failures: int = 10) -> dict[str, Any]:
@@ -20,6 +22,8 @@ async def gather(store: PostgresStore, *, failures: int = 10) -> dict[str, Any]:
     running = await store.query("running_items")
     busy = await store.query("busy_scopes")
     failed = await store.query("recent_failures", limit=failures)
+    workers = await store.query("workers", alive_within=ALIVE_WITHIN)
+    unserved = await store.query("unserved_kinds", alive_within=ALIVE_WITHIN)
     by_kind: dict[str, dict[str, int]] = {}
     for row in counts:
         by_kind.setdefault(row["kind"], dict.fromkeys(STATUS_ORDER, 0))[row["status"]] = row["n"]
@@ -29,6 +33,8 @@ async def gather(store: PostgresStore, *, failures: int = 10) -> dict[str, Any]:
         "running": [_jsonable(r) for r in running],
         "busy_scopes": busy[0]["n"],
         "recent_failures": [_jsonable(r) for r in failed],
+        "workers": [_jsonable(r) for r in workers],
+        "unserved_kinds": {r["kind"]: r["n"] for r in unserved},
     }
 
 
@@ -77,7 +83,26 @@ def render(status: dict[str, Any]) -> Group:
             r["reason"] or "",
             (r["error"] or "")[:120],
         )
-    return Group(counts, running, failures)
+    alive = [w for w in status["workers"] if w["alive"]]
+    workers = Table(
+        title=f"Workers ({len(alive)} alive, seen within {ALIVE_WITHIN:.0f}s)", box=box.SIMPLE_HEAVY
+    )
+    for column in ("worker", "kinds", "scopes", "conc", "last seen"):
+        workers.add_column(column, overflow="fold")
+    for w in alive:
+        workers.add_row(
+            w["id"],
+            ", ".join(w["kinds"]),
+            "all" if w["scopes"] is None else ", ".join(w["scopes"]),
+            str(w["concurrency"]),
+            (w["last_seen"] or "")[11:19],
+        )
+    parts: list[Any] = [counts, running, workers]
+    if status["unserved_kinds"]:
+        listed = ", ".join(f"{k} ({n:,})" for k, n in status["unserved_kinds"].items())
+        parts.append(f"[bold red]Queued kinds no live Worker serves:[/] {listed}")
+    parts.append(failures)
+    return Group(*parts)
 
 
 def _n(value: int) -> str:

@@ -19,6 +19,7 @@ from ._model import (
     ItemState,
     Recovered,
     StoreStatistics,
+    WorkerInfo,
     WorkItem,
 )
 
@@ -35,6 +36,7 @@ class Store(Protocol):
         payload: Any = None,
         dedup_key: str | None = None,
         run_after: dt.datetime | dt.timedelta | None = None,
+        priority: int = 0,
     ) -> Enqueued: ...
 
     async def claim(
@@ -44,6 +46,7 @@ class Store(Protocol):
         scopes: Sequence[str] | None = None,
         *,
         unscoped: bool = True,
+        kinds: Sequence[str],
     ) -> WorkItem | None: ...
 
     async def claim_batch(
@@ -54,9 +57,16 @@ class Store(Protocol):
         scopes: Sequence[str] | None = None,
         *,
         unscoped: bool = True,
+        kinds: Sequence[str],
     ) -> list[WorkItem]: ...
 
-    async def seconds_until_due(self) -> float | None: ...
+    async def seconds_until_due(
+        self,
+        *,
+        kinds: Sequence[str],
+        scopes: Sequence[str] | None = None,
+        unscoped: bool = True,
+    ) -> float | None: ...
 
     async def heartbeat(self, id: int, attempt: int, lease: float) -> Heartbeat: ...
 
@@ -74,6 +84,14 @@ class Store(Protocol):
 
     async def recover_expired_leases(self, max_stalls: int) -> list[Recovered]: ...
 
+    async def settle_noted_scopes(self) -> int: ...
+
+    async def repair_heads(self) -> list[str]: ...
+
+    async def advertise(self, worker: WorkerInfo) -> None: ...
+
+    async def worker_stopped(self, worker_id: str) -> None: ...
+
     async def request_cancel(self, id: int) -> CancelOutcome: ...
 
     async def delete_finished(self, older_than: dt.timedelta) -> int: ...
@@ -84,6 +102,7 @@ class Store(Protocol):
         self,
         on_notify: NotifyCallback,
         *,
+        on_settle: NotifyCallback | None = None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None: ...
 

@@ -17,6 +17,9 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_NAME_LENGTH = 200
 #: How far from now run_after may lie, either way.
 MAX_RUN_AFTER_DISTANCE = dt.timedelta(days=366)
+#: Priorities run from MIN_PRIORITY to MAX_PRIORITY; higher is claimed sooner.
+MIN_PRIORITY = -1000
+MAX_PRIORITY = 1000
 
 
 @attrs.frozen
@@ -26,6 +29,7 @@ class EnqueueRequest:
     kind: str
     scope: str | None
     payload_json: str
+    priority: int
     dedup_key: str | None
     run_at: dt.datetime | None  # absolute, when given as a datetime
     delay: float  # seconds from the database's now(), when given as a timedelta
@@ -38,6 +42,7 @@ def validate_enqueue(
     dedup_key: object = None,
     run_after: dt.datetime | dt.timedelta | None = None,
     *,
+    priority: object = 0,
     now: dt.datetime,
     known_kinds: Collection[str] | None = None,
 ) -> EnqueueRequest:
@@ -54,6 +59,7 @@ def validate_enqueue(
         kind=kind,
         scope=scope,  # type: ignore[arg-type]  # checked by _check_name
         payload_json=_payload_json({} if payload is None else payload),
+        priority=_check_priority(priority),
         dedup_key=dedup_key,  # type: ignore[arg-type]  # checked by _check_name
         run_at=run_at,
         delay=delay,
@@ -71,6 +77,16 @@ def _check_name(what: str, value: object, *, optional: bool) -> None:
         raise InvalidWorkItem(f"{what} is longer than {MAX_NAME_LENGTH} characters")
     if "\x00" in value:
         raise InvalidWorkItem(f"{what} must not contain NUL characters")
+
+
+def _check_priority(priority: object) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidWorkItem(f"priority must be an integer, not {type(priority).__name__}")
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidWorkItem(
+            f"priority {priority} is outside {MIN_PRIORITY}..{MAX_PRIORITY} (higher runs sooner)"
+        )
+    return priority
 
 
 def _payload_json(payload: Any) -> str:

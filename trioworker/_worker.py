@@ -13,6 +13,7 @@ running items are left to lease recovery).
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import socket
@@ -25,7 +26,7 @@ import trio
 from ._batching import CompletionBatcher
 from ._errors import SchemaNotReady, StoreError
 from ._executor import Executor, FailStop
-from ._model import Status, WorkItem
+from ._model import Status, WorkerInfo, WorkItem
 from ._registry import Registry
 from ._retry import Backoff
 from ._settings import Settings
@@ -70,6 +71,8 @@ class Worker:
         self.worker_id = worker_id or default_worker_id()
         self.scopes = None if scopes is None else sorted(set(scopes))
         self.unscoped = (scopes is None) if unscoped is None else unscoped
+        #: The kinds this Worker claims: those its registry has handlers for.
+        self.kinds = tuple(registry.kinds)
         self.events: collections.Counter[str] = collections.Counter()
         self._observer = observer
         self._completions = CompletionBatcher(store)
@@ -85,6 +88,7 @@ class Worker:
         )
         self._watchdog = Watchdog(self.settings.stop_grace, fail_stop) if watchdog else None
         self._wake = trio.Event()
+        self._settle_wake = trio.Event()
         self._stopping = trio.Event()
         self._slot_wait = trio.CancelScope()
         self._in_flight = 0
@@ -121,6 +125,9 @@ class Worker:
         if scope is None or self._serves(scope):
             self._wake.set()
 
+    def _on_settle(self, scope: str | None) -> None:
+        self._settle_wake.set()
+
     def _serves(self, scope: str) -> bool:
         if scope == "":
             return self.unscoped
@@ -131,8 +138,9 @@ class Worker:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Claim and run items until `stop()` (graceful) or cancellation (at once)."""
         log.info(
-            "worker %s starting: %s, concurrency %d, lease %gs, heartbeat %gs, poll %gs",
+            "worker %s starting: kinds %s; %s, concurrency %d, lease %gs, heartbeat %gs, poll %gs",
             self.worker_id,
+            ", ".join(self.kinds) or "none",
             self._describe_scopes(),
             self.settings.concurrency,
             self.settings.lease,
@@ -143,8 +151,12 @@ class Worker:
             self._watchdog.start()
         try:
             async with trio.open_nursery() as background:
-                await background.start(self.store.listen, self._on_notify)
+                await background.start(
+                    functools.partial(self.store.listen, self._on_notify, on_settle=self._on_settle)
+                )
+                background.start_soon(self._presence_loop)
                 background.start_soon(self._recovery_loop)
+                background.start_soon(self._settle_loop)
                 background.start_soon(self._completions.run)
                 if self._watchdog is not None:
                     background.start_soon(self._tick_watchdog, self._watchdog)
@@ -177,6 +189,7 @@ class Worker:
                     free,
                     self.scopes,
                     unscoped=self.unscoped,
+                    kinds=self.kinds,
                 )
             except SchemaNotReady:
                 raise
@@ -227,7 +240,9 @@ class Worker:
     async def _until_next_due(self) -> float:
         """The poll interval, or less when a delayed item falls due sooner."""
         try:
-            due = await self.store.seconds_until_due()
+            due = await self.store.seconds_until_due(
+                kinds=self.kinds, scopes=self.scopes, unscoped=self.unscoped
+            )
         except StoreError:
             return self.settings.poll
         if due is None:
@@ -265,13 +280,21 @@ class Worker:
         while True:
             try:
                 recovered = await self.store.recover_expired_leases(self.settings.max_stalls)
+                repaired = await self.store.repair_heads()
             except StoreError as exc:
                 log.warning(
                     "lease recovery failed: %s; next try in %.0fs",
                     exc,
                     self.settings.recovery_every,
                 )
-                recovered = []
+                recovered, repaired = [], []
+            for scope in repaired:
+                self.observe("heads_repaired", "")
+                log.error(
+                    "scope %r was wedged (due work no claim could take) and is repaired:"
+                    " this is a bug in trioworker, please report it",
+                    scope,
+                )
             for r in recovered:
                 fields = {
                     "item_id": r.id,
@@ -304,6 +327,52 @@ class Worker:
                         extra=fields,
                     )
             await trio.sleep(self.settings.recovery_every)
+
+    async def _settle_loop(self) -> None:
+        """Settle the scopes changes made by hand left unsettled: at once when one is
+        announced, and every poll interval in case an announcement was missed."""
+        while True:
+            with trio.move_on_after(self.settings.poll):
+                await self._settle_wake.wait()
+            self._settle_wake = trio.Event()
+            try:
+                await self.store.settle_noted_scopes()
+            except StoreError as exc:
+                log.warning(
+                    "settling scopes failed: %s; next try in %.0fs", exc, self.settings.poll
+                )
+
+    def info(self) -> WorkerInfo:
+        """What this Worker advertises in the Workers table."""
+        return WorkerInfo(
+            id=self.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            kinds=self.kinds,
+            scopes=None if self.scopes is None else tuple(self.scopes),
+            unscoped=self.unscoped,
+            concurrency=self.settings.concurrency,
+        )
+
+    async def _presence_loop(self) -> None:
+        """Advertise this Worker every recovery interval (the table's last_seen says it
+        is alive); on the way out, record that it stopped."""
+        advertised = False
+        try:
+            while True:
+                try:
+                    await self.store.advertise(self.info())
+                    advertised = True
+                except StoreError as exc:
+                    log.warning("could not advertise this Worker: %s", exc)
+                await trio.sleep(self.settings.recovery_every)
+        finally:
+            if advertised:
+                with trio.CancelScope(shield=True), trio.move_on_after(self.settings.poll):
+                    try:
+                        await self.store.worker_stopped(self.worker_id)
+                    except StoreError as exc:
+                        log.warning("could not record that this Worker stopped: %s", exc)
 
     def _publish_deadline(self) -> None:
         if self._watchdog is not None:

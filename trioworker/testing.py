@@ -27,6 +27,7 @@ from ._model import (
     Recovered,
     Status,
     StoreStatistics,
+    WorkerInfo,
     WorkItem,
 )
 from ._store import NotifyCallback
@@ -56,6 +57,7 @@ class _Row:
     dedup_key: str | None
     requested_at: dt.datetime
     run_after: dt.datetime
+    priority: int = 0
     status: Status = Status.QUEUED
     attempt: int = 0
     stalls: int = 0
@@ -70,8 +72,13 @@ class _Row:
     error: str | None = None
 
     @property
-    def key(self) -> tuple[dt.datetime, int]:
-        return (self.run_after, self.id)
+    def key(self) -> tuple[int, dt.datetime, int]:
+        """Claim order: higher priority first, then due time, then id."""
+        return (-self.priority, self.run_after, self.id)
+
+    @property
+    def line(self) -> tuple[str | None, str, int]:
+        return (self.scope, self.kind, self.priority)
 
 
 class MemoryStore:
@@ -88,9 +95,9 @@ class MemoryStore:
         self._next_id = 1
         self._listeners: list[NotifyCallback] = []
         self._epoch = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-        self._race_losses = 0
         self._dedup_hits = 0
-        self._timeouts = 0
+        #: The Workers table, by id.
+        self.workers: dict[str, WorkerInfo] = {}
 
     # -- faults and time ----------------------------------------------------------
 
@@ -152,6 +159,7 @@ class MemoryStore:
             row.finished_at = self.now()
         else:
             row.status = Status.QUEUED
+            row.reason = None
             row.finished_at = None
         self._notify_if_freed(row.scope)
 
@@ -172,10 +180,18 @@ class MemoryStore:
         payload: Any = None,
         dedup_key: str | None = None,
         run_after: dt.datetime | dt.timedelta | None = None,
+        priority: int = 0,
     ) -> Enqueued:
         now = self.now()
         request = validate_enqueue(
-            kind, scope, payload, dedup_key, run_after, now=now, known_kinds=self.known_kinds
+            kind,
+            scope,
+            payload,
+            dedup_key,
+            run_after,
+            priority=priority,
+            now=now,
+            known_kinds=self.known_kinds,
         )
         await self._enter("enqueue")
         holder = self._queued_with(request.dedup_key)
@@ -190,6 +206,7 @@ class MemoryStore:
             dedup_key=request.dedup_key,
             requested_at=now,
             run_after=request.run_at or now + dt.timedelta(seconds=request.delay),
+            priority=request.priority,
         )
         self._next_id += 1
         self._rows[row.id] = row
@@ -204,8 +221,9 @@ class MemoryStore:
         scopes: Sequence[str] | None = None,
         *,
         unscoped: bool = True,
+        kinds: Sequence[str],
     ) -> WorkItem | None:
-        items = await self.claim_batch(worker_id, lease, 1, scopes, unscoped=unscoped)
+        items = await self.claim_batch(worker_id, lease, 1, scopes, unscoped=unscoped, kinds=kinds)
         return items[0] if items else None
 
     async def claim_batch(
@@ -216,21 +234,22 @@ class MemoryStore:
         scopes: Sequence[str] | None = None,
         *,
         unscoped: bool = True,
+        kinds: Sequence[str],
     ) -> list[WorkItem]:
         if scopes is None and not unscoped:
             raise ValueError("a Worker serving every scope serves unscoped items too")
         await self._enter("claim")
-        return [
-            self._claim_one(row, worker_id, lease)
-            for row in self._claimable(scopes, unscoped=unscoped)[:limit]
-        ]
+        claimable = self._claimable(scopes, unscoped=unscoped, kinds=kinds)[:limit]
+        return sorted((self._claim_one(r, worker_id, lease) for r in claimable), key=_by_id)
 
-    def _claimable(self, scopes: Sequence[str] | None, *, unscoped: bool) -> list[_Row]:
-        """Due Queued items in order, at most one per free scope (its first)."""
+    def _claimable(
+        self, scopes: Sequence[str] | None, *, unscoped: bool, kinds: Sequence[str]
+    ) -> list[_Row]:
+        """Due Queued items of `kinds` in claim order, at most one per free scope."""
         now = self.now()
 
         def eligible(row: _Row) -> bool:
-            if row.status is not Status.QUEUED or row.run_after > now:
+            if row.status is not Status.QUEUED or row.run_after > now or row.kind not in kinds:
                 return False
             if row.scope is None:
                 return unscoped
@@ -266,15 +285,34 @@ class MemoryStore:
             failures=row.failures,
             requested_at=row.requested_at,
             dedup_key=row.dedup_key,
+            priority=row.priority,
         )
 
-    async def seconds_until_due(self) -> float | None:
+    async def seconds_until_due(
+        self,
+        *,
+        kinds: Sequence[str],
+        scopes: Sequence[str] | None = None,
+        unscoped: bool = True,
+    ) -> float | None:
+        """Until the first item of a line (or an unscoped item) falls due."""
         await self._enter("seconds_until_due")
         now = self.now()
+        firsts: dict[tuple[str | None, str, int] | int, _Row] = {}
+        for row in self._rows.values():
+            if row.status is not Status.QUEUED or row.kind not in kinds:
+                continue
+            if row.scope is None:
+                if unscoped:
+                    firsts[row.id] = row
+                continue
+            if (scopes is not None and row.scope not in scopes) or self._busy(row.scope):
+                continue
+            first = firsts.get(row.line)
+            if first is None or (row.run_after, row.id) < (first.run_after, first.id):
+                firsts[row.line] = row
         waiting = [
-            (r.run_after - now).total_seconds()
-            for r in self._rows.values()
-            if r.status is Status.QUEUED and r.run_after > now and not self._busy(r.scope)
+            (r.run_after - now).total_seconds() for r in firsts.values() if r.run_after > now
         ]
         return min(waiting, default=None)
 
@@ -336,7 +374,6 @@ class MemoryStore:
             row.run_after = self.now() + dt.timedelta(seconds=delay)
             row.error = error
             row.failures += 1
-            row.reason = None
             self._requeue(row)
         return self._record("retry_later", id, attempt, row)
 
@@ -375,6 +412,23 @@ class MemoryStore:
                 )
             )
         return recovered
+
+    async def settle_noted_scopes(self) -> int:
+        """Nothing to settle: the in-memory claim reads the lines themselves."""
+        await self._enter("settle_noted_scopes")
+        return 0
+
+    async def repair_heads(self) -> list[str]:
+        await self._enter("repair_heads")
+        return []
+
+    async def advertise(self, worker: WorkerInfo) -> None:
+        await self._enter("advertise")
+        self.workers[worker.id] = worker
+
+    async def worker_stopped(self, worker_id: str) -> None:
+        await self._enter("worker_stopped")
+        self.workers.pop(worker_id, None)
 
     async def request_cancel(self, id: int) -> CancelOutcome:
         await self._enter("request_cancel")
@@ -415,6 +469,7 @@ class MemoryStore:
         self,
         on_notify: NotifyCallback,
         *,
+        on_settle: NotifyCallback | None = None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         self._listeners.append(on_notify)
@@ -425,9 +480,7 @@ class MemoryStore:
             self._listeners.remove(on_notify)
 
     def statistics(self) -> StoreStatistics:
-        return StoreStatistics(
-            race_losses=self._race_losses, dedup_hits=self._dedup_hits, timeouts=self._timeouts
-        )
+        return StoreStatistics(race_losses=0, dedup_hits=self._dedup_hits, timeouts=0)
 
     # -- test helpers -----------------------------------------------------------------
 
@@ -446,3 +499,7 @@ class MemoryStore:
 
 def _json_roundtrip(text: str) -> Any:
     return json.loads(text)
+
+
+def _by_id(item: WorkItem) -> int:
+    return item.id

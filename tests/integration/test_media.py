@@ -184,7 +184,7 @@ async def test_a_write_of_an_attempt_that_lost_its_item_writes_nothing(
     nothing; under the current attempt it commits."""
     config(library, tmp_path)
     await store.enqueue("TokenCleanup")
-    claimed = await store.claim("w", 30)
+    claimed = await store.claim("w", 30, kinds=["TokenCleanup"])
     assert claimed is not None
     library.add_token("c1", -60)
     stale = WorkItem(claimed.id, claimed.kind, None, {}, attempt=claimed.attempt - 1)

@@ -69,14 +69,8 @@ def test_migrate_clears_a_stale_yoyo_lock(empty_dsn: str) -> None:
     migrate(empty_dsn)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO yoyo_lock (locked, ctime, pid) VALUES (1, now(), 424242)")
-        conn.execute("DELETE FROM _yoyo_migration WHERE migration_id = '0002.scope-heads'")
-        conn.execute("DROP TRIGGER work_items_after_insert ON work_items")
-        conn.execute("DROP TRIGGER work_items_after_update ON work_items")
-        conn.execute("DROP TRIGGER work_items_after_delete ON work_items")
-        conn.execute(
-            "DROP FUNCTION work_items_after_insert, work_items_after_update,"
-            " work_items_after_delete, work_items_refresh_head"
-        )
-    assert migrate(empty_dsn) == ["0002.scope-heads"]
+        conn.execute("DELETE FROM _yoyo_migration WHERE migration_id = '0003.workers'")
+        conn.execute("DROP TABLE work_workers")
+    assert migrate(empty_dsn) == ["0003.workers"]
     with psycopg.connect(empty_dsn) as conn:
         assert describe(conn) == (ROOT / "docs" / "schema.sql").read_text()

@@ -1,97 +1,49 @@
-"""The rule on PostgreSQL: at most one Running item per scope, with races forced."""
+"""The rule and its lines on PostgreSQL, with races forced by transactions held open.
+
+The deterministic interleavings that wedged the scope-heads design (issue 9) are here,
+with the deadlocks callers met and the isolation levels they use; the seeded
+concurrent test is test_lines_concurrently.py.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
+import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 import trio
 
+from tests.support.lines import (
+    backend_pid,
+    heads_of_busy_scopes,
+    running_per_scope,
+    wait_until_blocked,
+    waits_on_a_lock,
+    wedges,
+)
 from trioworker import PostgresStore, Status
-from trioworker._postgres import RUNNING_SCOPE_INDEX, claim_statement
-from trioworker._queries import QUERIES
+from trioworker._postgres import RUNNING_SCOPE_INDEX
 
 LEASE = 30.0
+KINDS = ("A", "B", "C", "X", "K", "Crawl", "Purge")
 Conn = psycopg.Connection[Any]
 
 
-def head_violations(pg: Conn) -> list[str]:
-    """Scopes whose head is not their Running item, or else their first Queued item."""
-    rows = pg.execute(
-        """
-        SELECT s.scope,
-               (SELECT array_agg(id ORDER BY id) FROM work_items h
-                 WHERE h.scope = s.scope AND h.is_head) AS heads,
-               COALESCE(
-                 (SELECT id FROM work_items r WHERE r.scope = s.scope AND r.status = 'Running'),
-                 (SELECT id FROM work_items q WHERE q.scope = s.scope AND q.status = 'Queued'
-                   ORDER BY run_after, id LIMIT 1)) AS expected
-        FROM (SELECT DISTINCT scope FROM work_items WHERE scope IS NOT NULL) s
-        """
-    ).fetchall()
-    wrong = []
-    for scope, heads, expected in rows:
-        want = [expected] if expected is not None else None
-        if heads != want:
-            wrong.append(f"scope {scope}: heads {heads}, expected {want}")
-    return wrong
+def session(dsn: str, isolation: str = "read committed") -> Conn:
+    """A connection for a transaction held open across steps (not autocommit)."""
+    conn = psycopg.connect(dsn)
+    conn.execute(f"SET default_transaction_isolation = '{isolation}'")
+    conn.commit()
+    return conn
 
 
-def running_per_scope(pg: Conn) -> dict[str, int]:
-    rows = pg.execute(
-        "SELECT scope, count(*) FROM work_items WHERE status = 'Running' AND scope IS NOT NULL"
-        " GROUP BY scope"
-    ).fetchall()
-    return {scope: n for scope, n in rows}
-
-
-async def wait_until_blocked_on_lock(pg: Conn) -> None:
-    """Return once some other backend waits on a lock (the index's uniqueness check)."""
-    with trio.move_on_after(10):
-        while True:
-            row = pg.execute(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                " AND pid <> pg_backend_pid()"
-            ).fetchone()
-            if row and row[0]:
-                return
-            await trio.sleep(0.01)
-    raise AssertionError("the second claim never blocked")
-
-
-async def test_concurrent_claims_collide_on_the_index_and_the_loser_gets_nothing(
-    store: PostgresStore, pg: Conn, dsn: str
-) -> None:
-    """Two claimers, two queued items of one scope: exactly one Running; the loser gets None.
-
-    The store's own writes never give a scope two heads (heads move under a per-scope
-    lock), so the test makes both items heads by hand: the state in which NOT EXISTS
-    cannot see the other claim's uncommitted Running row, and only the unique index
-    stands between the two claims. The first claim is held open in a transaction, the
-    second blocks on the index, the first commits, the second must come back empty.
-    """
-    pg.execute("INSERT INTO work_items (kind, scope) VALUES ('Crawl', 'C'), ('Purge', 'C')")
-    pg.execute("UPDATE work_items SET is_head = true")
-    with psycopg.connect(dsn) as first:  # not autocommit: an explicit transaction
-        held = first.execute(
-            claim_statement(1), {"worker_id": "w1", "lease": LEASE, "scopes": []}
-        ).fetchone()
-        assert held is not None
-        result: list[object] = []
-        async with trio.open_nursery() as nursery:
-
-            async def second_claim() -> None:
-                result.append(await store.claim("w2", LEASE))
-
-            nursery.start_soon(second_claim)
-            await wait_until_blocked_on_lock(pg)
-            first.commit()
-    assert result == [None]
-    assert running_per_scope(pg) == {"C": 1}
-    assert store.statistics().race_losses == 1
+async def in_thread(fn: Callable[[], Any]) -> Any:
+    """Run a blocking statement in a thread, so the test can act while it waits."""
+    return await trio.to_thread.run_sync(fn)
 
 
 async def test_a_second_running_item_of_a_scope_violates_the_index(
@@ -100,7 +52,7 @@ async def test_a_second_running_item_of_a_scope_violates_the_index(
     """Setting a second item of a scope Running by hand fails, naming the index."""
     await store.enqueue("Crawl", scope="C")
     second = await store.enqueue("Purge", scope="C")
-    assert await store.claim("w", LEASE)
+    assert await store.claim("w", LEASE, kinds=KINDS)
     with pytest.raises(psycopg.errors.UniqueViolation) as raised:
         pg.execute(
             "UPDATE work_items SET status = 'Running', lease_expires_at = now() WHERE id = %s",
@@ -109,100 +61,338 @@ async def test_a_second_running_item_of_a_scope_violates_the_index(
     assert raised.value.diag.constraint_name == RUNNING_SCOPE_INDEX
 
 
-async def test_a_claim_held_open_leaves_its_scope_to_nobody_else(
+async def test_a_claim_racing_a_running_item_set_by_hand_loses_on_the_index_alone(
     store: PostgresStore, pg: Conn, dsn: str
 ) -> None:
-    """Heads design: while one claim of scope C is uncommitted, another claim skips C
-    at once (without waiting) and takes scope D's item; after the commit, C stays busy.
-    """
-    pg.execute("INSERT INTO work_items (kind, scope) VALUES ('A', 'C'), ('B', 'C'), ('X', 'D')")
-    with psycopg.connect(dsn) as first:
-        held = first.execute(
-            claim_statement(1), {"worker_id": "w1", "lease": LEASE, "scopes": []}
-        ).fetchone()
-        assert held is not None and held[2] == "C"
-        with trio.fail_after(5):  # SKIP LOCKED: no waiting on the held row
-            other = await store.claim("w2", LEASE)
-            assert other is not None and other.scope == "D"
-            assert await store.claim("w2", LEASE) is None
-        first.commit()
-    assert await store.claim("w2", LEASE) is None
+    """An operator sets C's second item Running by hand and holds the transaction open:
+    the claim cannot see it, so only the unique index stands between them. The claim
+    of C waits on the index, the operator commits, and the claim loses C by the
+    index's name, yet still takes the batch's other item (scope D)."""
+    await store.enqueue("A", scope="C")
+    by_hand = await store.enqueue("B", scope="C")
+    other = await store.enqueue("X", scope="D")
+    with session(dsn) as operator:
+        operator.execute(
+            "UPDATE work_items SET status = 'Running', lease_expires_at = now() + interval '1h'"
+            " WHERE id = %s",
+            (by_hand.id,),
+        )
+        result: list[Any] = []
+        async with trio.open_nursery() as nursery:
+
+            async def claim() -> None:
+                result.append(await store.claim_batch("w", LEASE, 4, kinds=KINDS))
+
+            nursery.start_soon(claim)
+            await wait_until_blocked(pg)
+            operator.commit()
+    [claimed] = result
+    assert [item.id for item in claimed] == [other.id]
     assert running_per_scope(pg) == {"C": 1, "D": 1}
-    assert head_violations(pg) == []
+    assert store.statistics().race_losses == 1
 
 
-async def test_an_enqueue_racing_a_completion_waits_and_sees_the_new_head(
+async def test_claims_of_one_scope_take_turns_and_a_batch_keeps_its_other_items(
     store: PostgresStore, pg: Conn, dsn: str
 ) -> None:
-    """Heads design: a completion held open holds its scope's lock; an enqueue into the
-    scope waits for it, then sees the promoted head, so the scope ends with one head.
-    """
+    """Scope C has two lines (kinds A and B), so two heads. While one claim of C is
+    uncommitted, a second claim passes over C at once (without waiting on it) and
+    takes scope D's item; after the commit C stays busy with one item."""
     await store.enqueue("A", scope="C")
-    second = await store.enqueue("B", scope="C")
-    item = await store.claim("w", LEASE)
-    assert item
-    with psycopg.connect(dsn) as first:
-        first.execute(QUERIES["complete"], {"id": item.id, "attempt": item.attempt})
+    await store.enqueue("B", scope="C")
+    other = await store.enqueue("X", scope="D")
+    with session(dsn) as first:
+        held = first.execute(
+            "SELECT id, scope FROM work_claim('w1', 30, 1, ARRAY['A', 'B'])"
+        ).fetchall()
+        assert [scope for _, scope in held] == ["C"]
+        with trio.fail_after(5):
+            batch = await store.claim_batch("w2", LEASE, 4, kinds=KINDS)
+        assert [item.id for item in batch] == [other.id]
+        first.commit()
+    assert await store.claim("w2", LEASE, kinds=KINDS) is None
+    assert running_per_scope(pg) == {"C": 1, "D": 1}
+    assert wedges(pg) == [] and heads_of_busy_scopes(pg) == []
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "UPDATE work_items SET status = 'Cancelled', finished_at = now() WHERE id = %s",
+        "DELETE FROM work_items WHERE id = %s",
+    ],
+    ids=["cancelled-by-hand", "deleted-by-hand"],
+)
+async def test_the_next_item_changed_by_hand_while_the_head_completes_leaves_the_line_claimable(
+    store: PostgresStore, pg: Conn, dsn: str, change: str
+) -> None:
+    """Issue 9's interleaving: scope S holds A, B, C with A claimed. An operator
+    changes B in an open transaction, A completes (without waiting on the operator),
+    the operator commits: C is claimable."""
+    a = await store.enqueue("K", scope="S")
+    b = await store.enqueue("K", scope="S")
+    c = await store.enqueue("K", scope="S")
+    item = await store.claim("w", LEASE, kinds=KINDS)
+    assert item and item.id == a.id
+    with session(dsn) as operator:
+        operator.execute(change, (b.id,))  # type: ignore[arg-type]
+        with trio.fail_after(5):
+            assert await store.complete(a.id, item.attempt)
+        operator.commit()
+    assert wedges(pg) == []
+    nxt = await store.claim("w", LEASE, kinds=KINDS)
+    assert nxt and nxt.id == c.id
+
+
+@pytest.mark.parametrize("then", ["commit", "rollback", "update run_after"])
+async def test_a_queued_item_held_for_update_while_its_head_completes_is_claimable_after(
+    store: PostgresStore, pg: Conn, dsn: str, then: str
+) -> None:
+    """An operator holds S's only Queued item B FOR UPDATE while S's Running item
+    completes: nothing errors or waits, the scope is noted for a later settle, and once
+    the operator is done (commit, rollback, or an update of B's run_after first) and
+    the noted scopes are settled, B is claimable."""
+    a = await store.enqueue("K", scope="S")
+    b = await store.enqueue("K", scope="S")
+    item = await store.claim("w", LEASE, kinds=KINDS)
+    assert item and item.id == a.id
+    with session(dsn) as operator:
+        operator.execute("SELECT 1 FROM work_items WHERE id = %s FOR UPDATE", (b.id,))
+        with trio.fail_after(5):
+            assert await store.complete(a.id, item.attempt)
+        if then == "update run_after":
+            operator.execute(
+                "UPDATE work_items SET run_after = now() - interval '1 second' WHERE id = %s",
+                (b.id,),
+            )
+        if then == "rollback":
+            operator.rollback()
+        else:
+            operator.commit()
+    assert wedges(pg) == []
+    assert await store.settle_noted_scopes() == 1
+    nxt = await store.claim("w", LEASE, kinds=KINDS)
+    assert nxt and nxt.id == b.id
+    assert store.statistics().conflict_retries == 0
+
+
+async def test_request_cancel_racing_the_heads_completion_never_wedges_the_scope(
+    store: PostgresStore, pg: Conn
+) -> None:
+    """Through the public API alone, 60 rounds: complete(A) races request_cancel(B)
+    with 0-3 ms of jitter; every round ends with C claimable (the scope-heads design
+    wedged in 31 of 200 such rounds)."""
+    for round_ in range(60):
+        pg.execute("TRUNCATE work_items")
+        a = await store.enqueue("K", scope="S")
+        b = await store.enqueue("K", scope="S")
+        c = await store.enqueue("K", scope="S")
+        item = await store.claim("w", LEASE, kinds=KINDS)
+        assert item and item.id == a.id
+        jitter = (round_ % 4) / 1000
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(functools.partial(store.enqueue, "Purge", scope="C"))
-            await wait_until_blocked_on_lock(pg)
-            first.commit()
-    assert head_violations(pg) == []
-    nxt = await store.claim("w", LEASE)
-    assert nxt and nxt.id == second.id
+            nursery.start_soon(store.complete, a.id, item.attempt)
+
+            async def cancel_b(delay: float = jitter, id: int = b.id) -> None:
+                await trio.sleep(delay)
+                await store.request_cancel(id)
+
+            nursery.start_soon(cancel_b)
+        await store.settle_noted_scopes()
+        assert wedges(pg) == [], f"round {round_}"
+        nxt = await store.claim("w", LEASE, kinds=KINDS)
+        assert nxt and nxt.id == c.id, f"round {round_}"
 
 
-async def test_a_cancel_racing_a_promotion_moves_the_head_on(
+@pytest.mark.parametrize("busy", [False, True], ids=["free-scopes", "busy-scopes"])
+async def test_enqueues_in_opposite_scope_orders_never_deadlock(
+    store: PostgresStore, pg: Conn, dsn: str, busy: bool
+) -> None:
+    """Two callers' transactions enqueue into S then R, and R then S, statement by
+    statement; then the same with one multi-row INSERT each, in both orders. Both
+    commit every time (two inserts can never deadlock), and every line is claimable."""
+    if busy:
+        for scope in ("S", "R"):
+            await store.enqueue("K", scope=scope)
+        assert len(await store.claim_batch("w", LEASE, 2, kinds=KINDS)) == 2
+    insert = "INSERT INTO work_items (kind, scope) VALUES ('K', %s)"
+    with session(dsn) as one, session(dsn) as two:
+        one.execute(insert, ("S",))
+        two.execute(insert, ("R",))
+        one.execute(insert, ("R",))
+        two.execute(insert, ("S",))
+        one.commit()
+        two.commit()
+        one.execute("INSERT INTO work_items (kind, scope) VALUES ('K', 'S'), ('K', 'R')")
+        two.execute("INSERT INTO work_items (kind, scope) VALUES ('K', 'R'), ('K', 'S')")
+        one.commit()
+        two.commit()
+    assert wedges(pg) == []
+    row = pg.execute("SELECT count(*) FROM work_items WHERE status = 'Queued'").fetchone()
+    assert row == (8,)
+
+
+async def test_an_operator_holding_the_next_item_while_workers_complete_meets_no_deadlock(
     store: PostgresStore, pg: Conn, dsn: str
 ) -> None:
-    """Heads design: cancelling the item a held-open completion is promoting to head
-    waits for it, then passes the head on to the next item.
-    """
-    await store.enqueue("A", scope="C")
-    promoted = await store.enqueue("B", scope="C")
-    last = await store.enqueue("C", scope="C")
-    item = await store.claim("w", LEASE)
+    """The deadlock that made completions victims: an operator holds B FOR UPDATE, the
+    head A completes, then the operator updates B's run_after and commits. Neither side
+    errors, and B runs next."""
+    a = await store.enqueue("K", scope="S")
+    b = await store.enqueue("K", scope="S")
+    item = await store.claim("w", LEASE, kinds=KINDS)
     assert item
-    with psycopg.connect(dsn) as first:
-        first.execute(QUERIES["complete"], {"id": item.id, "attempt": item.attempt})
+    with session(dsn) as operator:
+        operator.execute("SELECT 1 FROM work_items WHERE id = %s FOR UPDATE", (b.id,))
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(store.request_cancel, promoted.id)
-            await wait_until_blocked_on_lock(pg)
-            first.commit()
-    assert head_violations(pg) == []
-    nxt = await store.claim("w", LEASE)
-    assert nxt and nxt.id == last.id
+            nursery.start_soon(store.complete, a.id, item.attempt)
+            await trio.sleep(0.2)
+            operator.execute(
+                "UPDATE work_items SET run_after = now() - interval '1 minute' WHERE id = %s",
+                (b.id,),
+            )
+            operator.commit()
+    await store.settle_noted_scopes()
+    nxt = await store.claim("w", LEASE, kinds=KINDS)
+    assert nxt and nxt.id == b.id
+    assert store.statistics().conflict_retries == 0
 
 
-async def test_heads_follow_every_transition(store: PostgresStore, pg: Conn) -> None:
-    """Each scope's head is its Running item, or else its first Queued item, throughout."""
-    ids = [(await store.enqueue("K", scope=s)).id for s in ("a", "a", "b", "a", "b")]
-    assert head_violations(pg) == []
-    first = await store.claim("w", LEASE)
+async def test_a_long_caller_transaction_in_one_scope_delays_nothing_elsewhere(
+    store: PostgresStore, pg: Conn, dsn: str
+) -> None:
+    """A caller's transaction enqueues into busy scopes S and T and stays open for
+    3 s (also with its deferred checks run early, SET CONSTRAINTS ALL IMMEDIATE, so it
+    holds S's and T's settle locks shared). Meanwhile claims and completions in other
+    scopes go on, a completion batch of [S head, V head] comes back at once, and an
+    expired lease in scope W is recovered. Every call is bounded with a generous 2 s."""
+    for scope in ("S", "T", "V", "W"):
+        await store.enqueue("K", scope=scope)
+    heads = {i.scope: i for i in await store.claim_batch("w", LEASE, 4, kinds=KINDS)}
+    for n in range(20):
+        await store.enqueue("K", scope=f"other-{n}")
+    with session(dsn) as caller:
+        caller.execute("INSERT INTO work_items (kind, scope) VALUES ('K', 'S'), ('K', 'T')")
+        caller.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        began = time.monotonic()
+        slowest = 0.0
+        while time.monotonic() - began < 3.0:
+            t0 = time.monotonic()
+            with trio.fail_after(2):
+                item = await store.claim("w2", LEASE, kinds=KINDS)
+                if item is not None:
+                    assert item.scope.startswith("other-")  # type: ignore[union-attr]
+                    assert await store.complete(item.id, item.attempt)
+            slowest = max(slowest, time.monotonic() - t0)
+            await trio.sleep(0.1)
+        pg.execute(
+            "UPDATE work_items SET lease_expires_at = now() - interval '1s' WHERE scope = 'W'"
+        )
+        with trio.fail_after(2):
+            done = await store.complete_batch(
+                [(heads["S"].id, heads["S"].attempt), (heads["V"].id, heads["V"].attempt)]
+            )
+            recovered = await store.recover_expired_leases(max_stalls=3)
+        assert done == {heads["S"].id, heads["V"].id}
+        assert [r.scope for r in recovered] == ["W"]
+        assert not waits_on_a_lock(pg)
+        caller.commit()
+    assert slowest < 2.0
+    await store.settle_noted_scopes()
+    assert wedges(pg) == []
+    # S's new item runs (its head completed); T's waits behind T's Running head.
+    assert {i.scope for i in await store.claim_batch("w", LEASE, 10, kinds=KINDS)} == {"S", "W"}
+
+
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+async def test_two_transactions_at_a_strict_isolation_enqueue_into_one_empty_scope(
+    store: PostgresStore, pg: Conn, dsn: str, isolation: str
+) -> None:
+    """Both REPEATABLE READ (or SERIALIZABLE) transactions enqueue into empty scope S
+    before either commits; both commit, and their items run one after the other."""
+    with session(dsn, isolation) as one, session(dsn, isolation) as two:
+        one.execute("SELECT 1")  # both snapshots taken before either inserts
+        two.execute("SELECT 1")
+        one.execute("INSERT INTO work_items (kind, scope) VALUES ('K', 'S') RETURNING id")
+        two.execute("INSERT INTO work_items (kind, scope) VALUES ('K', 'S'), ('K', 'S')")
+        one.commit()
+        two.commit()
+    batch = await store.claim_batch("w", LEASE, 4, kinds=KINDS)
+    assert len(batch) == 1
+    ran = []
+    for _ in range(3):
+        item = batch[0] if batch else await store.claim("w", LEASE, kinds=KINDS)
+        batch = []
+        assert item is not None and await store.claim("w", LEASE, kinds=KINDS) is None
+        assert await store.complete(item.id, item.attempt)
+        ran.append(item.id)
+    assert sorted(ran) == [1, 2, 3] and wedges(pg) == []
+
+
+async def test_a_repeatable_read_default_does_not_reach_the_queues_own_calls(
+    store: PostgresStore, pg: Conn, dsn: str
+) -> None:
+    """With the database's default set to REPEATABLE READ, enqueue, plain INSERT,
+    claim, complete, retry and recovery all work and raise nothing."""
+    pg.execute("ALTER DATABASE " + pg.info.dbname + " SET default_transaction_isolation"
+               " = 'repeatable read'")  # fmt: skip
+    from trioworker import open_store
+
+    async with open_store(dsn) as strict:
+        with psycopg.connect(dsn, autocommit=True) as plain:
+            assert plain.execute("SHOW transaction_isolation").fetchone() == ("repeatable read",)
+            plain.execute("INSERT INTO work_items (kind, scope) VALUES ('K', 'S'), ('K', 'S')")
+        await strict.enqueue("K", scope="S")
+        first = await strict.claim("w", LEASE, kinds=KINDS)
+        assert first is not None
+        assert await strict.retry_later(first.id, first.attempt, 0.0, "E")
+        second = await strict.claim("w", LEASE, kinds=KINDS)
+        assert second is not None and await strict.complete(second.id, second.attempt)
+        third = await strict.claim("w", LEASE, kinds=KINDS)
+        assert third is not None
+        pg.execute("UPDATE work_items SET lease_expires_at = now() - interval '1s'"
+                   " WHERE status = 'Running'")  # fmt: skip
+        assert len(await strict.recover_expired_leases(max_stalls=3)) == 1
+        assert strict.statistics().conflict_retries == 0
+    assert wedges(pg) == []
+
+
+async def test_lines_follow_every_transition(store: PostgresStore, pg: Conn) -> None:
+    """After each of the queue's own operations, one at a time, no line is wedged and
+    no busy scope keeps a head."""
+
+    def check() -> None:
+        assert wedges(pg) == [] and heads_of_busy_scopes(pg) == []
+
+    ids = [(await store.enqueue(k, scope=s)).id for k, s in [
+        ("K", "a"), ("K", "a"), ("K", "b"), ("X", "a"), ("K", "b")]]  # fmt: skip
+    check()
+    first = await store.claim("w", LEASE, kinds=KINDS)
     assert first and first.id == ids[0]
-    assert head_violations(pg) == []
+    check()
     assert await store.retry_later(first.id, first.attempt, 60.0, "E")  # to the back
-    assert head_violations(pg) == []
-    second = await store.claim("w", LEASE)
+    check()
+    second = await store.claim("w", LEASE, kinds=KINDS)
     assert second and second.id == ids[1]
     assert await store.release(second.id, second.attempt)
-    assert head_violations(pg) == []
+    check()
     assert await store.request_cancel(ids[1]) is not None
-    assert head_violations(pg) == []
+    check()
     pg.execute("DELETE FROM work_items WHERE id = %s", (ids[3],))  # a head, deleted by hand
-    assert head_violations(pg) == []
+    assert await store.settle_noted_scopes() == 1
+    check()
     pg.execute("UPDATE work_items SET scope = 'b' WHERE id = %s", (ids[0],))  # moved by hand
-    assert head_violations(pg) == []
+    await store.settle_noted_scopes()
+    check()
+    assert await store.repair_heads() == []
 
 
-async def test_a_backdated_item_becomes_its_scopes_head(store: PostgresStore, pg: Conn) -> None:
-    """An item due earlier than the current head takes its place in line."""
-    import datetime as dt
-
+async def test_a_backdated_item_runs_first_in_its_line(store: PostgresStore, pg: Conn) -> None:
+    """An item due earlier than the line's head is claimed first."""
     await store.enqueue("K", scope="a")
     early = await store.enqueue("K", scope="a", run_after=-dt.timedelta(hours=1))
-    assert head_violations(pg) == []
-    item = await store.claim("w", LEASE)
+    assert wedges(pg) == []
+    item = await store.claim("w", LEASE, kinds=KINDS)
     assert item and item.id == early.id
 
 
@@ -236,13 +426,31 @@ async def test_plain_sql_insert_enqueues_and_notifies(store: PostgresStore, pg: 
         await heard.until(2)
         nursery.cancel_scope.cancel()
     assert heard.scopes == ["7", ""]
-    item = await store.claim("w", LEASE)
+    item = await store.claim("w", LEASE, kinds=KINDS)
     assert item and (item.kind, item.scope, item.payload, item.attempt) == (
         "Crawl",
         "7",
         {"a": 1},
         1,
     )
+
+
+async def test_a_change_by_hand_is_announced_and_settled(store: PostgresStore, pg: Conn) -> None:
+    """A head deleted by hand leaves its scope noted and announced on the settle
+    channel; settling it makes the next item the head."""
+    await store.enqueue("K", scope="7")
+    nxt = await store.enqueue("K", scope="7")
+    heard, settle = Heard(), Heard()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(functools.partial(store.listen, heard, on_settle=settle))
+        pg.execute("DELETE FROM work_items WHERE id = 1")
+        await settle.until(1)
+        nursery.cancel_scope.cancel()
+    assert settle.scopes == ["7"]
+    assert wedges(pg) == []  # noted, so not a wedge; settled next
+    assert await store.settle_noted_scopes() == 1
+    item = await store.claim("w", LEASE, kinds=KINDS)
+    assert item and item.id == nxt.id
 
 
 async def test_enqueue_in_the_callers_transaction(store: PostgresStore, pg: Conn) -> None:
@@ -270,3 +478,18 @@ async def test_enqueue_in_the_callers_transaction(store: PostgresStore, pg: Conn
     assert pg.execute("SELECT id FROM assets").fetchall() == [(2,)]
     item = await store.get_item(enqueued.id)
     assert item and item.status is Status.QUEUED
+
+
+async def test_a_pid_is_reported_blocked_only_while_it_waits(pg: Conn, dsn: str) -> None:
+    """The helper the forced races rely on: a backend waiting on a row lock is seen
+    waiting, and not once the lock is gone."""
+    pg.execute("INSERT INTO work_items (kind) VALUES ('K')")
+    with session(dsn) as holder, session(dsn) as waiter:
+        holder.execute("SELECT 1 FROM work_items FOR UPDATE")
+        pid = backend_pid(waiter)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(in_thread, lambda: waiter.execute("DELETE FROM work_items"))
+            await wait_until_blocked(pg, pid)
+            holder.commit()
+        waiter.commit()
+        assert not waits_on_a_lock(pg, pid)

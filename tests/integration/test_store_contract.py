@@ -10,6 +10,8 @@ from tests.support.harness import Harness
 from trioworker import CancelOutcome, Heartbeat, InvalidWorkItem, Status
 
 LEASE = 30.0
+KINDS = ("A", "B", "K", "Crawl", "Purge", "TokenCleanup")
+KINDS += ("ok", "bad", "again", "done", "queued", "running")
 
 
 def by_id(harness: Harness) -> dict[int, object]:
@@ -38,7 +40,7 @@ async def test_dedup_key_merges_onto_the_queued_item(harness: Harness) -> None:
 async def test_dedup_key_is_free_again_once_the_item_runs(harness: Harness) -> None:
     """Only Queued items hold their dedup key: a running crawl does not block the next."""
     first = await harness.store.enqueue("Crawl", dedup_key="k")
-    assert await harness.store.claim("w1", LEASE)
+    assert await harness.store.claim("w1", LEASE, kinds=KINDS)
     second = await harness.store.enqueue("Crawl", dedup_key="k")
     assert second.id != first.id and not second.deduplicated
 
@@ -48,17 +50,17 @@ async def test_claim_takes_the_oldest_due_item(harness: Harness) -> None:
     later = await harness.store.enqueue("A", run_after=dt.timedelta(hours=1))
     first = await harness.store.enqueue("A")
     second = await harness.store.enqueue("A", scope="s")
-    one = await harness.store.claim("w1", LEASE)
-    two = await harness.store.claim("w1", LEASE)
+    one = await harness.store.claim("w1", LEASE, kinds=KINDS)
+    two = await harness.store.claim("w1", LEASE, kinds=KINDS)
     assert one and two and (one.id, two.id) == (first.id, second.id)
-    assert await harness.store.claim("w1", LEASE) is None
+    assert await harness.store.claim("w1", LEASE, kinds=KINDS) is None
     assert by_id(harness)[later.id].status is Status.QUEUED  # type: ignore[attr-defined]
 
 
 async def test_claim_sets_running_with_attempt_and_lease(harness: Harness) -> None:
     """A claim marks the item Running, bumps its attempt and records the Worker."""
     enqueued = await harness.store.enqueue("A", scope="s", payload={"n": 1})
-    item = await harness.store.claim("w1", LEASE)
+    item = await harness.store.claim("w1", LEASE, kinds=KINDS)
     assert item is not None
     assert (item.id, item.kind, item.scope, item.payload, item.attempt) == (
         enqueued.id, "A", "s", {"n": 1}, 1,
@@ -74,11 +76,11 @@ async def test_busy_scope_is_passed_over_for_other_scopes_and_unscoped(harness: 
     await harness.store.enqueue("Purge", scope="C")
     d = await harness.store.enqueue("Crawl", scope="D")
     free = await harness.store.enqueue("TokenCleanup")
-    running = await harness.store.claim("w1", LEASE)
+    running = await harness.store.claim("w1", LEASE, kinds=KINDS)
     assert running and running.id == c1.id
-    taken = {(await harness.store.claim("w2", LEASE)).id for _ in range(2)}  # type: ignore[union-attr]
+    taken = {(await harness.store.claim("w2", LEASE, kinds=KINDS)).id for _ in range(2)}  # type: ignore[union-attr]
     assert taken == {d.id, free.id}
-    assert await harness.store.claim("w2", LEASE) is None  # C's second item waits
+    assert await harness.store.claim("w2", LEASE, kinds=KINDS) is None  # C's second item waits
 
 
 async def test_the_next_item_of_a_scope_is_claimable_once_the_first_finishes(
@@ -87,11 +89,11 @@ async def test_the_next_item_of_a_scope_is_claimable_once_the_first_finishes(
     """A scope's items run one after the other."""
     first = await harness.store.enqueue("Crawl", scope="C")
     second = await harness.store.enqueue("Purge", scope="C")
-    item = await harness.store.claim("w1", LEASE)
+    item = await harness.store.claim("w1", LEASE, kinds=KINDS)
     assert item and item.id == first.id
-    assert await harness.store.claim("w2", LEASE) is None
+    assert await harness.store.claim("w2", LEASE, kinds=KINDS) is None
     assert await harness.store.complete(item.id, item.attempt)
-    nxt = await harness.store.claim("w2", LEASE)
+    nxt = await harness.store.claim("w2", LEASE, kinds=KINDS)
     assert nxt and nxt.id == second.id
 
 
@@ -100,17 +102,17 @@ async def test_claim_restricted_to_scopes(harness: Harness) -> None:
     await harness.store.enqueue("A", scope="u1")
     mine = await harness.store.enqueue("A", scope="u2")
     unscoped = await harness.store.enqueue("A")
-    item = await harness.store.claim("w", LEASE, ["u2", "u3"], unscoped=False)
+    item = await harness.store.claim("w", LEASE, ["u2", "u3"], unscoped=False, kinds=KINDS)
     assert item and item.id == mine.id
-    assert await harness.store.claim("w", LEASE, ["u2", "u3"], unscoped=False) is None
-    item = await harness.store.claim("w", LEASE, ["u2"], unscoped=True)
+    assert await harness.store.claim("w", LEASE, ["u2", "u3"], unscoped=False, kinds=KINDS) is None
+    item = await harness.store.claim("w", LEASE, ["u2"], unscoped=True, kinds=KINDS)
     assert item and item.id == unscoped.id
 
 
 async def test_heartbeat_reports_ok_then_cancel_requested(harness: Harness) -> None:
     """A heartbeat of the live attempt is Ok, and CancelRequested once a cancel is asked."""
     await harness.store.enqueue("A")
-    item = await harness.store.claim("w", LEASE)
+    item = await harness.store.claim("w", LEASE, kinds=KINDS)
     assert item
     assert await harness.store.heartbeat(item.id, item.attempt, LEASE) is Heartbeat.OK
     assert await harness.store.request_cancel(item.id) is CancelOutcome.REQUESTED
@@ -122,11 +124,11 @@ async def test_heartbeat_reports_ok_then_cancel_requested(harness: Harness) -> N
 async def test_stale_attempt_writes_nothing_and_is_lost(harness: Harness) -> None:
     """Heartbeat, complete and fail of a superseded attempt write nothing and report Lost."""
     await harness.store.enqueue("A", scope="s")
-    old = await harness.store.claim("w1", LEASE)
+    old = await harness.store.claim("w1", LEASE, kinds=KINDS)
     assert old
     harness.expire_lease(old.id)
     assert len(await harness.store.recover_expired_leases(max_stalls=3)) == 1
-    new = await harness.store.claim("w2", LEASE)
+    new = await harness.store.claim("w2", LEASE, kinds=KINDS)
     assert new and new.attempt == old.attempt + 1
     before = harness.items()
     assert await harness.store.heartbeat(old.id, old.attempt, LEASE) is Heartbeat.LOST
@@ -143,7 +145,7 @@ async def test_complete_fail_and_retry_later(harness: Harness) -> None:
     """complete -> Succeeded; fail -> Failed with reason; retry_later -> Queued later."""
     for kind in ("ok", "bad", "again"):
         await harness.store.enqueue(kind)
-    ok, bad, again = [await harness.store.claim("w", LEASE) for _ in range(3)]
+    ok, bad, again = [await harness.store.claim("w", LEASE, kinds=KINDS) for _ in range(3)]
     assert ok and bad and again
     assert await harness.store.complete(ok.id, ok.attempt)
     assert await harness.store.fail(bad.id, bad.attempt, "gave up", "ValueError: x")
@@ -156,25 +158,25 @@ async def test_complete_fail_and_retry_later(harness: Harness) -> None:
     retried = items[again.id]
     assert retried.status is Status.QUEUED and retried.failures == 1  # type: ignore[attr-defined]
     assert retried.error == "OSError: y"  # type: ignore[attr-defined]
-    assert await harness.store.claim("w", LEASE) is None  # not due for an hour
+    assert await harness.store.claim("w", LEASE, kinds=KINDS) is None  # not due for an hour
 
 
 async def test_release_requeues_without_a_stall(harness: Harness) -> None:
     """A released item is Queued again with no stall counted, and runs as the next attempt."""
     await harness.store.enqueue("A", scope="s")
-    item = await harness.store.claim("w", LEASE)
+    item = await harness.store.claim("w", LEASE, kinds=KINDS)
     assert item
     assert await harness.store.release(item.id, item.attempt)
     state = harness.items()[0]
     assert (state.status, state.stalls, state.failures) == (Status.QUEUED, 0, 0)
-    again = await harness.store.claim("w", LEASE)
+    again = await harness.store.claim("w", LEASE, kinds=KINDS)
     assert again and again.id == item.id and again.attempt == item.attempt + 1
 
 
 async def test_release_with_a_queued_dedup_sibling_is_superseded(harness: Harness) -> None:
     """A release that would meet a Queued sibling with its dedup key gives way to it."""
     await harness.store.enqueue("Crawl", dedup_key="k")
-    item = await harness.store.claim("w", LEASE)
+    item = await harness.store.claim("w", LEASE, kinds=KINDS)
     assert item
     sibling = await harness.store.enqueue("Crawl", dedup_key="k")
     assert await harness.store.release(item.id, item.attempt)
@@ -187,14 +189,14 @@ async def test_release_with_a_queued_dedup_sibling_is_superseded(harness: Harnes
 async def test_recovery_requeues_an_expired_lease_and_counts_a_stall(harness: Harness) -> None:
     """An expired lease is requeued with stalls + 1 and can be claimed again."""
     await harness.store.enqueue("A", scope="s")
-    item = await harness.store.claim("w", LEASE)
+    item = await harness.store.claim("w", LEASE, kinds=KINDS)
     assert item
     harness.expire_lease(item.id)
     [recovered] = await harness.store.recover_expired_leases(max_stalls=3)
     assert (recovered.id, recovered.status, recovered.stalls) == (item.id, Status.QUEUED, 1)
     state = harness.items()[0]
     assert (state.status, state.stalls, state.worker_id) == (Status.QUEUED, 1, None)
-    again = await harness.store.claim("w2", LEASE)
+    again = await harness.store.claim("w2", LEASE, kinds=KINDS)
     assert again and again.id == item.id and again.stalls == 1
 
 
@@ -202,20 +204,20 @@ async def test_recovery_fails_the_item_at_max_stalls(harness: Harness) -> None:
     """The stall that reaches max_stalls fails the item as stalled."""
     await harness.store.enqueue("A", scope="s")
     for stall in (1, 2, 3):
-        item = await harness.store.claim("w", LEASE)
+        item = await harness.store.claim("w", LEASE, kinds=KINDS)
         assert item, f"stall {stall}: nothing to claim"
         harness.expire_lease(item.id)
         [recovered] = await harness.store.recover_expired_leases(max_stalls=3)
         assert recovered.stalls == stall
     state = harness.items()[0]
     assert (state.status, state.reason, state.stalls) == (Status.FAILED, "stalled", 3)
-    assert await harness.store.claim("w", LEASE) is None
+    assert await harness.store.claim("w", LEASE, kinds=KINDS) is None
 
 
 async def test_recovery_leaves_a_renewed_lease_alone(harness: Harness) -> None:
     """An item whose heartbeat renewed its lease is not touched by recovery."""
     await harness.store.enqueue("A")
-    item = await harness.store.claim("w", LEASE)
+    item = await harness.store.claim("w", LEASE, kinds=KINDS)
     assert item
     harness.expire_lease(item.id)
     assert await harness.store.heartbeat(item.id, item.attempt, LEASE) is Heartbeat.OK
@@ -228,7 +230,7 @@ async def test_recovery_leaves_a_renewed_lease_alone(harness: Harness) -> None:
 async def test_recovery_does_not_wedge_on_a_queued_dedup_sibling(harness: Harness) -> None:
     """A stalled item whose dedup key a Queued sibling holds gives way; nothing stays Running."""
     await harness.store.enqueue("Crawl", scope="s", dedup_key="crawl:s")
-    item = await harness.store.claim("w", LEASE)
+    item = await harness.store.claim("w", LEASE, kinds=KINDS)
     assert item
     sibling = await harness.store.enqueue("Crawl", scope="s", dedup_key="crawl:s")
     assert not sibling.deduplicated
@@ -238,7 +240,7 @@ async def test_recovery_does_not_wedge_on_a_queued_dedup_sibling(harness: Harnes
     assert recovered.reason == f"superseded by queued item {sibling.id}"
     items = by_id(harness)
     assert items[item.id].stalls == 1  # type: ignore[attr-defined]
-    nxt = await harness.store.claim("w", LEASE)
+    nxt = await harness.store.claim("w", LEASE, kinds=KINDS)
     assert nxt and nxt.id == sibling.id
 
 
@@ -247,7 +249,7 @@ async def test_recovery_cancels_a_stalled_item_whose_cancel_was_requested(
 ) -> None:
     """An item asked to stop that then stalls ends Cancelled, not requeued."""
     await harness.store.enqueue("A")
-    item = await harness.store.claim("w", LEASE)
+    item = await harness.store.claim("w", LEASE, kinds=KINDS)
     assert item
     assert await harness.store.request_cancel(item.id) is CancelOutcome.REQUESTED
     harness.expire_lease(item.id)
@@ -262,7 +264,7 @@ async def test_request_cancel_outcomes(harness: Harness) -> None:
     assert harness.items()[0].status is Status.CANCELLED
     assert await harness.store.request_cancel(queued.id) is CancelOutcome.ALREADY_FINISHED
     assert await harness.store.request_cancel(999_999) is CancelOutcome.NOT_FOUND
-    assert await harness.store.claim("w", LEASE) is None
+    assert await harness.store.claim("w", LEASE, kinds=KINDS) is None
 
 
 async def test_delete_finished_keeps_recent_and_unfinished_items(harness: Harness) -> None:
@@ -270,9 +272,9 @@ async def test_delete_finished_keeps_recent_and_unfinished_items(harness: Harnes
     await harness.store.enqueue("done")
     await harness.store.enqueue("running")
     await harness.store.enqueue("queued")
-    done = await harness.store.claim("w", LEASE)
+    done = await harness.store.claim("w", LEASE, kinds=KINDS)
     assert done and await harness.store.complete(done.id, done.attempt)
-    assert await harness.store.claim("w", LEASE)
+    assert await harness.store.claim("w", LEASE, kinds=KINDS)
     assert await harness.store.delete_finished(dt.timedelta(hours=1)) == 0
     assert await harness.store.delete_finished(dt.timedelta(0)) == 1
     assert sorted(i.kind for i in harness.items()) == ["queued", "running"]
@@ -320,9 +322,9 @@ async def test_a_batch_claim_takes_one_item_per_scope(harness: Harness) -> None:
     u1 = await harness.store.enqueue("A")
     u2 = await harness.store.enqueue("A")
     await harness.store.enqueue("A")
-    batch = await harness.store.claim_batch("w", LEASE, 4)
+    batch = await harness.store.claim_batch("w", LEASE, 4, kinds=KINDS)
     assert [i.id for i in batch] == [a1.id, b1.id, u1.id, u2.id]
-    rest = await harness.store.claim_batch("w", LEASE, 10)
+    rest = await harness.store.claim_batch("w", LEASE, 10, kinds=KINDS)
     assert [i.scope for i in rest] == [None]  # a's second item waits for a1
 
 
@@ -330,11 +332,89 @@ async def test_complete_batch_applies_only_to_live_attempts(harness: Harness) ->
     """A batched complete is fenced per item: a stale attempt in the batch writes nothing."""
     for scope in ("a", "b"):
         await harness.store.enqueue("A", scope=scope)
-    a, b = await harness.store.claim_batch("w", LEASE, 2)
+    a, b = await harness.store.claim_batch("w", LEASE, 2, kinds=KINDS)
     applied = await harness.store.complete_batch([(a.id, a.attempt), (b.id, b.attempt + 1)])
     assert applied == {a.id}
     states = by_id(harness)
     assert states[a.id].status is Status.SUCCEEDED  # type: ignore[attr-defined]
     assert states[b.id].status is Status.RUNNING  # type: ignore[attr-defined]
-    nxt = await harness.store.claim("w", LEASE)
+    nxt = await harness.store.claim("w", LEASE, kinds=KINDS)
     assert nxt is None  # b is still running; a's scope has nothing queued
+
+
+@pytest.mark.parametrize("scope", [None, "s"])
+async def test_a_high_priority_item_behind_1000_low_priority_ones_is_claimed_next(
+    harness: Harness, scope: str | None
+) -> None:
+    """Priority runs across the queue: higher is claimed sooner, whatever waits before
+    it (unscoped, or in the line of one scope)."""
+    for _ in range(1000):
+        await harness.store.enqueue("A", scope=scope, priority=-1)
+    urgent = await harness.store.enqueue("A", scope=scope, priority=10)
+    item = await harness.store.claim("w", LEASE, kinds=KINDS)
+    assert item and (item.id, item.priority) == (urgent.id, 10)
+
+
+async def test_across_scopes_the_highest_priority_due_item_goes_first(harness: Harness) -> None:
+    """Candidates of every free scope compete on priority, then due time."""
+    low = await harness.store.enqueue("A", scope="s1")
+    high = await harness.store.enqueue("B", scope="s2", priority=3)
+    unscoped = await harness.store.enqueue("A", priority=1)
+    order = [(await harness.store.claim("w", LEASE, kinds=KINDS)) for _ in range(3)]
+    assert [i.id for i in order if i] == [high.id, unscoped.id, low.id]
+
+
+async def test_within_a_scope_items_run_one_at_a_time_by_priority_then_due_time(
+    harness: Harness,
+) -> None:
+    """A scope's items run one at a time, in priority order, then in due-time order."""
+    first = await harness.store.enqueue("A", scope="s")
+    second = await harness.store.enqueue("B", scope="s")
+    urgent = await harness.store.enqueue("A", scope="s", priority=2)
+    ran = []
+    for _ in range(3):
+        item = await harness.store.claim("w", LEASE, kinds=KINDS)
+        assert item is not None and await harness.store.claim("w", LEASE, kinds=KINDS) is None
+        assert await harness.store.complete(item.id, item.attempt)
+        ran.append(item.id)
+    assert ran == [urgent.id, first.id, second.id]
+
+
+async def test_a_high_priority_item_not_yet_due_holds_up_nothing(harness: Harness) -> None:
+    """A higher-priority item of a scope that is due tomorrow does not stop the scope's
+    due work now."""
+    await harness.store.enqueue("A", scope="s", priority=9, run_after=dt.timedelta(days=1))
+    due = await harness.store.enqueue("A", scope="s")
+    item = await harness.store.claim("w", LEASE, kinds=KINDS)
+    assert item and item.id == due.id
+
+
+async def test_a_claim_takes_only_the_kinds_it_serves(harness: Harness) -> None:
+    """Routing by kind: a Worker gets only kinds it has handlers for; other kinds stay
+    Queued (nothing fails), in its scope's line too, for a Worker that serves them."""
+    other = await harness.store.enqueue("Purge", scope="s")
+    mine = await harness.store.enqueue("Crawl", scope="s")
+    unscoped_other = await harness.store.enqueue("Purge")
+    item = await harness.store.claim("w", LEASE, kinds=["Crawl"])
+    assert item and item.id == mine.id
+    assert await harness.store.claim("w", LEASE, kinds=["Crawl", "Unknown"]) is None
+    assert await harness.store.complete(item.id, item.attempt)
+    assert await harness.store.claim("w", LEASE, kinds=["Crawl"]) is None
+    items = by_id(harness)
+    assert items[other.id].status is Status.QUEUED  # type: ignore[attr-defined]
+    assert items[unscoped_other.id].status is Status.QUEUED  # type: ignore[attr-defined]
+    taken = {i.id for i in await harness.store.claim_batch("w2", LEASE, 5, kinds=["Purge"])}
+    assert taken == {other.id, unscoped_other.id}
+
+
+async def test_seconds_until_due_counts_only_the_kinds_served(harness: Harness) -> None:
+    """An idle Worker sleeps until the next item of its own kinds falls due."""
+    await harness.store.enqueue("A", run_after=dt.timedelta(seconds=30))
+    await harness.store.enqueue("B", scope="s", run_after=dt.timedelta(seconds=90))
+    until_a = await harness.store.seconds_until_due(kinds=["A"])
+    until_b = await harness.store.seconds_until_due(kinds=["B"])
+    assert until_a is not None and 25 < until_a <= 30
+    assert until_b is not None and 85 < until_b <= 90
+    assert await harness.store.seconds_until_due(kinds=["B"], scopes=["t"]) is None
+    assert await harness.store.seconds_until_due(kinds=["A"], scopes=["t"], unscoped=False) is None
+    assert await harness.store.seconds_until_due(kinds=["Other"]) is None

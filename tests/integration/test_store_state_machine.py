@@ -19,8 +19,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from tests.integration.test_scope_rule import head_violations
 from tests.support.harness import MemoryHarness, PostgresHarness
+from tests.support.lines import heads_of_busy_scopes, wedges
 from trioworker import ItemState, PostgresStore, Status
 
 LEASE = 300.0
@@ -28,6 +28,8 @@ SCOPES = st.sampled_from([None, "a", "b", "c"])
 DEDUP = st.sampled_from([None, None, "k1", "k2"])
 WORKERS = st.sampled_from(["w1", "w2", "w3"])
 FILTERS = st.sampled_from([None, ("a",), ("b", "c")])
+KINDS = st.sampled_from([("Crawl", "Purge"), ("Crawl",), ("Purge",)])
+PRIORITIES = st.sampled_from([0, 0, 0, 5, -5])
 
 
 def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
@@ -51,18 +53,29 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
             on_mem = trio.from_thread.run(lambda: getattr(self.mem.store, op)(*mem_args, **kwargs))
             return on_pg, on_mem
 
-        @rule(kind=st.sampled_from(["Crawl", "Purge"]), scope=SCOPES, dedup_key=DEDUP)
-        def enqueue(self, kind: str, scope: str | None, dedup_key: str | None) -> None:
-            a, b = self.both("enqueue", kind, scope=scope, dedup_key=dedup_key)
+        @rule(
+            kind=st.sampled_from(["Crawl", "Purge"]),
+            scope=SCOPES,
+            dedup_key=DEDUP,
+            priority=PRIORITIES,
+        )
+        def enqueue(
+            self, kind: str, scope: str | None, dedup_key: str | None, priority: int
+        ) -> None:
+            a, b = self.both(
+                "enqueue", kind, scope=scope, dedup_key=dedup_key, priority=priority
+            )
             assert a.deduplicated == b.deduplicated
             if a.deduplicated:
                 assert self.ids[a.id] == b.id
             self.ids[a.id] = b.id
 
-        @rule(worker=WORKERS, scopes=FILTERS)
-        def claim(self, worker: str, scopes: tuple[str, ...] | None) -> None:
+        @rule(worker=WORKERS, scopes=FILTERS, kinds=KINDS)
+        def claim(
+            self, worker: str, scopes: tuple[str, ...] | None, kinds: tuple[str, ...]
+        ) -> None:
             unscoped = scopes is None
-            a, b = self.both("claim", worker, LEASE, scopes, unscoped=unscoped)
+            a, b = self.both("claim", worker, LEASE, scopes, unscoped=unscoped, kinds=kinds)
             assert (a is None) == (b is None), (a, b)
             if a is not None:
                 assert self.ids[a.id] == b.id and a.attempt == b.attempt
@@ -133,7 +146,7 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
                 self.seen[item.id] = item
             assert all(n == 1 for n in running.values()), running
             assert all(n == 1 for n in queued_keys.values()), queued_keys
-            assert head_violations(pg) == []
+            assert wedges(pg) == [] and heads_of_busy_scopes(pg) == []
 
     return StoreMachine
 
@@ -142,7 +155,8 @@ async def test_random_operation_sequences_keep_the_invariants(
     store: PostgresStore, pg: psycopg.Connection[Any]
 ) -> None:
     """At most one Running per scope, one Queued per dedup key, attempts only grow,
-    terminal stays terminal, nothing disappears; and the two stores never disagree.
+    terminal stays terminal, nothing disappears, no line wedged and no busy scope with a
+    head; and the two stores never disagree, in priorities and kinds too.
     """
     machine = lockstep_machine(store, pg)
     await trio.to_thread.run_sync(

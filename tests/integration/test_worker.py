@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -12,8 +13,9 @@ import pytest
 import trio
 import trio_asyncio
 
-from tests.integration.test_scope_rule import running_per_scope
+from tests.integration.test_cli import trioworker
 from tests.support.fault_proxy import FaultProxy
+from tests.support.lines import running_per_scope
 from tests.support.processes import attempt_spans, observed, wait_for, workers
 from trioworker import (
     Context,
@@ -186,6 +188,48 @@ def test_two_worker_processes_never_overlap_a_scope(dsn: str, pg: Conn, tmp_path
     ]  # fmt: skip
     assert any(b.scope is None for _, b in concurrent)
     assert any(a.scope is not None and b.scope is not None for a, b in concurrent)
+
+
+def test_workers_claim_only_their_own_kinds_and_status_names_the_unserved_ones(
+    dsn: str, pg: Conn, tmp_path: Path
+) -> None:
+    """Two Worker processes with different registries over one database (a rolling
+    deploy, say): each kind runs only where it has a handler, nothing fails as an
+    unknown kind, an item of a kind nobody serves stays Queued, and `status` lists that
+    kind and both Workers."""
+    for i in range(12):
+        kind = "Crawl" if i % 2 else "Purge"
+        scope = None if i % 3 == 0 else f"s{i % 2}"  # scopes shared by both kinds
+        pg.execute("INSERT INTO work_items (kind, scope) VALUES (%s, %s)", (kind, scope))
+    pg.execute("INSERT INTO work_items (kind, scope) VALUES ('Orphan', 's0'), ('Orphan', NULL)")
+    with workers(tmp_path) as start:
+        crawler = start(dsn, *FAST, name="crawler", app="tests.apps.routing:crawls")
+        purger = start(dsn, *FAST, name="purger", app="tests.apps.routing:purges")
+        wait_for(
+            lambda: pg.execute(
+                "SELECT count(*) FROM work_items WHERE status = 'Succeeded'"
+            ).fetchone() == (12,),
+            timeout=60,
+            what="every Crawl and Purge to succeed",
+        )
+        status = trioworker("status", "--json", dsn=dsn)
+        assert status.returncode == 0, status.stderr
+        shown = json.loads(status.stdout)
+        for p in (crawler, purger):
+            p.signal(signal.SIGTERM)
+        assert [p.wait(timeout=30) for p in (crawler, purger)] == [0, 0]
+    ran = {(s.kind, s.worker) for s in attempt_spans(tmp_path)}
+    assert ran == {("Crawl", "crawler"), ("Purge", "purger")}
+    rows = pg.execute(
+        "SELECT kind, status, attempt FROM work_items WHERE kind = 'Orphan' ORDER BY id"
+    ).fetchall()
+    assert rows == [("Orphan", "Queued", 0), ("Orphan", "Queued", 0)]
+    assert pg.execute("SELECT count(*) FROM work_items WHERE status = 'Failed'").fetchone() == (0,)
+    assert shown["unserved_kinds"] == {"Orphan": 2}
+    alive = {w["id"]: w["kinds"] for w in shown["workers"] if w["alive"]}
+    assert alive == {"crawler": ["Crawl"], "purger": ["Purge"]}
+    stopped = pg.execute("SELECT id FROM work_workers WHERE stopped_at IS NOT NULL ORDER BY id")
+    assert stopped.fetchall() == [("crawler",), ("purger",)]
 
 
 def test_notify_wakes_an_idle_worker_process_well_before_its_poll(

@@ -10,8 +10,8 @@ from trioworker import ItemState, PostgresStore, Status
 from trioworker.testing import MemoryStore
 
 COLUMNS = (
-    "id, kind, scope, payload, status, attempt, stalls, failures, worker_id, requested_at,"
-    " run_after, started_at, finished_at, heartbeat_at, lease_expires_at, dedup_key,"
+    "id, kind, scope, payload, priority, status, attempt, stalls, failures, worker_id,"
+    " requested_at, run_after, started_at, finished_at, heartbeat_at, lease_expires_at, dedup_key,"
     " cancel_requested, reason, error"
 )
 

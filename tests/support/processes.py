@@ -20,12 +20,21 @@ APP = "tests.apps.recording:registry"
 
 
 class WorkerProcess:
-    def __init__(self, dsn: str, args: list[str], log_dir: Path, name: str, env: dict[str, str]):
+    def __init__(
+        self,
+        dsn: str,
+        args: list[str],
+        log_dir: Path,
+        name: str,
+        env: dict[str, str],
+        *,
+        app: str = APP,
+    ):
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trioworker", "--dsn", dsn, "run", "--app", APP,
+            [sys.executable, "-m", "trioworker", "--dsn", dsn, "run", "--app", app,
              "--worker-id", name, *args],
             cwd=ROOT,
             env={**os.environ, **env},
@@ -57,9 +66,16 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
     observer_log = tmp_path / "observer.jsonl"
 
-    def start(dsn: str, *args: str, name: str, env: dict[str, str] | None = None) -> WorkerProcess:
+    def start(
+        dsn: str, *args: str, name: str, env: dict[str, str] | None = None, app: str = APP
+    ) -> WorkerProcess:
         worker = WorkerProcess(
-            dsn, list(args), tmp_path, name, {"TW_OBSERVER_LOG": str(observer_log), **(env or {})}
+            dsn,
+            list(args),
+            tmp_path,
+            name,
+            {"TW_OBSERVER_LOG": str(observer_log), **(env or {})},
+            app=app,
         )
         started.append(worker)
         return worker

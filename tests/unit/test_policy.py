@@ -13,7 +13,6 @@ from trioworker._policy import (
     RetryPolicy,
     decide,
     describe_error,
-    unknown_kind,
 )
 from trioworker._retry import Backoff, backoff_delay
 
@@ -73,14 +72,6 @@ def test_describe_error_without_a_message_is_its_type() -> None:
     """An error with no text is described by its type alone."""
     assert describe_error(KeyError()) == "KeyError"
     assert describe_error(OSError("x")) == "OSError: x"
-
-
-def test_unknown_kind_fails_and_lists_the_known_kinds() -> None:
-    """An unknown kind fails, naming the kinds that do have handlers."""
-    assert unknown_kind("Crawll", ["Purge", "Crawl"]) == Decision(
-        Action.FAIL, reason="unknown kind 'Crawll': no handler registered (known: Crawl, Purge)"
-    )
-    assert unknown_kind("X", []).reason == "unknown kind 'X': no handler registered (known: none)"
 
 
 def test_backoff_grows_then_caps() -> None:

@@ -188,7 +188,7 @@ async def test_lost_writes_nothing(autojump_clock: trio.testing.MockClock) -> No
         start = probe.started[0]
         store.expire_lease(1)
         await store.recover_expired_leases(max_stalls=3)
-        assert await store.claim("other", 60.0)  # the item belongs to "other" now
+        assert await store.claim("other", 60.0, kinds=["Crawl"])  # the item belongs to "other" now
         await trio.sleep_until(start + 10.5)
         assert probe.cancelled == [pytest.approx(start + 10.0)]
     assert writes(store) == []
@@ -340,10 +340,11 @@ async def test_do_not_retry_fails_at_once(autojump_clock: trio.testing.MockClock
     )  # fmt: skip
 
 
-async def test_unknown_kind_fails_with_a_reason_and_the_worker_carries_on(
+async def test_a_kind_without_a_handler_stays_queued_and_the_worker_carries_on(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """An item of a kind without a handler fails with a clear reason; the next item runs."""
+    """A Worker claims only kinds it has handlers for: an item of another kind is left
+    Queued for a Worker that serves it (nothing is failed), and the next item runs."""
     store, registry = MemoryStore(), Registry()
     done = trio.Event()
 
@@ -358,8 +359,7 @@ async def test_unknown_kind_fails_with_a_reason_and_the_worker_carries_on(
             await done.wait()
         await trio.sleep(1)
     mystery, ok = store.items()
-    assert mystery.status is Status.FAILED
-    assert mystery.reason == "unknown kind 'Mystery': no handler registered (known: Known)"
+    assert (mystery.status, mystery.attempt, mystery.reason) == (Status.QUEUED, 0, None)
     assert ok.status is Status.SUCCEEDED
 
 

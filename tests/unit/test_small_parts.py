@@ -8,7 +8,7 @@ import pytest
 
 from trioworker import ConfigurationError, InvalidWorkItem, Registry, Settings
 from trioworker._dsn import redact, redact_dsn, resolve_dsn
-from trioworker._postgres import claim_statement
+from trioworker._migrate import migrations_dir
 from trioworker._queries import QUERIES, parse
 from trioworker._validation import MAX_PAYLOAD_BYTES, validate_enqueue
 
@@ -28,10 +28,21 @@ def test_a_query_name_may_not_repeat() -> None:
 
 
 def test_the_claim_and_its_index_live_together() -> None:
-    """The claim's NOT EXISTS sits in the one queries file, next to the index it relies on."""
-    claim = claim_statement(1).as_string()
-    assert "NOT EXISTS" in claim and "FOR UPDATE SKIP LOCKED" in claim and "LIMIT 1" in claim
-    assert "work_items_one_running_per_scope" in QUERIES["candidates"]
+    """The store's claim calls work_claim; that function, the NOT EXISTS its candidates
+    and its write both check, and the index that backs them sit together in one
+    migration."""
+    assert "work_claim(" in QUERIES["claim"]
+    sql = (migrations_dir() / "0002.scope-lines.sql").read_text()
+
+    def function(name: str) -> str:
+        body = sql[sql.index(f"CREATE FUNCTION {name}(") :]
+        return body[: body.index("$$;")]
+
+    assert "'work_items_one_running_per_scope'" in function("work_claim")
+    for name in ("work_candidates", "work_claim_rows"):
+        text = " ".join(function(name).split()).replace("( ", "(")
+        assert "NOT EXISTS (SELECT 1 FROM work_items AS r" in text
+    assert "FOR UPDATE SKIP LOCKED" in function("work_claim_rows")
 
 
 @pytest.mark.parametrize(

@@ -30,11 +30,12 @@ def refused(message: str, **kwargs: object) -> None:
 def test_the_request_carries_the_input_through() -> None:
     """A valid request comes back as the store writes it."""
     assert validate_enqueue(
-        "Crawl", "cfg-1", {"path": "/m", "n": [1, 2]}, "crawl:cfg-1", now=NOW
+        "Crawl", "cfg-1", {"path": "/m", "n": [1, 2]}, "crawl:cfg-1", priority=5, now=NOW
     ) == EnqueueRequest(
         kind="Crawl",
         scope="cfg-1",
         payload_json='{"path":"/m","n":[1,2]}',
+        priority=5,
         dedup_key="crawl:cfg-1",
         run_at=None,
         delay=0.0,
@@ -156,3 +157,28 @@ def test_a_time_must_be_aware(tzinfo: dt.tzinfo | None) -> None:
 def test_run_after_is_a_datetime_or_a_timedelta(value: object, type_name: str) -> None:
     """Anything else is refused, naming its type."""
     refused(f"run_after must be a datetime or a timedelta, not {type_name}", run_after=value)
+
+
+@pytest.mark.parametrize("priority", [-1000, -1, 0, 7, 1000])
+def test_priorities_from_minus_1000_to_1000_are_taken(priority: int) -> None:
+    """Any integer priority in range reaches the store as given."""
+    assert validate_enqueue("K", priority=priority, now=NOW).priority == priority
+
+
+@pytest.mark.parametrize(
+    ("priority", "message"),
+    [
+        (1001, "priority 1001 is outside -1000..1000 (higher runs sooner)"),
+        (-1001, "priority -1001 is outside -1000..1000 (higher runs sooner)"),
+        (True, "priority must be an integer, not bool"),
+        (1.5, "priority must be an integer, not float"),
+        ("3", "priority must be an integer, not str"),
+    ],
+)
+def test_a_priority_out_of_range_or_not_an_integer_is_refused(
+    priority: object, message: str
+) -> None:
+    """Priorities are integers in -1000..1000, checked before anything is written."""
+    with pytest.raises(InvalidWorkItem) as raised:
+        validate_enqueue("K", priority=priority, now=NOW)
+    assert str(raised.value) == message

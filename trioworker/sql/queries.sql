@@ -1,13 +1,14 @@
 -- Every statement trioworker sends, each under a `-- name:` header.
--- Parameters are psycopg named placeholders; identifiers are never interpolated. The
--- claim's batch size is a constant, filled in by psycopg.sql as a literal: with a
--- parameter there PostgreSQL can neither estimate the LIMIT nor reuse a plan.
--- Writes after the claim are fenced by (id, attempt) and only touch a Running item.
+-- Parameters are psycopg named placeholders; identifiers are never interpolated.
+-- The transitions themselves are SQL functions (migrations/0002.scope-lines.sql), so
+-- Python and plain SQL take the same path; writes after a claim are fenced by
+-- (id, attempt) there and only touch a Running item.
 
 -- name: enqueue
--- One row, or none when a Queued item already holds the dedup key.
-INSERT INTO work_items (kind, scope, payload, dedup_key, run_after)
-VALUES (%(kind)s, %(scope)s, %(payload)s::jsonb, %(dedup_key)s,
+-- One row, or none when a Queued item already holds the dedup key. The triggers
+-- place the item in its scope's line (migrations/0002).
+INSERT INTO work_items (kind, scope, payload, priority, dedup_key, run_after)
+VALUES (%(kind)s, %(scope)s, %(payload)s::jsonb, %(priority)s, %(dedup_key)s,
         COALESCE(%(run_at)s, now() + make_interval(secs => %(delay)s)))
 ON CONFLICT (dedup_key) WHERE status = 'Queued' AND dedup_key IS NOT NULL DO NOTHING
 RETURNING id;
@@ -16,80 +17,14 @@ RETURNING id;
 SELECT id FROM work_items WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 
 -- name: claim
--- Claim the oldest due candidates (a batch of a constant size), locking each and
--- skipping those another claim holds. The candidates come from one of the
--- `candidates*` queries below, as the Worker serves every scope or a list of them
--- (see claim_statement in the store). No braces in comments here: psycopg.sql fills
--- the two placeholders below.
-WITH candidate AS (
-    {candidates}
-    ORDER BY w.run_after, w.id
-    LIMIT {limit}
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE work_items AS w
-SET status = 'Running',
-    attempt = w.attempt + 1,
-    worker_id = %(worker_id)s,
-    lease_expires_at = now() + make_interval(secs => %(lease)s),
-    heartbeat_at = now(),
-    started_at = now()
-FROM candidate
-WHERE w.id = candidate.id
-RETURNING w.id, w.kind, w.scope, w.payload, w.attempt, w.stalls, w.failures,
-          w.requested_at, w.dedup_key;
-
--- name: candidates
--- Due Queued items whose scopes have nothing Running. Candidates are unscoped items
--- and scope heads (migration 0002), so busy scopes' backlogs are never read, and a
--- batch never holds two items of one scope (a scope has one head at most). Two claims
--- of one scope that slip past NOT EXISTS collide on work_items_one_running_per_scope;
--- the loser gets nothing (see the store).
-SELECT w.id
-FROM work_items AS w
-WHERE w.status = 'Queued'
-  AND (w.scope IS NULL OR w.is_head)
-  AND w.run_after <= now()
-  AND (w.scope IS NULL OR NOT EXISTS (
-        SELECT 1 FROM work_items AS r
-        WHERE r.scope = w.scope AND r.status = 'Running'))
-
--- name: candidates_in_scopes
--- As candidates, for a Worker that serves only the listed scopes.
-SELECT w.id
-FROM work_items AS w
-WHERE w.status = 'Queued'
-  AND (w.scope IS NULL OR w.is_head)
-  AND w.scope = ANY(%(scopes)s::text[])
-  AND w.run_after <= now()
-  AND NOT EXISTS (
-        SELECT 1 FROM work_items AS r
-        WHERE r.scope = w.scope AND r.status = 'Running')
-
--- name: candidates_in_scopes_or_unscoped
--- As candidates, for a Worker that serves the listed scopes and unscoped items.
-SELECT w.id
-FROM work_items AS w
-WHERE w.status = 'Queued'
-  AND (w.scope IS NULL OR w.is_head)
-  AND (w.scope IS NULL OR w.scope = ANY(%(scopes)s::text[]))
-  AND w.run_after <= now()
-  AND (w.scope IS NULL OR NOT EXISTS (
-        SELECT 1 FROM work_items AS r
-        WHERE r.scope = w.scope AND r.status = 'Running'))
-
--- name: candidates_without_scope_rule
--- TEST ONLY (TRIOWORKER_TEST_SCOPE_RULE_OFF=1): every due Queued item, scope or not,
--- so the chaos test can show that its checks catch overlapping attempts.
-SELECT w.id
-FROM work_items AS w
-WHERE w.status = 'Queued' AND w.run_after <= now()
+-- Up to %(limit)s due items of the served kinds whose scopes are free, never two of
+-- one scope (work_claim: NOT EXISTS over Running items, claim locks per scope, and
+-- work_items_one_running_per_scope under both).
+SELECT id, kind, scope, payload, priority, attempt, stalls, failures, requested_at, dedup_key
+FROM work_claim(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s, %(scopes)s, %(unscoped)s);
 
 -- name: seconds_until_due
--- How long until the next candidate that is not due yet becomes due (NULL: none).
-SELECT EXTRACT(EPOCH FROM min(run_after) - now())::float8 AS seconds
-FROM work_items
-WHERE status = 'Queued' AND (scope IS NULL OR is_head) AND run_after > now();
+SELECT work_seconds_until_due(%(kinds)s, %(scopes)s, %(unscoped)s) AS seconds;
 
 -- name: heartbeat
 UPDATE work_items
@@ -98,120 +33,29 @@ SET lease_expires_at = now() + make_interval(secs => %(lease)s),
 WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'Running'
 RETURNING cancel_requested;
 
--- name: complete
-UPDATE work_items
-SET status = 'Succeeded', finished_at = now(), lease_expires_at = NULL
-WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'Running'
-RETURNING id;
+-- name: finish
+-- Succeeded, Failed or Cancelled, for many attempts at once; the ids written. With
+-- wait false, rows another transaction holds are passed over.
+SELECT id FROM work_finish(%(ids)s, %(attempts)s, %(status)s, %(reason)s, %(error)s,
+                           %(wait)s) AS id;
 
--- name: complete_batch
--- complete for many attempts in one statement (the Worker's completion batcher).
-UPDATE work_items AS w
-SET status = 'Succeeded', finished_at = now(), lease_expires_at = NULL
-FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS done(id, attempt)
-WHERE w.id = done.id AND w.attempt = done.attempt AND w.status = 'Running'
-RETURNING w.id;
-
--- name: fail
-UPDATE work_items
-SET status = 'Failed', finished_at = now(), lease_expires_at = NULL,
-    reason = %(reason)s, error = %(error)s, failures = failures + 1
-WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'Running'
-RETURNING id;
-
--- name: cancel
-UPDATE work_items
-SET status = 'Cancelled', finished_at = now(), lease_expires_at = NULL,
-    reason = 'cancel requested'
-WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'Running'
-RETURNING id;
-
--- name: release
--- Back to Queued at its old place in line; not a stall, not a failure. When a Queued
--- sibling already holds its dedup key, that sibling does the work and this item is
--- superseded (a requeue must never wedge on the dedup index).
-WITH superseded AS (
-    SELECT 'superseded by queued item ' || q.id AS reason
-    FROM work_items AS me
-    JOIN work_items AS q ON q.dedup_key = me.dedup_key AND q.status = 'Queued'
-    WHERE me.id = %(id)s
-)
-UPDATE work_items AS w
-SET status = CASE WHEN EXISTS (SELECT FROM superseded) THEN 'Cancelled' ELSE 'Queued' END,
-    reason = COALESCE((SELECT reason FROM superseded), w.reason),
-    finished_at = CASE WHEN EXISTS (SELECT FROM superseded) THEN now() END,
-    worker_id = NULL, lease_expires_at = NULL
-WHERE w.id = %(id)s AND w.attempt = %(attempt)s AND w.status = 'Running'
-RETURNING w.status;
-
--- name: retry_later
--- Back to Queued after a handler error, due again in %(delay)s seconds; superseded
--- like a release when a Queued sibling holds its dedup key.
-WITH superseded AS (
-    SELECT 'superseded by queued item ' || q.id AS reason
-    FROM work_items AS me
-    JOIN work_items AS q ON q.dedup_key = me.dedup_key AND q.status = 'Queued'
-    WHERE me.id = %(id)s
-)
-UPDATE work_items AS w
-SET status = CASE WHEN EXISTS (SELECT FROM superseded) THEN 'Cancelled' ELSE 'Queued' END,
-    reason = (SELECT reason FROM superseded),
-    finished_at = CASE WHEN EXISTS (SELECT FROM superseded) THEN now() END,
-    run_after = now() + make_interval(secs => %(delay)s),
-    error = %(error)s, failures = w.failures + 1,
-    worker_id = NULL, lease_expires_at = NULL
-WHERE w.id = %(id)s AND w.attempt = %(attempt)s AND w.status = 'Running'
-RETURNING w.status;
+-- name: requeue
+-- Release, or retry after an error: back to Queued, or superseded by a Queued item
+-- with the same dedup key ('Running': such an item is being enqueued; try again).
+SELECT id, status FROM work_requeue(%(ids)s, %(attempts)s, %(cause)s, %(delay)s, %(error)s);
 
 -- name: recover_expired_leases
--- Requeue Running items whose lease has expired and count a stall; the stall that
--- reaches max_stalls fails the item. The lease is checked again on the locked row, so
--- an item whose lease was renewed meanwhile is left alone. A requeue that would meet
--- a Queued sibling with the same dedup key is superseded by it instead of wedging,
--- and a stalled item whose cancel was requested is cancelled.
-WITH expired AS (
-    SELECT id FROM work_items
-    WHERE status = 'Running' AND lease_expires_at < now()
-    ORDER BY lease_expires_at
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
-), decided AS (
-    SELECT w.id,
-           CASE WHEN w.stalls + 1 >= %(max_stalls)s THEN 'Failed'
-                WHEN w.cancel_requested THEN 'Cancelled'
-                WHEN s.id IS NOT NULL THEN 'Cancelled'
-                ELSE 'Queued' END AS status,
-           CASE WHEN w.stalls + 1 >= %(max_stalls)s THEN 'stalled'
-                WHEN w.cancel_requested THEN 'cancel requested'
-                WHEN s.id IS NOT NULL THEN 'superseded by queued item ' || s.id
-                ELSE NULL END AS reason
-    FROM expired
-    JOIN work_items AS w ON w.id = expired.id
-    LEFT JOIN LATERAL (
-        SELECT q.id FROM work_items AS q
-        WHERE q.dedup_key = w.dedup_key AND q.status = 'Queued'
-    ) AS s ON true
-)
-UPDATE work_items AS w
-SET status = decided.status,
-    stalls = w.stalls + 1,
-    reason = COALESCE(decided.reason, w.reason),
-    finished_at = CASE WHEN decided.status = 'Queued' THEN NULL ELSE now() END,
-    worker_id = NULL, lease_expires_at = NULL
-FROM decided
-WHERE w.id = decided.id AND w.status = 'Running' AND w.lease_expires_at < now()
-RETURNING w.id, w.kind, w.scope, w.attempt, w.stalls, w.status, w.reason;
+SELECT id, kind, scope, attempt, stalls, status, reason
+FROM work_recover(%(max_stalls)s, %(batch)s);
 
 -- name: request_cancel
--- A Queued item is cancelled at once; a Running one is asked to stop (its next
--- heartbeat reports CancelRequested).
-UPDATE work_items
-SET status = CASE WHEN status = 'Queued' THEN 'Cancelled' ELSE status END,
-    finished_at = CASE WHEN status = 'Queued' THEN now() ELSE finished_at END,
-    reason = CASE WHEN status = 'Queued' THEN 'cancelled before it ran' ELSE reason END,
-    cancel_requested = true
-WHERE id = %(id)s AND status IN ('Queued', 'Running')
-RETURNING status;
+SELECT work_request_cancel(%(id)s) AS status;
+
+-- name: settle_noted_scopes
+SELECT work_settle_noted(%(limit)s) AS settled;
+
+-- name: repair_heads
+SELECT scope, promoted FROM work_repair(%(limit)s);
 
 -- name: status_of
 SELECT status FROM work_items WHERE id = %(id)s;
@@ -228,10 +72,22 @@ WITH doomed AS (
 DELETE FROM work_items AS w USING doomed WHERE w.id = doomed.id;
 
 -- name: get_item
-SELECT id, kind, scope, payload, status, attempt, stalls, failures, worker_id,
+SELECT id, kind, scope, payload, priority, status, attempt, stalls, failures, worker_id,
        requested_at, run_after, started_at, finished_at, heartbeat_at, lease_expires_at,
        dedup_key, cancel_requested, reason, error
 FROM work_items WHERE id = %(id)s;
+
+-- name: advertise_worker
+INSERT INTO work_workers AS w (id, host, pid, kinds, scopes, unscoped, concurrency)
+VALUES (%(id)s, %(host)s, %(pid)s, %(kinds)s, %(scopes)s, %(unscoped)s, %(concurrency)s)
+ON CONFLICT (id) DO UPDATE
+SET host = excluded.host, pid = excluded.pid, kinds = excluded.kinds,
+    scopes = excluded.scopes, unscoped = excluded.unscoped,
+    concurrency = excluded.concurrency, last_seen = now(), stopped_at = NULL,
+    started_at = CASE WHEN w.stopped_at IS NULL THEN w.started_at ELSE now() END;
+
+-- name: worker_stopped
+UPDATE work_workers SET last_seen = now(), stopped_at = now() WHERE id = %(id)s;
 
 -- name: counts_by_kind_and_status
 SELECT kind, status, count(*) AS n FROM work_items GROUP BY kind, status ORDER BY kind, status;
@@ -249,5 +105,26 @@ SELECT id, kind, scope, attempt, finished_at, reason, error
 FROM work_items WHERE status = 'Failed'
 ORDER BY finished_at DESC LIMIT %(limit)s;
 
+-- name: workers
+SELECT id, host, pid, started_at, last_seen, stopped_at, kinds, scopes, unscoped,
+       concurrency,
+       stopped_at IS NULL AND last_seen > now() - make_interval(secs => %(alive_within)s)
+           AS alive
+FROM work_workers
+ORDER BY stopped_at IS NOT NULL, last_seen DESC;
+
+-- name: unserved_kinds
+-- Kinds with Queued items that no Worker seen within %(alive_within)s seconds serves.
+SELECT q.kind, q.n
+FROM (SELECT kind, count(*) AS n FROM work_items WHERE status = 'Queued' GROUP BY kind) AS q
+WHERE NOT EXISTS (
+    SELECT 1 FROM work_workers AS w
+    WHERE q.kind = ANY(w.kinds) AND w.stopped_at IS NULL
+      AND w.last_seen > now() - make_interval(secs => %(alive_within)s))
+ORDER BY q.kind;
+
 -- name: listen
 LISTEN trioworker;
+
+-- name: listen_settle
+LISTEN trioworker_settle;

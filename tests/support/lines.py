@@ -1,0 +1,82 @@
+"""Checks on scope lines, written apart from the product's own SQL (docs/design/claim.md).
+
+A line is the Queued items of one (scope, kind, priority) in (run_after, id) order. A
+wedge is a free scope (nothing Running, not paused, not waiting in
+work_unsettled_scopes to be settled) with a line whose first item is not a head: due
+work there could never be claimed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import trio
+
+Conn = psycopg.Connection[Any]
+
+WEDGES = """
+SELECT DISTINCT q.scope
+FROM work_items AS q
+WHERE q.status = 'Queued' AND q.scope IS NOT NULL AND NOT q.is_head
+  AND NOT EXISTS (SELECT 1 FROM work_items AS r WHERE r.scope = q.scope AND r.status = 'Running')
+  AND NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = q.scope)
+  AND NOT EXISTS (SELECT 1 FROM work_unsettled_scopes AS u WHERE u.scope = q.scope)
+  AND NOT EXISTS (
+        SELECT 1 FROM work_items AS e
+        WHERE e.scope = q.scope AND e.kind = q.kind AND e.priority = q.priority
+          AND e.status = 'Queued' AND (e.run_after, e.id) < (q.run_after, q.id))
+ORDER BY 1
+"""
+
+
+def wedges(pg: Conn) -> list[str]:
+    """Scopes holding a line no claim could ever take from (there must be none)."""
+    return [row[0] for row in pg.execute(WEDGES).fetchall()]
+
+
+def heads_of_busy_scopes(pg: Conn) -> list[int]:
+    """Queued heads in scopes with a Running item: harmless, but a sequence of the
+    queue's own operations leaves none (the claim takes them down)."""
+    rows = pg.execute(
+        "SELECT h.id FROM work_items AS h WHERE h.status = 'Queued' AND h.is_head"
+        " AND EXISTS (SELECT 1 FROM work_items AS r"
+        "             WHERE r.scope = h.scope AND r.status = 'Running') ORDER BY 1"
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+def running_per_scope(pg: Conn) -> dict[str, int]:
+    rows = pg.execute(
+        "SELECT scope, count(*) FROM work_items WHERE status = 'Running' AND scope IS NOT NULL"
+        " GROUP BY scope"
+    ).fetchall()
+    return {scope: n for scope, n in rows}
+
+
+def backend_pid(conn: Conn) -> int:
+    row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def waits_on_a_lock(pg: Conn, pid: int | None = None) -> bool:
+    """Whether backend `pid` (any other backend of this database if None) waits on a lock."""
+    row = pg.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        " AND pid <> pg_backend_pid() AND (%(pid)s::int IS NULL OR pid = %(pid)s)",
+        {"pid": pid},
+    ).fetchone()
+    return bool(row and row[0])
+
+
+async def wait_until_blocked(pg: Conn, pid: int | None = None) -> None:
+    """Return once the backend waits on a lock; fail after 10 s. (PostgreSQL has no
+    event for this to wait on, so it polls pg_stat_activity.)"""
+    with trio.move_on_after(10):
+        while True:
+            if waits_on_a_lock(pg, pid):
+                return
+            await trio.sleep(0.01)
+    raise AssertionError("the statement never blocked")
