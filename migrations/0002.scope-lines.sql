@@ -21,6 +21,11 @@
 --   or Running item changed or deleted by hand leaves its scope in
 --   work_unsettled_scopes, which Workers settle on NOTIFY and every poll.
 --
+-- The queue's entry points plan their statements once per session (generic plans:
+-- planning these costs more than running them), never JIT-compile them, and never
+-- scan the table: every statement here has an index to read, and a plan made while
+-- the table was small must not keep a sequential scan once it is large.
+--
 -- Advisory lock namespaces: 29815 settles a scope, 29816 claims one ('tw' = 29815).
 -- depends: 0001.work-items
 
@@ -53,70 +58,75 @@ $$;
 CREATE FUNCTION work_settle_scope(p_scope text, OUT promoted integer, OUT settled boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
+    wanted bigint[];
+    missing bigint[];
+    made_ids bigint[];
     line record;
-    head_id bigint;
-    n integer;
-    due boolean := false;
+    stand_in bigint;
 BEGIN
     promoted := 0;
     settled := true;
     IF EXISTS (SELECT 1 FROM work_items WHERE scope = p_scope AND status = 'Running')
        OR EXISTS (SELECT 1 FROM work_pauses WHERE scope = p_scope) THEN
-        UPDATE work_items SET is_head = false
-        WHERE id IN (SELECT id FROM work_items
-                     WHERE scope = p_scope AND status = 'Queued' AND is_head
-                     FOR UPDATE SKIP LOCKED);
-        RETURN;
-    END IF;
-    FOR line IN
-        WITH RECURSIVE lines AS (
-            (SELECT kind, priority FROM work_items
+        wanted := '{}';
+    ELSE
+        -- The first item of each line, and those of them not heads yet: a skip scan
+        -- over the scope's lines, each step landing on the next line's first item.
+        WITH RECURSIVE firsts AS (
+            (SELECT id, kind, priority, is_head FROM work_items
              WHERE scope = p_scope AND status = 'Queued'
-             ORDER BY kind, priority LIMIT 1)
+             ORDER BY kind, priority, run_after, id LIMIT 1)
             UNION ALL
-            SELECT n.kind, n.priority
-            FROM lines AS l
+            SELECT n.id, n.kind, n.priority, n.is_head
+            FROM firsts AS f
             CROSS JOIN LATERAL (
-                SELECT kind, priority FROM work_items
+                SELECT id, kind, priority, is_head FROM work_items
                 WHERE scope = p_scope AND status = 'Queued'
-                  AND (kind, priority) > (l.kind, l.priority)
-                ORDER BY kind, priority LIMIT 1) AS n
+                  AND (kind, priority) > (f.kind, f.priority)
+                ORDER BY kind, priority, run_after, id LIMIT 1) AS n
         )
-        SELECT kind, priority FROM lines
-    LOOP
-        -- The line's first item, unless another transaction holds it.
-        SELECT id INTO head_id FROM work_items
-        WHERE scope = p_scope AND kind = line.kind AND priority = line.priority
-          AND status = 'Queued'
-        ORDER BY run_after, id LIMIT 1;
-        PERFORM 1 FROM work_items WHERE id = head_id AND is_head;
-        IF NOT FOUND THEN
-            UPDATE work_items SET is_head = true
-            WHERE id = (SELECT id FROM work_items
-                        WHERE id = head_id AND status = 'Queued' FOR UPDATE SKIP LOCKED);
-            IF NOT FOUND THEN
-                settled := false;
+        SELECT array_agg(id), array_agg(id) FILTER (WHERE NOT is_head)
+        INTO wanted, missing
+        FROM firsts;
+        wanted := COALESCE(wanted, '{}');
+        IF missing IS NOT NULL THEN
+            WITH made AS (
                 UPDATE work_items SET is_head = true
-                WHERE id = (SELECT id FROM work_items
-                            WHERE scope = p_scope AND kind = line.kind
-                              AND priority = line.priority AND status = 'Queued'
-                            ORDER BY run_after, id LIMIT 1 FOR UPDATE SKIP LOCKED)
-                RETURNING id INTO head_id;
+                WHERE id IN (SELECT id FROM work_items
+                             WHERE id = ANY(missing) AND status = 'Queued'
+                             FOR UPDATE SKIP LOCKED)
+                RETURNING id
+            )
+            SELECT COALESCE(array_agg(id), '{}') FROM made INTO made_ids;
+            promoted := cardinality(made_ids);
+            missing := ARRAY(SELECT m FROM unnest(missing) AS m WHERE m <> ALL(made_ids));
+            IF cardinality(missing) > 0 THEN
+                -- Held by another transaction: the line's next unheld item stands in.
+                settled := false;
+                FOR line IN SELECT kind, priority FROM work_items WHERE id = ANY(missing) LOOP
+                    UPDATE work_items SET is_head = true
+                    WHERE id = (SELECT id FROM work_items
+                                WHERE scope = p_scope AND kind = line.kind
+                                  AND priority = line.priority AND status = 'Queued'
+                                ORDER BY run_after, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+                    RETURNING id INTO stand_in;
+                    IF stand_in IS NOT NULL THEN
+                        wanted := wanted || stand_in;
+                        promoted := promoted + 1;
+                    END IF;
+                END LOOP;
             END IF;
-            GET DIAGNOSTICS n = ROW_COUNT;
-            promoted := promoted + n;
         END IF;
-        -- Any other head of the line steps down.
-        UPDATE work_items SET is_head = false
-        WHERE id IN (SELECT id FROM work_items
-                     WHERE scope = p_scope AND status = 'Queued' AND is_head
-                       AND kind = line.kind AND priority = line.priority
-                       AND id IS DISTINCT FROM head_id
-                     FOR UPDATE SKIP LOCKED);
-        due := due OR EXISTS (SELECT 1 FROM work_items
-                              WHERE id = head_id AND is_head AND run_after <= now());
-    END LOOP;
-    IF due THEN
+    END IF;
+    -- Every other head of the scope steps down.
+    UPDATE work_items SET is_head = false
+    WHERE id IN (SELECT id FROM work_items
+                 WHERE scope = p_scope AND status = 'Queued' AND is_head
+                   AND id <> ALL(wanted)
+                 FOR UPDATE SKIP LOCKED);
+    IF cardinality(wanted) > 0 AND EXISTS (
+        SELECT 1 FROM work_items
+        WHERE id = ANY(wanted) AND is_head AND run_after <= now()) THEN
         PERFORM pg_notify('trioworker', p_scope);
     END IF;
 END
@@ -149,77 +159,94 @@ BEGIN
 END
 $$;
 
--- Mark the queue's own transitions, so the triggers below leave their rows alone.
--- Returns the previous mark, for work_end_internal.
-CREATE FUNCTION work_begin_internal() RETURNS text
-LANGUAGE plpgsql AS $$
+-- -- the claim ---------------------------------------------------------------------
+
+-- Claim up to `p_limit` due items of `p_kinds` for `p_worker`, never two of one scope,
+-- in one statement:
+--
+-- * the candidates: heads of free scopes and unscoped items of the served kinds that
+--   are not paused, from every scope (p_scopes NULL) or only the listed ones, best
+--   first (priority DESC, run_after, id) and at most one per scope. Each (kind,
+--   priority) level is read in run_after order from the heads and unscoped indexes,
+--   the levels found by a skip scan, so neither a busy scope's backlog nor other
+--   kinds' work is ever walked; rows a concurrent claim holds are skipped as the
+--   levels are read (FOR UPDATE SKIP LOCKED), so concurrent claims take different
+--   items rather than the same ones;
+-- * claims of one scope take turns on its claim lock (try only: a scope another claim
+--   is taking is passed over);
+-- * the candidates, locked as they were read, become Running. The heads of a claimed
+--   scope's other lines stay until the scope is settled when its item ends; claims
+--   pass over them with one index probe each (NOT EXISTS), so a busy scope costs a
+--   claim at most one probe per line, never one per item waiting in it.
+--
+-- A claim can still meet a Running item of its scope that its snapshot could not see
+-- (one set by hand, or a claim that committed a moment before this one took the
+-- lock): work_items_one_running_per_scope then rejects the statement, and the caller
+-- recognises the loss by the index's name. The store then claims again at once, and
+-- that claim sees the other item and takes the batch's other items.
+CREATE FUNCTION work_claim(
+    p_worker text, p_lease double precision, p_limit integer, p_kinds text[],
+    p_scopes text[] DEFAULT NULL, p_unscoped boolean DEFAULT true
+) RETURNS SETOF work_items
+LANGUAGE plpgsql
+-- Planned once per session: planning this statement costs more than running it, and
+-- so would JIT-compiling it (a generic plan's estimate can pass jit_above_cost).
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+SET enable_seqscan = off
+AS $$
 DECLARE
     was text := current_setting('trioworker.internal', true);
 BEGIN
     PERFORM set_config('trioworker.internal', 'on', true);
-    RETURN was;
-END
-$$;
-
-CREATE FUNCTION work_end_internal(p_was text) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM set_config('trioworker.internal', COALESCE(p_was, ''), true);
-END
-$$;
-
--- -- the claim ---------------------------------------------------------------------
-
--- Due candidates for a claim, best first and at most one per scope: heads of free
--- scopes and unscoped items of `p_kinds` (paused kinds and scopes left out), from
--- every scope (p_scopes NULL) or only the listed ones. Each (kind, priority) level is
--- read in run_after order from the heads and unscoped indexes, so neither a busy
--- scope's backlog nor other kinds' work is ever walked.
-CREATE FUNCTION work_candidates(
-    p_kinds text[], p_scopes text[], p_unscoped boolean, p_limit integer
-) RETURNS TABLE (id bigint, scope text)
-LANGUAGE sql STABLE AS $$
+    RETURN QUERY
     WITH RECURSIVE
     kinds AS (
         SELECT DISTINCT k AS kind FROM unnest(p_kinds) AS k
         WHERE NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.kind = k)
     ),
-    head_levels AS (
+    levels AS (
+        -- Each kind's priority levels, highest first (over every scope's heads and the
+        -- unscoped items, or over the unscoped items alone for a list of scopes).
         SELECT k.kind,
-               (SELECT max(h.priority) FROM work_items AS h
-                WHERE h.kind = k.kind AND h.status = 'Queued' AND h.is_head) AS priority
+               GREATEST((SELECT max(h.priority) FROM work_items AS h
+                         WHERE p_scopes IS NULL AND h.kind = k.kind
+                           AND h.status = 'Queued' AND h.is_head),
+                        (SELECT max(u.priority) FROM work_items AS u
+                         WHERE p_unscoped AND u.kind = k.kind AND u.status = 'Queued'
+                           AND u.scope IS NULL)) AS priority
         FROM kinds AS k
-        WHERE p_scopes IS NULL
         UNION ALL
         SELECT l.kind,
-               (SELECT max(h.priority) FROM work_items AS h
-                WHERE h.kind = l.kind AND h.status = 'Queued' AND h.is_head
-                  AND h.priority < l.priority)
-        FROM head_levels AS l WHERE l.priority IS NOT NULL
+               GREATEST((SELECT max(h.priority) FROM work_items AS h
+                         WHERE p_scopes IS NULL AND h.kind = l.kind
+                           AND h.status = 'Queued' AND h.is_head AND h.priority < l.priority),
+                        (SELECT max(u.priority) FROM work_items AS u
+                         WHERE p_unscoped AND u.kind = l.kind AND u.status = 'Queued'
+                           AND u.scope IS NULL AND u.priority < l.priority))
+        FROM levels AS l WHERE l.priority IS NOT NULL
     ),
-    unscoped_levels AS (
-        SELECT k.kind,
-               (SELECT max(u.priority) FROM work_items AS u
-                WHERE u.kind = k.kind AND u.status = 'Queued' AND u.scope IS NULL) AS priority
-        FROM kinds AS k
-        WHERE p_unscoped
-        UNION ALL
-        SELECT l.kind,
-               (SELECT max(u.priority) FROM work_items AS u
-                WHERE u.kind = l.kind AND u.status = 'Queued' AND u.scope IS NULL
-                  AND u.priority < l.priority)
-        FROM unscoped_levels AS l WHERE l.priority IS NOT NULL
-    ),
-    heads AS (
-        SELECT c.* FROM head_levels AS l
+    due AS (
+        SELECT c.* FROM levels AS l
         CROSS JOIN LATERAL (
             SELECT h.id, h.scope, h.priority, h.run_after FROM work_items AS h
-            WHERE h.kind = l.kind AND h.priority = l.priority
+            WHERE p_scopes IS NULL AND h.kind = l.kind AND h.priority = l.priority
               AND h.status = 'Queued' AND h.is_head AND h.run_after <= now()
               AND NOT EXISTS (SELECT 1 FROM work_items AS r
                               WHERE r.scope = h.scope AND r.status = 'Running')
             ORDER BY h.run_after, h.id
-            LIMIT p_limit) AS c
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED) AS c
+        WHERE l.priority IS NOT NULL
+        UNION ALL
+        SELECT c.* FROM levels AS l
+        CROSS JOIN LATERAL (
+            SELECT u.id, u.scope, u.priority, u.run_after FROM work_items AS u
+            WHERE p_unscoped AND u.kind = l.kind AND u.priority = l.priority
+              AND u.status = 'Queued' AND u.scope IS NULL AND u.run_after <= now()
+            ORDER BY u.run_after, u.id
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED) AS c
         WHERE l.priority IS NOT NULL
         UNION ALL
         SELECT c.* FROM unnest(p_scopes) AS s (scope)
@@ -230,116 +257,27 @@ LANGUAGE sql STABLE AS $$
               AND NOT EXISTS (SELECT 1 FROM work_items AS r
                               WHERE r.scope = h.scope AND r.status = 'Running')
             ORDER BY h.priority DESC, h.run_after, h.id
-            LIMIT 1) AS c
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED) AS c
     ),
-    unscoped AS (
-        SELECT c.* FROM unscoped_levels AS l
-        CROSS JOIN LATERAL (
-            SELECT u.id, u.scope, u.priority, u.run_after FROM work_items AS u
-            WHERE u.kind = l.kind AND u.priority = l.priority
-              AND u.status = 'Queued' AND u.scope IS NULL AND u.run_after <= now()
-            ORDER BY u.run_after, u.id
-            LIMIT p_limit) AS c
-        WHERE l.priority IS NOT NULL
+    candidates AS (
+        SELECT d.id, d.scope FROM (
+            SELECT DISTINCT ON (COALESCE(d.scope, d.id::text)) d.*
+            FROM due AS d
+            WHERE d.scope IS NULL
+               OR NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = d.scope)
+            ORDER BY COALESCE(d.scope, d.id::text), d.priority DESC, d.run_after, d.id
+        ) AS d
+        ORDER BY d.priority DESC, d.run_after, d.id
+        LIMIT p_limit
     ),
-    best_of_each_scope AS (
-        SELECT DISTINCT ON (h.scope) h.* FROM heads AS h
-        WHERE NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = h.scope)
-        ORDER BY h.scope, h.priority DESC, h.run_after, h.id
-    )
-    SELECT c.id, c.scope FROM (
-        SELECT * FROM best_of_each_scope UNION ALL SELECT * FROM unscoped
-    ) AS c
-    ORDER BY c.priority DESC, c.run_after, c.id
-    LIMIT p_limit
-$$;
-
--- Claim up to `p_limit` due items of `p_kinds` for `p_worker`, never two of one scope.
--- Claims of one scope take turns on its claim lock (try only: a scope another claim
--- holds is passed over), and the Running check reads after the lock, so claims never
--- collide with each other. What can still collide is a Running item set by hand and
--- not yet committed: work_items_one_running_per_scope rejects the claim of that scope,
--- recognised by the index's name. That scope comes back as a row with a NULL id (a race
--- loss), and the batch is taken again item by item, so its other items are still
--- claimed. The claimed scope's other heads step down: a busy scope leaves the claim's
--- indexes.
-CREATE FUNCTION work_claim(
-    p_worker text, p_lease double precision, p_limit integer, p_kinds text[],
-    p_scopes text[] DEFAULT NULL, p_unscoped boolean DEFAULT true
-) RETURNS TABLE (
-    id bigint, kind text, scope text, payload jsonb, priority integer, attempt integer,
-    stalls integer, failures integer, requested_at timestamptz, dedup_key text
-)
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-DECLARE
-    was text := work_begin_internal();
-    candidate record;
-    ids bigint[] := '{}';
-    one bigint;
-    claimed work_items[];
-    index_name text;
-    detail text;
-BEGIN
-    FOR candidate IN SELECT * FROM work_candidates(p_kinds, p_scopes, p_unscoped, p_limit) LOOP
-        IF candidate.scope IS NULL
-           OR pg_try_advisory_xact_lock(29816, hashtext(candidate.scope)) THEN
-            ids := ids || candidate.id;
-        END IF;
-    END LOOP;
-    IF cardinality(ids) = 0 THEN
-        PERFORM work_end_internal(was);
-        RETURN;
-    END IF;
-    BEGIN
-        claimed := work_claim_rows(ids, p_worker, p_lease);
-    EXCEPTION WHEN unique_violation THEN
-        GET STACKED DIAGNOSTICS index_name = CONSTRAINT_NAME, detail = PG_EXCEPTION_DETAIL;
-        IF index_name <> 'work_items_one_running_per_scope' THEN
-            RAISE;
-        END IF;
-        -- Once the other Running item committed, the claim can see it: take the batch
-        -- item by item, and report the lost scope.
-        RETURN QUERY SELECT NULL::bigint, NULL::text,
-                            substring(detail FROM '^Key \(scope\)=\((.*)\) already exists'),
-                            NULL::jsonb, NULL::integer, NULL::integer, NULL::integer,
-                            NULL::integer, NULL::timestamptz, NULL::text;
-        claimed := '{}';
-        FOREACH one IN ARRAY ids LOOP
-            BEGIN
-                claimed := claimed || work_claim_rows(ARRAY[one], p_worker, p_lease);
-            EXCEPTION WHEN unique_violation THEN
-                GET STACKED DIAGNOSTICS index_name = CONSTRAINT_NAME;
-                IF index_name <> 'work_items_one_running_per_scope' THEN
-                    RAISE;
-                END IF;
-                RETURN QUERY SELECT NULL::bigint, w.kind, w.scope, NULL::jsonb, w.priority,
-                                    NULL::integer, NULL::integer, NULL::integer,
-                                    NULL::timestamptz, NULL::text
-                             FROM work_items AS w WHERE w.id = one;
-            END;
-        END LOOP;
-    END;
-    PERFORM work_end_internal(was);
-    RETURN QUERY SELECT c.id, c.kind, c.scope, c.payload, c.priority, c.attempt, c.stalls,
-                        c.failures, c.requested_at, c.dedup_key
-                 FROM unnest(claimed) AS c;
-END
-$$;
-
--- The claim's write: the rows of `p_ids` still claimable become Running; other heads
--- of their scopes step down. Rows other transactions hold are passed over.
-CREATE FUNCTION work_claim_rows(p_ids bigint[], p_worker text, p_lease double precision)
-RETURNS work_items[]
-LANGUAGE sql AS $$
-    WITH picked AS (
-        SELECT w.id FROM work_items AS w
-        WHERE w.id = ANY(p_ids) AND w.status = 'Queued' AND w.run_after <= now()
-          AND (w.scope IS NULL OR (w.is_head AND NOT EXISTS (
-                SELECT 1 FROM work_items AS r
-                WHERE r.scope = w.scope AND r.status = 'Running')))
-        FOR UPDATE SKIP LOCKED
-    ), claimed AS (
+    turn AS (
+        SELECT c.id FROM candidates AS c
+        WHERE c.scope IS NULL OR pg_try_advisory_xact_lock(29816, hashtext(c.scope))
+    ),
+    claimed AS (
+        -- The candidates are locked already, so they are still as the statement saw
+        -- them; they are looked up by primary key, whatever the plan.
         UPDATE work_items AS w
         SET status = 'Running', is_head = false,
             attempt = w.attempt + 1,
@@ -347,15 +285,12 @@ LANGUAGE sql AS $$
             lease_expires_at = now() + make_interval(secs => p_lease),
             heartbeat_at = now(),
             started_at = now()
-        FROM picked WHERE w.id = picked.id
-        RETURNING w AS item, w.id, w.scope
-    ), stepped_down AS (
-        UPDATE work_items AS d SET is_head = false
-        WHERE d.id IN (SELECT h.id FROM work_items AS h JOIN claimed AS c ON h.scope = c.scope
-                       WHERE h.status = 'Queued' AND h.is_head AND h.id <> c.id
-                       FOR UPDATE OF h SKIP LOCKED)
+        WHERE w.id = ANY(ARRAY(SELECT turn.id FROM turn))
+        RETURNING w.*
     )
-    SELECT COALESCE(array_agg(c.item ORDER BY c.id), '{}') FROM claimed AS c
+    SELECT * FROM claimed;
+    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
+END
 $$;
 
 -- Seconds until the next head or unscoped item of `p_kinds` that is not due yet
@@ -363,7 +298,12 @@ $$;
 CREATE FUNCTION work_seconds_until_due(
     p_kinds text[], p_scopes text[] DEFAULT NULL, p_unscoped boolean DEFAULT true
 ) RETURNS double precision
-LANGUAGE sql STABLE AS $$
+LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off
+AS $$
+DECLARE
+    seconds double precision;
+BEGIN
     WITH RECURSIVE
     kinds AS (SELECT DISTINCT k AS kind FROM unnest(p_kinds) AS k),
     levels AS (
@@ -377,7 +317,7 @@ LANGUAGE sql STABLE AS $$
                           AND (w.is_head OR w.scope IS NULL) AND w.priority < l.priority)
         FROM levels AS l WHERE l.priority IS NOT NULL
     )
-    SELECT EXTRACT(EPOCH FROM min(n.run_after) - now())::float8
+    SELECT EXTRACT(EPOCH FROM min(n.run_after) - now())::float8 INTO seconds
     FROM levels AS l
     CROSS JOIN LATERAL (
         (SELECT h.run_after FROM work_items AS h
@@ -391,44 +331,74 @@ LANGUAGE sql STABLE AS $$
            AND u.status = 'Queued' AND u.scope IS NULL AND u.run_after > now()
          ORDER BY u.run_after LIMIT 1)
     ) AS n
-    WHERE l.priority IS NOT NULL
+    WHERE l.priority IS NOT NULL;
+    RETURN seconds;
+END
 $$;
 
 -- -- the writes after a claim, fenced by (id, attempt) -------------------------------------
 
 -- End attempts as Succeeded, Failed or Cancelled, and settle their scopes. With
--- p_wait false, rows another transaction holds are passed over (the caller retries
--- them one by one), so one held row never delays the rest of a batch. Returns the
--- ids written.
+-- p_wait false, a row another transaction holds for more than a moment is passed over
+-- (the caller writes it on its own), so one held row never delays the rest of a
+-- batch. Returns the ids written.
 CREATE FUNCTION work_finish(
     p_ids bigint[], p_attempts integer[], p_status text,
     p_reason text DEFAULT NULL, p_error text DEFAULT NULL, p_wait boolean DEFAULT true
 ) RETURNS SETOF bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off
+ AS $$
 DECLARE
-    was text := work_begin_internal();
+    was text := current_setting('trioworker.internal', true);
+    was_timeout text := current_setting('lock_timeout');
     done_ids bigint[];
     done_scopes text[];
 BEGIN
+    PERFORM set_config('trioworker.internal', 'on', true);
     IF p_status NOT IN ('Succeeded', 'Failed', 'Cancelled') THEN
         RAISE EXCEPTION 'work_finish: % is not a final status', p_status;
     END IF;
-    WITH done AS (
-        UPDATE work_items AS w
-        SET status = p_status, finished_at = now(), lease_expires_at = NULL,
-            reason = CASE WHEN p_status = 'Succeeded' THEN w.reason ELSE p_reason END,
-            error = CASE WHEN p_status = 'Failed' THEN p_error ELSE w.error END,
-            failures = w.failures + (p_status = 'Failed')::integer
-        FROM unnest(p_ids, p_attempts) AS d (id, attempt)
-        WHERE w.id = d.id AND w.attempt = d.attempt AND w.status = 'Running'
-          AND (p_wait OR w.id IN (SELECT l.id FROM work_items AS l
-                                  WHERE l.id = ANY(p_ids) AND l.status = 'Running'
-                                  FOR UPDATE SKIP LOCKED))
-        RETURNING w.id, w.scope
-    )
-    SELECT array_agg(done.id), array_agg(done.scope) INTO done_ids, done_scopes FROM done;
-    PERFORM work_settle_scopes(done_scopes);
-    PERFORM work_end_internal(was);
+    BEGIN
+        IF NOT p_wait THEN
+            PERFORM set_config('lock_timeout', '50ms', true);
+        END IF;
+        WITH done AS (
+            UPDATE work_items AS w
+            SET status = p_status, finished_at = now(), lease_expires_at = NULL,
+                reason = CASE WHEN p_status = 'Succeeded' THEN w.reason ELSE p_reason END,
+                error = CASE WHEN p_status = 'Failed' THEN p_error ELSE w.error END,
+                failures = w.failures + (p_status = 'Failed')::integer
+            FROM unnest(p_ids, p_attempts) AS d (id, attempt)
+            WHERE w.id = d.id AND w.attempt = d.attempt AND w.status = 'Running'
+            RETURNING w.id, w.scope
+        )
+        SELECT array_agg(done.id), array_agg(done.scope) FILTER (WHERE done.scope IS NOT NULL)
+        INTO done_ids, done_scopes FROM done;
+        PERFORM set_config('lock_timeout', was_timeout, true);
+    EXCEPTION WHEN lock_not_available THEN
+        -- Another transaction holds one of the rows: write the rest now; the caller
+        -- writes that one on its own.
+        WITH done AS (
+            UPDATE work_items AS w
+            SET status = p_status, finished_at = now(), lease_expires_at = NULL,
+                reason = CASE WHEN p_status = 'Succeeded' THEN w.reason ELSE p_reason END,
+                error = CASE WHEN p_status = 'Failed' THEN p_error ELSE w.error END,
+                failures = w.failures + (p_status = 'Failed')::integer
+            FROM unnest(p_ids, p_attempts) AS d (id, attempt)
+            WHERE w.id = d.id AND w.attempt = d.attempt AND w.status = 'Running'
+              AND w.id IN (SELECT l.id FROM work_items AS l
+                           WHERE l.id = ANY(p_ids) AND l.status = 'Running'
+                           FOR UPDATE SKIP LOCKED)
+            RETURNING w.id, w.scope
+        )
+        SELECT array_agg(done.id), array_agg(done.scope) FILTER (WHERE done.scope IS NOT NULL)
+        INTO done_ids, done_scopes FROM done;
+    END;
+    IF done_scopes IS NOT NULL THEN
+        PERFORM work_settle_scopes(done_scopes);
+    END IF;
+    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
     RETURN QUERY SELECT unnest(done_ids);
 END
 $$;
@@ -437,7 +407,8 @@ $$;
 CREATE FUNCTION work_requeue_update(
     p_id bigint, p_cause text, p_delay double precision, p_error text
 ) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
     UPDATE work_items
     SET status = 'Queued', is_head = false, worker_id = NULL,
         lease_expires_at = NULL, reason = NULL,
@@ -447,7 +418,8 @@ LANGUAGE sql AS $$
         error = COALESCE(p_error, error),
         failures = failures + (p_cause = 'retry')::integer,
         stalls = stalls + (p_cause = 'stall')::integer
-    WHERE id = p_id
+    WHERE id = p_id;
+END
 $$;
 
 -- The one way back to Queued: a release (no failure), a retry after a handler error
@@ -512,14 +484,17 @@ CREATE FUNCTION work_requeue(
     p_ids bigint[], p_attempts integer[], p_cause text,
     p_delay double precision DEFAULT 0, p_error text DEFAULT NULL
 ) RETURNS TABLE (id bigint, status text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off
+ AS $$
 #variable_conflict use_column
 DECLARE
-    was text := work_begin_internal();
+    was text := current_setting('trioworker.internal', true);
     r record;
     ended text;
     scopes text[] := '{}';
 BEGIN
+    PERFORM set_config('trioworker.internal', 'on', true);
     IF p_cause NOT IN ('release', 'retry') THEN
         RAISE EXCEPTION 'work_requeue: cause must be release or retry, not %', p_cause;
     END IF;
@@ -541,7 +516,7 @@ BEGIN
         END IF;
     END LOOP;
     PERFORM work_settle_scopes(scopes);
-    PERFORM work_end_internal(was);
+    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
 END
 $$;
 
@@ -553,14 +528,17 @@ RETURNS TABLE (
     id bigint, kind text, scope text, attempt integer, stalls integer,
     status text, reason text
 )
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off
+ AS $$
 #variable_conflict use_column
 DECLARE
-    was text := work_begin_internal();
+    was text := current_setting('trioworker.internal', true);
     r record;
     ended text;
     scopes text[] := '{}';
 BEGIN
+    PERFORM set_config('trioworker.internal', 'on', true);
     FOR r IN
         SELECT w.id, w.kind, w.scope, w.attempt, w.stalls, w.cancel_requested
         FROM work_items AS w
@@ -587,7 +565,7 @@ BEGIN
                      FROM work_items AS w WHERE w.id = r.id;
     END LOOP;
     PERFORM work_settle_scopes(scopes);
-    PERFORM work_end_internal(was);
+    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
 END
 $$;
 
@@ -595,11 +573,14 @@ $$;
 -- says so). Returns the item's status after it, or NULL if it had already finished
 -- or does not exist.
 CREATE FUNCTION work_request_cancel(p_id bigint) RETURNS text
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off
+ AS $$
 DECLARE
-    was text := work_begin_internal();
+    was text := current_setting('trioworker.internal', true);
     r record;
 BEGIN
+    PERFORM set_config('trioworker.internal', 'on', true);
     UPDATE work_items
     SET status = CASE WHEN status = 'Queued' THEN 'Cancelled' ELSE status END,
         finished_at = CASE WHEN status = 'Queued' THEN now() ELSE finished_at END,
@@ -611,20 +592,23 @@ BEGIN
     IF r.status = 'Cancelled' THEN
         PERFORM work_settle_scopes(ARRAY[r.scope]);
     END IF;
-    PERFORM work_end_internal(was);
+    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
     RETURN r.status;
 END
 $$;
 
 -- Settle up to `p_limit` scopes noted in work_unsettled_scopes. Returns how many.
 CREATE FUNCTION work_settle_noted(p_limit integer) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off
+ AS $$
 DECLARE
-    was text := work_begin_internal();
+    was text := current_setting('trioworker.internal', true);
     s text;
     result record;
     n integer := 0;
 BEGIN
+    PERFORM set_config('trioworker.internal', 'on', true);
     FOR s IN
         SELECT scope FROM (SELECT DISTINCT scope FROM work_unsettled_scopes LIMIT p_limit) AS u
         ORDER BY hashtext(scope), scope
@@ -637,7 +621,7 @@ BEGIN
         END IF;
         n := n + 1;
     END LOOP;
-    PERFORM work_end_internal(was);
+    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
     RETURN n;
 END
 $$;
@@ -647,13 +631,16 @@ $$;
 -- is settled; returns the scopes repaired. A repair is a bug in the rules above made
 -- visible (the Workers log and count it), never a path the queue relies on.
 CREATE FUNCTION work_repair(p_limit integer) RETURNS TABLE (scope text, promoted integer)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off
+ AS $$
 #variable_conflict use_column
 DECLARE
-    was text := work_begin_internal();
+    was text := current_setting('trioworker.internal', true);
     wedged text;
     result record;
 BEGIN
+    PERFORM set_config('trioworker.internal', 'on', true);
     FOR wedged IN
         WITH RECURSIVE scopes AS (
             (SELECT w.scope FROM work_items AS w
@@ -699,33 +686,39 @@ BEGIN
             RETURN NEXT;
         END IF;
     END LOOP;
-    PERFORM work_end_internal(was);
+    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
 END
 $$;
 
 -- Pause a kind or a scope (claims pass it over; Running work goes on), or resume it.
 CREATE FUNCTION work_pause(p_kind text, p_scope text) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off
+ AS $$
 DECLARE
-    was text := work_begin_internal();
+    was text := current_setting('trioworker.internal', true);
     added boolean;
 BEGIN
+    PERFORM set_config('trioworker.internal', 'on', true);
     INSERT INTO work_pauses (kind, scope) VALUES (p_kind, p_scope) ON CONFLICT DO NOTHING;
     added := FOUND;
     IF p_scope IS NOT NULL THEN
         PERFORM work_settle_scopes(ARRAY[p_scope]);
     END IF;
-    PERFORM work_end_internal(was);
+    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
     RETURN added;
 END
 $$;
 
 CREATE FUNCTION work_resume(p_kind text, p_scope text) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off
+ AS $$
 DECLARE
-    was text := work_begin_internal();
+    was text := current_setting('trioworker.internal', true);
     removed boolean;
 BEGIN
+    PERFORM set_config('trioworker.internal', 'on', true);
     DELETE FROM work_pauses
     WHERE kind IS NOT DISTINCT FROM p_kind AND scope IS NOT DISTINCT FROM p_scope;
     removed := FOUND;
@@ -734,7 +727,7 @@ BEGIN
     ELSIF removed THEN
         PERFORM pg_notify('trioworker', '');
     END IF;
-    PERFORM work_end_internal(was);
+    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
     RETURN removed;
 END
 $$;
@@ -748,7 +741,7 @@ $$;
 -- reading would make serializable enqueues conflict, so only a head this transaction
 -- itself placed earlier in the same line counts (kept in trioworker.last_head).
 CREATE FUNCTION work_items_arrive() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     line text;
     last text[];
@@ -804,7 +797,7 @@ CREATE TRIGGER work_items_arrive
 -- sees this item). If the lock is taken, or nothing goes before it any more, the item
 -- makes itself a head: an extra head is harmless.
 CREATE FUNCTION work_items_confirm_place() RETURNS trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     r record;
 BEGIN

@@ -19,7 +19,7 @@ import trio
 
 from tests.support.lines import (
     backend_pid,
-    heads_of_busy_scopes,
+    doubled_heads,
     running_per_scope,
     wait_until_blocked,
     waits_on_a_lock,
@@ -112,7 +112,7 @@ async def test_claims_of_one_scope_take_turns_and_a_batch_keeps_its_other_items(
         first.commit()
     assert await store.claim("w2", LEASE, kinds=KINDS) is None
     assert running_per_scope(pg) == {"C": 1, "D": 1}
-    assert wedges(pg) == [] and heads_of_busy_scopes(pg) == []
+    assert wedges(pg) == [] and doubled_heads(pg) == []
 
 
 @pytest.mark.parametrize(
@@ -359,10 +359,10 @@ async def test_a_repeatable_read_default_does_not_reach_the_queues_own_calls(
 
 async def test_lines_follow_every_transition(store: PostgresStore, pg: Conn) -> None:
     """After each of the queue's own operations, one at a time, no line is wedged and
-    no busy scope keeps a head."""
+    none has two heads."""
 
     def check() -> None:
-        assert wedges(pg) == [] and heads_of_busy_scopes(pg) == []
+        assert wedges(pg) == [] and doubled_heads(pg) == []
 
     ids = [(await store.enqueue(k, scope=s)).id for k, s in [
         ("K", "a"), ("K", "a"), ("K", "b"), ("X", "a"), ("K", "b")]]  # fmt: skip

@@ -20,7 +20,7 @@ from hypothesis.stateful import (
 )
 
 from tests.support.harness import MemoryHarness, PostgresHarness
-from tests.support.lines import heads_of_busy_scopes, wedges
+from tests.support.lines import doubled_heads, wedges
 from trioworker import ItemState, PostgresStore, Status
 
 LEASE = 300.0
@@ -62,9 +62,7 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
         def enqueue(
             self, kind: str, scope: str | None, dedup_key: str | None, priority: int
         ) -> None:
-            a, b = self.both(
-                "enqueue", kind, scope=scope, dedup_key=dedup_key, priority=priority
-            )
+            a, b = self.both("enqueue", kind, scope=scope, dedup_key=dedup_key, priority=priority)
             assert a.deduplicated == b.deduplicated
             if a.deduplicated:
                 assert self.ids[a.id] == b.id
@@ -146,7 +144,7 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
                 self.seen[item.id] = item
             assert all(n == 1 for n in running.values()), running
             assert all(n == 1 for n in queued_keys.values()), queued_keys
-            assert wedges(pg) == [] and heads_of_busy_scopes(pg) == []
+            assert wedges(pg) == [] and doubled_heads(pg) == []
 
     return StoreMachine
 
@@ -155,8 +153,8 @@ async def test_random_operation_sequences_keep_the_invariants(
     store: PostgresStore, pg: psycopg.Connection[Any]
 ) -> None:
     """At most one Running per scope, one Queued per dedup key, attempts only grow,
-    terminal stays terminal, nothing disappears, no line wedged and no busy scope with a
-    head; and the two stores never disagree, in priorities and kinds too.
+    terminal stays terminal, nothing disappears, no line wedged and none with two
+    heads; and the two stores never disagree, in priorities and kinds too.
     """
     machine = lockstep_machine(store, pg)
     await trio.to_thread.run_sync(

@@ -206,9 +206,10 @@ def test_workers_claim_only_their_own_kinds_and_status_names_the_unserved_ones(
         crawler = start(dsn, *FAST, name="crawler", app="tests.apps.routing:crawls")
         purger = start(dsn, *FAST, name="purger", app="tests.apps.routing:purges")
         wait_for(
-            lambda: pg.execute(
-                "SELECT count(*) FROM work_items WHERE status = 'Succeeded'"
-            ).fetchone() == (12,),
+            lambda: (
+                pg.execute("SELECT count(*) FROM work_items WHERE status = 'Succeeded'").fetchone()
+                == (12,)
+            ),
             timeout=60,
             what="every Crawl and Purge to succeed",
         )

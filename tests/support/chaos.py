@@ -37,40 +37,31 @@ from trioworker._pgserver import PrivateCluster
 APP = "tests.apps.chaos:registry"
 RUNNING_SCOPE_INDEX = "work_items_one_running_per_scope"
 
-#: The rule-off control, built here in test code: in the run's own database, the
-#: claim's candidates and its write are replaced by versions that ignore scopes (and
-#: the unique index is dropped), so the harness can show its checks find overlaps.
+#: The rule-off control, built here in test code: in the run's own database, the claim
+#: is replaced by one that ignores scopes (and the unique index is dropped), so the
+#: harness can show its checks find overlaps.
 RULE_OFF_SQL = f"""
 DROP INDEX {RUNNING_SCOPE_INDEX};
 
-CREATE OR REPLACE FUNCTION work_candidates(
-    p_kinds text[], p_scopes text[], p_unscoped boolean, p_limit integer
-) RETURNS TABLE (id bigint, scope text)
-LANGUAGE sql STABLE AS $$
-    SELECT w.id, NULL::text FROM work_items AS w
-    WHERE w.status = 'Queued' AND w.run_after <= now() AND w.kind = ANY(p_kinds)
-      AND (p_scopes IS NULL OR w.scope = ANY(p_scopes) OR (p_unscoped AND w.scope IS NULL))
-    ORDER BY w.priority DESC, w.run_after, w.id
-    LIMIT p_limit
-$$;
-
-CREATE OR REPLACE FUNCTION work_claim_rows(
-    p_ids bigint[], p_worker text, p_lease double precision
-) RETURNS work_items[]
+CREATE OR REPLACE FUNCTION work_claim(
+    p_worker text, p_lease double precision, p_limit integer, p_kinds text[],
+    p_scopes text[] DEFAULT NULL, p_unscoped boolean DEFAULT true
+) RETURNS SETOF work_items
 LANGUAGE sql AS $$
     WITH picked AS (
         SELECT w.id FROM work_items AS w
-        WHERE w.id = ANY(p_ids) AND w.status = 'Queued' AND w.run_after <= now()
+        WHERE w.status = 'Queued' AND w.run_after <= now() AND w.kind = ANY(p_kinds)
+          AND (p_scopes IS NULL OR w.scope = ANY(p_scopes) OR (p_unscoped AND w.scope IS NULL))
+        ORDER BY w.priority DESC, w.run_after, w.id
+        LIMIT p_limit
         FOR UPDATE SKIP LOCKED
-    ), claimed AS (
-        UPDATE work_items AS w
-        SET status = 'Running', is_head = false, attempt = w.attempt + 1,
-            worker_id = p_worker, lease_expires_at = now() + make_interval(secs => p_lease),
-            heartbeat_at = now(), started_at = now()
-        FROM picked WHERE w.id = picked.id
-        RETURNING w AS item, w.id
     )
-    SELECT COALESCE(array_agg(c.item ORDER BY c.id), '{{}}') FROM claimed AS c
+    UPDATE work_items AS w
+    SET status = 'Running', is_head = false, attempt = w.attempt + 1,
+        worker_id = p_worker, lease_expires_at = now() + make_interval(secs => p_lease),
+        heartbeat_at = now(), started_at = now()
+    FROM picked WHERE w.id = picked.id
+    RETURNING w.*
 $$;
 """
 

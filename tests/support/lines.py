@@ -35,15 +35,14 @@ def wedges(pg: Conn) -> list[str]:
     return [row[0] for row in pg.execute(WEDGES).fetchall()]
 
 
-def heads_of_busy_scopes(pg: Conn) -> list[int]:
-    """Queued heads in scopes with a Running item: harmless, but a sequence of the
-    queue's own operations leaves none (the claim takes them down)."""
+def doubled_heads(pg: Conn) -> list[tuple[str, str, int]]:
+    """Lines with two heads: harmless, but a sequence of the queue's own operations,
+    one at a time, leaves none."""
     rows = pg.execute(
-        "SELECT h.id FROM work_items AS h WHERE h.status = 'Queued' AND h.is_head"
-        " AND EXISTS (SELECT 1 FROM work_items AS r"
-        "             WHERE r.scope = h.scope AND r.status = 'Running') ORDER BY 1"
+        "SELECT scope, kind, priority FROM work_items WHERE status = 'Queued' AND is_head"
+        " GROUP BY scope, kind, priority HAVING count(*) > 1 ORDER BY 1, 2, 3"
     ).fetchall()
-    return [row[0] for row in rows]
+    return [(scope, kind, priority) for scope, kind, priority in rows]
 
 
 def running_per_scope(pg: Conn) -> dict[str, int]:

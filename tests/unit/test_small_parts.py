@@ -28,21 +28,16 @@ def test_a_query_name_may_not_repeat() -> None:
 
 
 def test_the_claim_and_its_index_live_together() -> None:
-    """The store's claim calls work_claim; that function, the NOT EXISTS its candidates
-    and its write both check, and the index that backs them sit together in one
-    migration."""
+    """The store's claim calls work_claim and names the index whose rejection it
+    recognises; the function's NOT EXISTS over Running items (for every scope and for
+    a list of scopes) and its lock-skipping sit in the one migration with it."""
     assert "work_claim(" in QUERIES["claim"]
+    assert "work_items_one_running_per_scope" in QUERIES["claim"]
     sql = (migrations_dir() / "0002.scope-lines.sql").read_text()
-
-    def function(name: str) -> str:
-        body = sql[sql.index(f"CREATE FUNCTION {name}(") :]
-        return body[: body.index("$$;")]
-
-    assert "'work_items_one_running_per_scope'" in function("work_claim")
-    for name in ("work_candidates", "work_claim_rows"):
-        text = " ".join(function(name).split()).replace("( ", "(")
-        assert "NOT EXISTS (SELECT 1 FROM work_items AS r" in text
-    assert "FOR UPDATE SKIP LOCKED" in function("work_claim_rows")
+    claim = sql[sql.index("CREATE FUNCTION work_claim(") :]
+    claim = " ".join(claim[: claim.index("$$;")].split()).replace("( ", "(")
+    assert claim.count("NOT EXISTS (SELECT 1 FROM work_items AS r") == 2
+    assert claim.count("FOR UPDATE SKIP LOCKED") == 3
 
 
 @pytest.mark.parametrize(

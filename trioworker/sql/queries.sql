@@ -18,8 +18,8 @@ SELECT id FROM work_items WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 
 -- name: claim
 -- Up to %(limit)s due items of the served kinds whose scopes are free, never two of
--- one scope (work_claim: NOT EXISTS over Running items, claim locks per scope, and
--- work_items_one_running_per_scope under both).
+-- one scope (work_claim: NOT EXISTS over Running items and a claim lock per scope;
+-- work_items_one_running_per_scope under both, whose name the store recognises).
 SELECT id, kind, scope, payload, priority, attempt, stalls, failures, requested_at, dedup_key
 FROM work_claim(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s, %(scopes)s, %(unscoped)s);
 
