@@ -53,7 +53,18 @@ HELP: Mapping[str, str] = {
         "How long handlers ran, by kind (to their return, error or stop)"
     ),
     "trioworker_scope_race_losses": (
-        "Claims that lost a scope to a concurrent claim on the running-scope index"
+        "Claims that lost a scope on the running-scope index (to a Running item they"
+        " could not see), and claimed again"
+    ),
+    "trioworker_store_conflict_retries": (
+        "The queue's own writes run again after a deadlock or serialization failure"
+        " (none is expected)"
+    ),
+    "trioworker_scopes_settled": (
+        "Scopes whose heads this Worker settled after a change made by hand or a held row"
+    ),
+    "trioworker_heads_repaired": (
+        "Wedged scopes the repair found and fixed: a bug in trioworker, and never expected"
     ),
     "trioworker_dedup_hits": "Enqueues merged onto an item already Queued with the same dedup key",
     "trioworker_store_timeouts": "Store calls that ran out of time",
@@ -205,6 +216,9 @@ class _ReadAtScrape(Collector):
             ("trioworker_scope_race_losses", stats.race_losses),
             ("trioworker_dedup_hits", stats.dedup_hits),
             ("trioworker_store_timeouts", stats.timeouts),
+            ("trioworker_store_conflict_retries", stats.conflict_retries),
+            ("trioworker_scopes_settled", stats.scopes_settled),
+            ("trioworker_heads_repaired", stats.heads_repaired),
         ]:
             yield CounterMetricFamily(name, HELP[name], value=value)
         worker = self.metrics._worker

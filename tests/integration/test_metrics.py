@@ -103,6 +103,8 @@ def test_a_workers_metrics_move_with_its_work(dsn: str, pg: Conn, tmp_path: Path
         assert value(after, "trioworker_queue_items", kind="Record", status="Queued") == 0
         assert value(after, "trioworker_items_running") == 0
         assert value(after, "trioworker_scope_race_losses_total") == 0
+        assert value(after, "trioworker_heads_repaired_total") == 0
+        assert value(after, "trioworker_store_conflict_retries_total") == 0
 
         worker.signal(signal.SIGTERM)
         assert worker.wait(timeout=60) == 0, worker.output()

@@ -60,6 +60,10 @@ class Session:
         return self.pending
 
     def close(self) -> None:
+        """Close the connection, cancelling a statement still waiting (a failed run
+        can leave one blocked on another session's lock)."""
+        if self.pending is not None and not self.pending.done():
+            self.conn.cancel_safe()
         self._thread.shutdown(wait=True)
         self.conn.close()
 

@@ -96,11 +96,21 @@ def test_store_counters_and_running_items_are_read_at_scrape_time() -> None:
     assert sample(metrics, "trioworker_items_running") is None  # no Worker yet
     metrics.attach(worker)
     assert metrics.refresh_every == 6 * 2.5
-    store.stats = StoreStatistics(race_losses=3, dedup_hits=2, timeouts=1)
+    store.stats = StoreStatistics(
+        race_losses=3,
+        dedup_hits=2,
+        timeouts=1,
+        conflict_retries=5,
+        scopes_settled=6,
+        heads_repaired=7,
+    )
     worker.running = 4
     assert sample(metrics, "trioworker_scope_race_losses_total") == 3
     assert sample(metrics, "trioworker_dedup_hits_total") == 2
     assert sample(metrics, "trioworker_store_timeouts_total") == 1
+    assert sample(metrics, "trioworker_store_conflict_retries_total") == 5
+    assert sample(metrics, "trioworker_scopes_settled_total") == 6
+    assert sample(metrics, "trioworker_heads_repaired_total") == 7
     assert sample(metrics, "trioworker_items_running") == 4
 
 
