@@ -4,18 +4,16 @@ Series, each timed call by call on one connection with the store's connection se
 
 - psycopg's sync API;
 - psycopg's async API under plain asyncio (what psycopg itself costs when async);
-- that coroutine awaited from Trio through trioworker's bridge (`_bridge.run`);
-- the store's full path (`PostgresStore._call`: pool checkout, call timeout, error
-  translation), and a named store query (`store.query`) against the same SQL sent sync.
+- that coroutine awaited from Trio through trio-asyncio (`aio_as_trio`, what the store's
+  bridge builds on);
+- the store's full path (pool checkout, call timeout, error translation): a named store
+  query (`store.query`) against the same SQL sent sync.
 
 Rounds alternate between asyncio and Trio, and the series within a Trio round are
 interleaved call by call.
 """
 
 from __future__ import annotations
-
-# trio_asyncio before psycopg, or psycopg's async calls find no running event loop.
-import trio_asyncio  # noqa: F401  isort: skip
 
 import asyncio
 import time
@@ -26,17 +24,19 @@ from typing import Any
 import psycopg
 import trio
 
-from bench.common import Server, save, show, summary_ms
-from trioworker import PostgresStore, _bridge, open_store
-from trioworker._postgres import _connect_kwargs
-from trioworker._queries import QUERIES as STORE_QUERIES
+# trio_asyncio before psycopg, or psycopg's async calls find no running event loop.
+import trio_asyncio
+
+from bench.common import QUERIES, Server, save, show, summary_ms
+from trioworker import PostgresStore, open_store
 
 TRIVIAL = "SELECT 1"
 NAMED = "busy_scopes"  # a named store query; one count over an index on an empty table
+BRIDGED = "trio -> trio-asyncio -> psycopg async: SELECT 1"
 
 
 def kwargs(dsn: str) -> dict[str, Any]:
-    return {**_connect_kwargs(dsn, "trioworker-bench"), "autocommit": True}
+    return {"application_name": "trioworker-bench", "autocommit": True}
 
 
 async def asyncio_round(dsn: str, calls: int) -> list[float]:
@@ -54,7 +54,7 @@ async def asyncio_round(dsn: str, calls: int) -> list[float]:
 
 async def trio_round(dsn: str, calls: int) -> dict[str, list[float]]:
     async with open_store(dsn, max_connections=1) as store:
-        aconn = await _bridge.run(psycopg.AsyncConnection.connect(dsn, **kwargs(dsn)))
+        aconn = await trio_asyncio.aio_as_trio(psycopg.AsyncConnection.connect)(dsn, **kwargs(dsn))
         with psycopg.connect(dsn, **kwargs(dsn)) as sconn:
             series = _trio_series(store, aconn, sconn)
             samples: dict[str, list[float]] = {name: [] for name in series}
@@ -66,7 +66,7 @@ async def trio_round(dsn: str, calls: int) -> dict[str, list[float]]:
                     t0 = time.perf_counter()
                     await call()
                     samples[name].append(time.perf_counter() - t0)
-        await _bridge.run(aconn.close())
+        await trio_asyncio.aio_as_trio(aconn.close)()
         return samples
 
 
@@ -75,22 +75,14 @@ def _trio_series(
     aconn: psycopg.AsyncConnection[Any],
     sconn: psycopg.Connection[Any],
 ) -> dict[str, Callable[[], Awaitable[Any]]]:
-    named_sql = STORE_QUERIES[NAMED]
+    named_sql = QUERIES[NAMED]
 
     async def sync_trivial() -> Any:
         return sconn.execute(TRIVIAL).fetchall()
 
+    @trio_asyncio.aio_as_trio
     async def bridged() -> Any:
-        async def query() -> Any:
-            return await (await aconn.execute(TRIVIAL)).fetchall()
-
-        return await _bridge.run(query())
-
-    async def store_path() -> Any:
-        async def op(conn: psycopg.AsyncConnection[Any]) -> Any:
-            return await (await conn.execute(TRIVIAL)).fetchall()
-
-        return await store._call("bench", op)
+        return await (await aconn.execute(TRIVIAL)).fetchall()
 
     async def sync_named() -> Any:
         return sconn.execute(named_sql).fetchall()
@@ -100,8 +92,7 @@ def _trio_series(
 
     return {
         "psycopg sync: SELECT 1": sync_trivial,
-        "trio -> bridge -> psycopg async: SELECT 1": bridged,
-        "store path (_call): SELECT 1": store_path,
+        BRIDGED: bridged,
         f"psycopg sync: {NAMED}": sync_named,
         f"store.query({NAMED!r})": store_named,
     }
@@ -136,13 +127,12 @@ def main(srv: Server, quick: bool, out: Path) -> dict[str, Any]:
     results: dict[str, Any] = {
         "series": series,
         "overhead_us": {
-            "bridge_vs_sync": (series["trio -> bridge -> psycopg async: SELECT 1"]["median_ms"]
-                               - base) * 1000,
-            "bridge_vs_asyncio": (series["trio -> bridge -> psycopg async: SELECT 1"]["median_ms"]
+            "bridge_vs_sync": (series[BRIDGED]["median_ms"] - base) * 1000,
+            "bridge_vs_asyncio": (series[BRIDGED]["median_ms"]
                                   - series["psycopg async (asyncio): SELECT 1"]["median_ms"])
             * 1000,
-            "store_path_vs_sync": (series["store path (_call): SELECT 1"]["median_ms"] - base)
-            * 1000,
+            "store_path_vs_sync": (series[f"store.query({NAMED!r})"]["median_ms"]
+                                   - series[f"psycopg sync: {NAMED}"]["median_ms"]) * 1000,
         },
     }  # fmt: skip
     o = results["overhead_us"]

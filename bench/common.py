@@ -11,6 +11,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -18,17 +19,23 @@ import uuid
 from collections.abc import Iterator, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString, cast
 
 import psycopg
 from psycopg import sql
 
-from trioworker._migrate import migrate
-from trioworker._queries import parse
+from trioworker import migrate
 
 #: The server the benchmarks use when no --dsn or $TRIOWORKER_DSN is given.
 DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 ROOT = Path(__file__).parent.parent
+
+def parse(text: str) -> dict[str, LiteralString]:
+    """Split a queries file on `-- name:` headers; each body runs to the next one."""
+    parts = re.split(r"^-- name: (\w+)\s*$", text, flags=re.MULTILINE)
+    pairs = zip(parts[1::2], parts[2::2], strict=True)
+    return {name: cast(LiteralString, body.strip().rstrip(";")) for name, body in pairs}
+
 
 #: The benchmarks' own statements (loading, baselines, checks), named like trioworker's.
 QUERIES = parse(resources.files("bench").joinpath("queries.sql").read_text())

@@ -28,9 +28,9 @@ def pgbench_binary(server_version: str) -> Path:
     if found:
         candidates.append(Path(found))
     try:
-        from trioworker._pgserver import _bin_dir
+        from trioworker.testing import PrivateCluster
 
-        candidates.append(_bin_dir() / "pgbench")
+        candidates.append(PrivateCluster.binaries() / "pgbench")
     except RuntimeError:
         pass
     for path in candidates:

@@ -17,7 +17,6 @@ from typing import Any
 from bench.apps import PICKUP_LOG_ENV
 from bench.common import QUERIES, Server, connect, save, show, summary_ms
 from bench.procs import processes, trioworker_command, wait_until
-from trioworker._queries import QUERIES as STORE_QUERIES
 
 POLL = 5.0
 ENQUEUE = {"kind": "Pickup", "scope": None, "payload": "{}", "dedup_key": None,
@@ -51,7 +50,7 @@ def measure(dsn: str, items: int, log_dir: Path) -> dict[str, list[float]]:
         for _ in range(items):
             time.sleep(rng.uniform(0.02, 0.06))
             sent = time.monotonic()
-            row = conn.execute(STORE_QUERIES["enqueue"], ENQUEUE).fetchone()
+            row = conn.execute(QUERIES["enqueue"], ENQUEUE).fetchone()
             committed = time.monotonic()
             item_id = row[0] if row else None
 

@@ -107,3 +107,12 @@ BEGIN;
 UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
 SELECT pg_notify('bench', 'x');
 COMMIT;
+
+-- name: busy_scopes
+-- The same count as trioworker's own `busy_scopes` query, sent on a plain connection.
+SELECT count(*) AS n FROM work_items WHERE status = 'Running' AND scope IS NOT NULL;
+
+-- name: enqueue
+-- An enqueue as any application sends it: a plain INSERT.
+INSERT INTO work_items (kind, scope, payload) VALUES (%(kind)s, %(scope)s, %(payload)s::jsonb)
+RETURNING id;

@@ -8,16 +8,19 @@ PostgreSQL cancels its own handler half a lease after its last good heartbeat.
 # "no running event loop".
 import trio_asyncio  # noqa: F401  isort: skip
 
+from ._context import Context
+from ._dsn import DSN_ENV, resolve_dsn
 from ._errors import (
     ConfigurationError,
     DatabaseUnavailable,
     InvalidWorkItem,
+    Lost,
     SchemaNotReady,
     StoreError,
     StoreTimeout,
     TrioWorkerError,
 )
-from ._executor import Context
+from ._migrate import check_schema, migrate
 from ._model import (
     CancelOutcome,
     Enqueued,
@@ -26,25 +29,29 @@ from ._model import (
     Recovered,
     Status,
     StoreStatistics,
+    WorkerInfo,
     WorkItem,
 )
 from ._policy import DoNotRetry, RetryPolicy
-from ._postgres import PostgresStore, Transaction, open_store
+from ._postgres import FencedTransaction, PostgresStore, Transaction, open_store
 from ._registry import Registry
 from ._settings import Settings
 from ._store import Store
 from ._worker import Worker, WorkerStatistics
 
 __all__ = [
+    "DSN_ENV",
     "CancelOutcome",
     "ConfigurationError",
     "Context",
     "DatabaseUnavailable",
     "DoNotRetry",
     "Enqueued",
+    "FencedTransaction",
     "Heartbeat",
     "InvalidWorkItem",
     "ItemState",
+    "Lost",
     "PostgresStore",
     "Recovered",
     "Registry",
@@ -60,6 +67,10 @@ __all__ = [
     "TrioWorkerError",
     "WorkItem",
     "Worker",
+    "WorkerInfo",
     "WorkerStatistics",
+    "check_schema",
+    "migrate",
     "open_store",
+    "resolve_dsn",
 ]

@@ -18,10 +18,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+import attrs
 import trio
 
 from . import _logging
-from ._dsn import _password, redact, resolve_dsn
+from ._dsn import DSN_ENV, _password, redact, resolve_dsn
 from ._errors import ConfigurationError, DatabaseUnavailable, SchemaNotReady, TrioWorkerError
 from ._migrate import check_schema, migrate
 from ._postgres import open_store
@@ -75,7 +76,8 @@ def load_registry(spec: str) -> Registry:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    applied = migrate(args.dsn)
+    apps = [load_registry(args.app)] if args.app else []
+    applied = migrate(args.dsn, *apps)
     print("applied: " + ", ".join(applied) if applied else "schema is up to date")
     return EXIT_OK
 
@@ -148,20 +150,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     registry = load_registry(args.app)
-    optional = {"stop_grace": args.stop_grace} if args.stop_grace is not None else {}
-    settings = Settings(
-        lease=args.lease,
-        heartbeat=args.heartbeat,
-        poll=args.poll,
-        max_stalls=args.max_stalls,
-        concurrency=args.concurrency,
-        max_concurrent_files=args.max_concurrent_files,
-        shutdown_grace=args.shutdown_grace,
-        **optional,
-    )
+    given = {f: getattr(args, f) for _, f, _, _ in SETTINGS_OPTIONS if getattr(args, f) is not None}
+    settings = Settings(**given)
     if args.migrate:
-        migrate(args.dsn)
-    _wait_for_schema(args.dsn, args.startup_timeout)
+        migrate(args.dsn, registry)
+    _wait_for_schema(args.dsn, args.startup_timeout, registry)
     interrupted = trio.Event()
 
     async def main() -> None:
@@ -170,11 +163,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             max_connections=2 * settings.concurrency + 4,
             application_name=f"trioworker {args.worker_id}"[:63],
         ) as store:
-            observer = None
+            metrics = None
             if args.metrics_port is not None:
                 from ._metrics import serve_metrics
 
-                observer = serve_metrics(args.metrics_port, store)
+                metrics = serve_metrics(args.metrics_port, store)
             worker = Worker(
                 store,
                 registry,
@@ -184,14 +177,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                 unscoped=args.unscoped,
                 fail_stop=fail_stop,
                 watchdog=True,
-                observer=observer,
+                metrics=metrics,
             )
-            if observer is not None:
-                observer.attach(worker)
+            if metrics is not None:
+                metrics.attach(worker)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_on_signals, worker, nursery.cancel_scope, interrupted)
-                if observer is not None:
-                    nursery.start_soon(observer.run)  # the queue-depth refresh
+                if metrics is not None:
+                    nursery.start_soon(metrics.run)  # the queue-depth refresh
                 await worker.run()
                 nursery.cancel_scope.cancel()
 
@@ -224,13 +217,14 @@ async def _on_signals(worker: Worker, scope: trio.CancelScope, interrupted: trio
                 return
 
 
-def _wait_for_schema(dsn: str, timeout: float) -> None:
-    """Check the schema, retrying while PostgreSQL is unreachable (up to `timeout`)."""
+def _wait_for_schema(dsn: str, timeout: float, registry: Registry) -> None:
+    """Check the schema (the queue's and the app's migrations), retrying while
+    PostgreSQL is unreachable (up to `timeout`)."""
     deadline = time.monotonic() + timeout if timeout > 0 else float("inf")
     backoff = Backoff(initial=0.5, maximum=10.0)
     while True:
         try:
-            check_schema(dsn)
+            check_schema(dsn, registry)
             return
         except DatabaseUnavailable as exc:
             delay = backoff.next()
@@ -241,7 +235,7 @@ def _wait_for_schema(dsn: str, timeout: float) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .media.demo import run_demo
 
     return run_demo(args.dsn if args.dsn_given else None, args)
 
@@ -263,11 +257,34 @@ def _positive_int(text: str) -> int:
     return value
 
 
+#: The `run` options that set a Worker's Settings: (option, field, type, help). Their
+#: defaults are Settings' own.
+SETTINGS_OPTIONS = [
+    ("--concurrency", "concurrency", _positive_int, "items at once"),
+    ("--lease", "lease", _positive_float, "seconds"),
+    ("--heartbeat", "heartbeat", _positive_float, "seconds"),
+    ("--poll", "poll", _positive_float, "seconds"),
+    ("--max-stalls", "max_stalls", _positive_int, "stalls before an item fails as stalled"),
+    ("--max-concurrent-files", "max_concurrent_files", _positive_int, "parallel file work"),
+    ("--shutdown-grace", "shutdown_grace", _positive_float,
+     "seconds running items get after SIGTERM"),
+    ("--stop-grace", "stop_grace", _positive_float,
+     "seconds a cancelled handler gets before fail-stop"),
+]  # fmt: skip
+
+
+def _setting_default(field: str) -> str:
+    default = attrs.fields_dict(Settings)[field].default
+    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+        return "a quarter lease"
+    return f"{default:g}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m trioworker",
         description="A PostgreSQL-backed work queue with Trio Workers.",
-        epilog="DSN: --dsn, else $TRIOWORKER_DSN, else libpq's PG* variables. Exit codes:"
+        epilog=f"DSN: --dsn, else ${DSN_ENV}, else libpq's PG* variables. Exit codes:"
         " 0 done, 1 error, 2 usage, 70 fail-stop, 130 interrupted twice.",
     )
     parser.add_argument("--dsn", help="libpq connection string or URI")
@@ -292,24 +309,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="also take unscoped items (default: yes without --scope, no with it)",
     )
-    run.add_argument("--concurrency", type=_positive_int, default=1, help="items at once (1)")
-    run.add_argument("--lease", type=_positive_float, default=60.0, help="seconds (60)")
-    run.add_argument("--heartbeat", type=_positive_float, default=10.0, help="seconds (10)")
-    run.add_argument("--poll", type=_positive_float, default=5.0, help="seconds (5)")
-    run.add_argument("--max-stalls", type=_positive_int, default=3, help="(3)")
-    run.add_argument("--max-concurrent-files", type=_positive_int, default=4, help="(4)")
-    run.add_argument(
-        "--shutdown-grace",
-        type=_positive_float,
-        default=30.0,
-        help="seconds running items get after SIGTERM (30)",
-    )
-    run.add_argument(
-        "--stop-grace",
-        type=_positive_float,
-        default=None,
-        help="seconds a cancelled handler gets before fail-stop (lease/4)",
-    )
+    for option, field, type_, help in SETTINGS_OPTIONS:
+        run.add_argument(
+            option,
+            dest=field,
+            type=type_,
+            default=None,
+            metavar="N" if type_ is _positive_int else "SECONDS",
+            help=f"{help} ({_setting_default(field)})",
+        )
     run.add_argument(
         "--startup-timeout",
         type=float,
@@ -322,9 +330,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=cmd_run)
 
-    sub.add_parser(
+    migrate_ = sub.add_parser(
         "migrate", help="apply database migrations (safe to run concurrently)"
-    ).set_defaults(func=cmd_migrate)
+    )
+    migrate_.add_argument(
+        "--app",
+        metavar="MODULE:ATTR",
+        help="also apply the migrations of this app's Registry(migrations=...)",
+    )
+    migrate_.set_defaults(func=cmd_migrate)
 
     enqueue = sub.add_parser("enqueue", help="queue a work item; prints its id")
     enqueue.add_argument("kind")
@@ -359,8 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    args.dsn_given = args.dsn is not None or "TRIOWORKER_DSN" in os.environ
-    raw_dsn = args.dsn if args.dsn is not None else os.environ.get("TRIOWORKER_DSN", "")
+    args.dsn_given = args.dsn is not None or DSN_ENV in os.environ
+    raw_dsn = args.dsn if args.dsn is not None else os.environ.get(DSN_ENV, "")
     _logging.configure(args.log_level, args.log_format, secret=_password(raw_dsn))
     func: Callable[[argparse.Namespace], int] = args.func
     try:

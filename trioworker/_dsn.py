@@ -8,12 +8,12 @@ import psycopg.conninfo
 
 from ._errors import ConfigurationError
 
-ENV_DSN = "TRIOWORKER_DSN"
+DSN_ENV = "TRIOWORKER_DSN"
 
 
 def resolve_dsn(explicit: str | None) -> str:
     """--dsn, else $TRIOWORKER_DSN, else "" (libpq then reads PGHOST, PGUSER, ...)."""
-    dsn = explicit if explicit is not None else os.environ.get(ENV_DSN, "")
+    dsn = explicit if explicit is not None else os.environ.get(DSN_ENV, "")
     try:
         psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:

@@ -27,9 +27,11 @@ class SchemaNotReady(StoreError):
     """The database lacks migrations this version needs (run `trioworker migrate`)."""
 
 
+class Lost(StoreError):
+    """This attempt no longer owns its work item: its lease ran out and the item was
+    taken back (or given to another attempt). Nothing the attempt wrote in a fenced
+    transaction was kept, and the Worker writes nothing for it either."""
+
+
 class ConfigurationError(TrioWorkerError):
     """Bad settings given to a Worker or command: a bad --app, DSN or option."""
-
-
-class FailStop(TrioWorkerError):
-    """A handler did not stop within its grace period; the process must exit."""

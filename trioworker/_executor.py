@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-import attrs
 import trio
 
+from ._context import Context
 from ._errors import StoreError
 from ._logging import item_logger
 from ._model import Heartbeat, WorkItem
@@ -30,32 +30,6 @@ from ._store import Store
 log = logging.getLogger("trioworker.executor")
 
 T = TypeVar("T")
-
-
-@attrs.frozen
-class Context:
-    """What a handler gets besides its item."""
-
-    worker_id: str
-    #: The attempt's own cancel scope: cancelled on self-stop, loss, cancel or shutdown.
-    cancel_scope: trio.CancelScope
-    #: Bounds parallel file work across this Worker (the seed's MaxConcurrentFiles).
-    limiter: trio.CapacityLimiter
-    log: logging.LoggerAdapter[logging.Logger]
-
-    @property
-    def stopping(self) -> bool:
-        """Whether this attempt has been asked to stop."""
-        return self.cancel_scope.cancel_called
-
-    async def run_in_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run blocking file work in a thread, within the Worker's file limiter.
-
-        A cancel waits for the thread to return (it is not abandoned, since an
-        abandoned thread would go on writing files); inside long loops, call
-        `trio.from_thread.check_cancelled()` to stop early.
-        """
-        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
 
 class Attempt:
@@ -111,7 +85,15 @@ class Attempt:
                 await changed.wait()
 
 
+#: Called when a handler will not stop: it must end the process (the CLI's exits 70).
 FailStop = Callable[[str], None]
+
+
+class EventSink(Protocol):
+    """Where a Worker reports what happens (the Prometheus metrics, say): events such
+    as "claimed", "complete", "self_stopped", and timings such as "heartbeat_rtt"."""
+
+    def observe(self, event: str, kind: str, value: float | None = None) -> None: ...
 
 
 class Executor:
@@ -125,7 +107,7 @@ class Executor:
         *,
         worker_id: str,
         fail_stop: FailStop,
-        observer: Any = None,
+        events: EventSink | None = None,
         on_deadline: Callable[[], None] | None = None,
         complete: Callable[[int, int], Awaitable[bool]] | None = None,
     ) -> None:
@@ -139,7 +121,7 @@ class Executor:
         self.worker_id = worker_id
         self.fail_stop = fail_stop
         self.limiter = trio.CapacityLimiter(settings.max_concurrent_files)
-        self.observer = observer
+        self.events = events
         self.running: dict[int, Attempt] = {}
         self._shutting_down = False
 
@@ -166,7 +148,7 @@ class Executor:
         self._deadlines_changed()
         if self._shutting_down:
             attempt.cancel(CancelReason.SHUTDOWN)
-        ctx = Context(self.worker_id, attempt.scope, self.limiter, ilog)
+        ctx = Context(self.worker_id, attempt.scope, self.limiter, ilog, self.store, item)
         started = trio.current_time()
         try:
             async with trio.open_nursery() as nursery:
@@ -185,6 +167,8 @@ class Executor:
             failures_before=item.failures,
             policy=registration.retry,
         )
+        if ctx.completed_in_transaction and decision.action is Action.COMPLETE:
+            decision = Decision(Action.NOTHING)  # Succeeded, with the handler's writes
         self._log_end(ilog, reason, outcome, decision, attempt)
         await self._write(item, decision, attempt, ilog)
         return decision
@@ -344,5 +328,5 @@ class Executor:
         raise AssertionError(f"no write for {decision.action}")  # pragma: no cover
 
     def _observe(self, event: str, kind: str, value: float | None = None) -> None:
-        if self.observer is not None:
-            self.observer.observe(event, kind, value)
+        if self.events is not None:
+            self.events.observe(event, kind, value)

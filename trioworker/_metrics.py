@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ._errors import ConfigurationError, StoreError
-from ._model import Status, StoreStatistics
+from ._model import StoreStatistics, counts_by_kind
 
 log = logging.getLogger("trioworker.metrics")
 
@@ -77,7 +77,6 @@ HELP: Mapping[str, str] = {
 }
 HEARTBEAT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 HANDLER_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
-STATUSES = [s.value for s in Status]
 #: Queue depth is read every this many poll intervals.
 REFRESH_POLLS = 6
 
@@ -109,11 +108,11 @@ def queue_depth(
 ) -> QueueDepth:
     """The reading from the rows of `counts_by_kind_and_status` and `busy_scopes`;
     every status of a kind that has items is present, zero when it has none."""
-    depth: dict[tuple[str, str], int] = {}
-    for row in counts:
-        for status in STATUSES:
-            depth.setdefault((row["kind"], status), 0)
-        depth[row["kind"], row["status"]] = int(row["n"])
+    depth = {
+        (kind, status): n
+        for kind, by_status in counts_by_kind(counts).items()
+        for status, n in by_status.items()
+    }
     return QueueDepth(depth, int(busy[0]["n"]) if busy else 0, read_at)
 
 

@@ -1,4 +1,10 @@
-"""Apply the yoyo migrations in `migrations/`, safely from several processes at once.
+"""Apply the yoyo migrations, safely from several processes at once.
+
+The queue's own migrations (`migrations/`, shipped in the wheel) create only the queue's
+objects. An application adds its own beside them: a directory of yoyo migrations named
+by `Registry(migrations=...)`, applied with `python -m trioworker migrate --app
+MODULE:ATTR` or `migrate(dsn, registry)`; its first migration depends on the queue's
+last. Migration ids (file names) share one namespace, so give them a prefix.
 
 yoyo's own lock is a row in `yoyo_lock`, which a process killed inside it leaves
 behind. Migrators here first take a PostgreSQL session advisory lock, which dies with
@@ -10,7 +16,9 @@ from __future__ import annotations
 import logging
 import re
 import urllib.parse
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol
 
 import psycopg
 import psycopg.conninfo
@@ -25,10 +33,27 @@ log = logging.getLogger("trioworker.migrate")
 MIGRATION_LOCK = (29815, 0)
 
 
+class HasMigrations(Protocol):
+    """An application's migrations: a trioworker.Registry made with `migrations=`."""
+
+    @property
+    def migrations(self) -> Path | None: ...
+
+
 def migrations_dir() -> Path:
-    """The migrations shipped in the wheel, or the checkout's `migrations/`."""
+    """The queue's own migrations: shipped in the wheel, or the checkout's `migrations/`."""
     packaged = Path(__file__).parent / "_migrations"
     return packaged if packaged.is_dir() else Path(__file__).parent.parent / "migrations"
+
+
+def _sources(apps: Iterable[HasMigrations]) -> list[str]:
+    sources = [str(migrations_dir())]
+    for app in apps:
+        if app.migrations is not None:
+            if not Path(app.migrations).is_dir():
+                raise ConfigurationError(f"no migrations directory {app.migrations}")
+            sources.append(str(app.migrations))
+    return sources
 
 
 def yoyo_uri(dsn: str) -> str:
@@ -63,9 +88,11 @@ def _connect(dsn: str) -> psycopg.Connection[tuple[object, ...]]:
         raise connection_error(exc, dsn) from None
 
 
-def migrate(dsn: str) -> list[str]:
-    """Apply pending migrations; the ids applied (empty when already current)."""
-    if not pending_migrations(dsn):
+def migrate(dsn: str, *apps: HasMigrations) -> list[str]:
+    """Apply the queue's pending migrations, and those of `apps`; the ids applied
+    (empty when the schema was already current)."""
+    sources = _sources(apps)
+    if not pending_migrations(dsn, *apps):
         return []
     with _connect(dsn) as lock_conn:
         row = lock_conn.execute(
@@ -82,7 +109,7 @@ def migrate(dsn: str) -> list[str]:
             if "yoyo_lock" in backend.list_tables():
                 backend.execute("DELETE FROM yoyo_lock")  # stale: we hold the real lock
                 backend.commit()
-            pending = backend.to_apply(read_migrations(str(migrations_dir())))
+            pending = backend.to_apply(read_migrations(*sources))
             with backend.lock():
                 backend.apply_migrations(pending)
             applied = [m.id for m in pending]
@@ -93,13 +120,13 @@ def migrate(dsn: str) -> list[str]:
     return applied
 
 
-def pending_migrations(dsn: str) -> list[str]:
-    """Migrations this version has that the database has not applied yet.
+def pending_migrations(dsn: str, *apps: HasMigrations) -> list[str]:
+    """Migrations of the queue (and of `apps`) that the database has not applied yet.
 
     Reads yoyo's bookkeeping table directly: a Worker's role may not create the
     tables yoyo would create on connecting.
     """
-    wanted = [m.id for m in read_migrations(str(migrations_dir()))]
+    wanted = [m.id for m in read_migrations(*_sources(apps))]
     with _connect(dsn) as conn:
         exists = conn.execute("SELECT to_regclass('_yoyo_migration') IS NOT NULL").fetchone()
         applied: set[str] = set()
@@ -109,11 +136,14 @@ def pending_migrations(dsn: str) -> list[str]:
     return [m for m in wanted if m not in applied]
 
 
-def check_schema(dsn: str) -> None:
-    """Raise SchemaNotReady unless every migration has been applied."""
-    pending = pending_migrations(dsn)
+def check_schema(dsn: str, *apps: HasMigrations) -> None:
+    """Raise SchemaNotReady unless every migration (the queue's, and those of `apps`)
+    has been applied."""
+    pending = pending_migrations(dsn, *apps)
     if pending:
+        app = " --app MODULE:ATTR" if any(a.migrations for a in apps) else ""
         raise SchemaNotReady(
             f"the database lacks migrations {', '.join(pending)}:"
-            " run `python -m trioworker migrate` (with a role allowed to change the schema)"
+            f" run `python -m trioworker migrate{app}` (with a role allowed to change the"
+            " schema)"
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -22,6 +23,16 @@ class Status(enum.Enum):
 
 
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
+
+
+def counts_by_kind(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Rows of (kind, status, n) as {kind: {status: n}}, every status present (zero
+    when a kind has none), statuses in `Status` order."""
+    counts: dict[str, dict[str, int]] = {}
+    for row in rows:
+        by_status = counts.setdefault(row["kind"], dict.fromkeys((s.value for s in Status), 0))
+        by_status[row["status"]] = int(row["n"])
+    return counts
 
 
 class Heartbeat(enum.Enum):
@@ -59,6 +70,9 @@ class WorkItem:
 
 @attrs.frozen
 class Enqueued:
+    """What `enqueue` did: the item's id, and whether it was merged onto an item already
+    Queued with the same dedup key (that item's id is returned)."""
+
     id: int
     deduplicated: bool  # True: an item with this dedup key was already Queued
 

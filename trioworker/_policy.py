@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import attrs
 
+from ._errors import Lost
 from ._retry import backoff_delay
 
 
@@ -55,10 +56,6 @@ class Outcome:
 
     error: BaseException | None = None  # None: it returned
 
-    @property
-    def returned(self) -> bool:
-        return self.error is None
-
 
 @attrs.frozen
 class Decision:
@@ -88,6 +85,8 @@ def decide(  # noqa: PLR0911  one return per rule reads like the rule
     handler errors before this attempt.
     """
     if reason is CancelReason.SELF_STOP or reason is CancelReason.LOST:
+        return Decision(Action.NOTHING)
+    if isinstance(outcome.error, Lost):  # a fenced transaction found the item gone
         return Decision(Action.NOTHING)
     if reason is CancelReason.CANCEL_REQUESTED:
         return Decision(Action.CANCEL)

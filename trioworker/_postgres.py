@@ -23,7 +23,7 @@ from psycopg.rows import dict_row
 
 from . import _bridge
 from ._dsn import redact, redact_dsn
-from ._errors import DatabaseUnavailable, SchemaNotReady, StoreError, StoreTimeout
+from ._errors import DatabaseUnavailable, Lost, SchemaNotReady, StoreError, StoreTimeout
 from ._model import (
     CancelOutcome,
     Enqueued,
@@ -71,7 +71,8 @@ def _violates(exc: BaseException, index: str) -> bool:  # pragma: no mutate bloc
 
 
 class Transaction:
-    """The caller's own transaction; pass it to `enqueue(tx=...)` to enqueue atomically."""
+    """The caller's own transaction (`PostgresStore.transaction()`); pass it to
+    `enqueue(tx=...)` to enqueue atomically with the caller's other writes."""
 
     def __init__(
         self, store: PostgresStore, conn: psycopg.AsyncConnection[Any]
@@ -89,6 +90,42 @@ class Transaction:
             return await cur.fetchall() if cur.description else []
 
         return await self._store._call("transaction.execute", op, conn=self._conn)
+
+    async def rows(
+        self, query: LiteralString, params: Sequence[Any] | dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:  # pragma: no mutate block
+        """Run one statement in this transaction; the rows it returns, as dicts."""
+
+        async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query, params)
+                return await cur.fetchall() if cur.description else []
+
+        return await self._store._call("transaction.rows", op, conn=self._conn)
+
+
+class FencedTransaction(Transaction):
+    """A handler's transaction, fenced by its attempt (`Context.transaction()`).
+
+    It began by locking the item's row and checking that this attempt (id, attempt)
+    still owns it, Running; the lock holds until the commit, so nothing can take the
+    item meanwhile, and the handler's writes commit only while the attempt owns it.
+    """
+
+    def __init__(
+        self, store: PostgresStore, conn: psycopg.AsyncConnection[Any], id: int, attempt: int
+    ) -> None:  # pragma: no mutate block
+        super().__init__(store, conn)
+        self.item_id = id
+        self.attempt = attempt
+        #: Whether the item is finished as Succeeded when this transaction commits.
+        self.completes = False
+
+    def complete(self) -> None:
+        """Finish the item as Succeeded in this transaction, so the handler's writes and
+        the Succeeded commit together (exactly once for its database effects). The
+        Worker then writes nothing more for the attempt."""
+        self.completes = True
 
 
 class PostgresStore:
@@ -256,8 +293,33 @@ class PostgresStore:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:  # pragma: no mutate block
-        """A transaction of the caller's own, committed when the block exits cleanly."""
+        """A transaction of the caller's own, committed when the block exits cleanly
+        (rolled back if it raises)."""
+        async with self._transaction() as conn:
+            yield Transaction(self, conn)
 
+    @asynccontextmanager
+    async def fenced_transaction(
+        self, id: int, attempt: int
+    ) -> AsyncIterator[FencedTransaction]:  # pragma: no mutate block
+        """A transaction that commits only while attempt (`id`, `attempt`) owns its
+        Running item; raises Lost, writing nothing, when it does not. Handlers reach it
+        through `Context.transaction()`."""
+        async with self._transaction() as conn:
+            tx = FencedTransaction(self, conn, id, attempt)
+            if not await tx.execute(QUERIES["lock_attempt"], {"id": id, "attempt": attempt}):
+                raise Lost(f"item {id} attempt {attempt} no longer owns the item; nothing written")
+            yield tx
+            if tx.completes:
+                params = {"ids": [id], "attempts": [attempt], "status": Status.SUCCEEDED.value,
+                          "reason": None, "error": None, "wait": True}  # fmt: skip
+                if not await tx.execute(QUERIES["finish"], params):  # pragma: no cover
+                    raise Lost(f"item {id} attempt {attempt} could not be finished")
+
+    @asynccontextmanager
+    async def _transaction(
+        self,
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:  # pragma: no mutate block
         async def begin() -> psycopg.AsyncConnection[Any]:
             conn = await self._pool.getconn()
             try:
@@ -281,13 +343,13 @@ class PostgresStore:
                 conn = await self._run(begin())
             except psycopg.Error as exc:
                 raise self._translate("transaction", exc) from None
-        committed = False
+        ended = False
         try:
-            yield Transaction(self, conn)
+            yield conn
+            ended = True  # COMMIT returns the connection to the pool, whatever happens
             await self._call("commit", lambda c: finish(c, "COMMIT"), conn=conn)
-            committed = True
         finally:
-            if not committed:
+            if not ended:
                 with trio.CancelScope(shield=True), trio.move_on_after(self.call_timeout):
                     await self._run(_quietly(finish(conn, "ROLLBACK")))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import attrs
@@ -11,7 +12,7 @@ from ._model import WorkItem
 from ._policy import RetryPolicy
 
 if TYPE_CHECKING:
-    from ._executor import Context
+    from ._context import Context
 
 Handler: TypeAlias = Callable[[WorkItem, "Context"], Awaitable[Any]]
 
@@ -24,11 +25,19 @@ class Registration:
 
 
 class Registry:
-    """The kinds a Worker can run, each with its handler and retry policy."""
+    """The kinds a Worker can run, each with its handler and retry policy.
 
-    def __init__(self, *, default_retry: RetryPolicy | None = None) -> None:
+    `migrations`: a directory of the application's own yoyo migrations, applied beside
+    the queue's by `python -m trioworker migrate --app MODULE:ATTR` and checked when a
+    Worker starts with that app.
+    """
+
+    def __init__(
+        self, *, default_retry: RetryPolicy | None = None, migrations: Path | str | None = None
+    ) -> None:
         self._registrations: dict[str, Registration] = {}
         self.default_retry = default_retry or RetryPolicy()
+        self.migrations = Path(migrations) if migrations is not None else None
 
     def handler(
         self, kind: str, *, retry: RetryPolicy | None = None

@@ -9,7 +9,7 @@ from rich import box
 from rich.console import Console, Group
 from rich.table import Table
 
-from ._model import Status
+from ._model import Status, counts_by_kind
 from ._postgres import PostgresStore
 
 STATUS_ORDER = [s.value for s in Status]
@@ -24,9 +24,7 @@ async def gather(store: PostgresStore, *, failures: int = 10) -> dict[str, Any]:
     failed = await store.query("recent_failures", limit=failures)
     workers = await store.query("workers", alive_within=ALIVE_WITHIN)
     unserved = await store.query("unserved_kinds", alive_within=ALIVE_WITHIN)
-    by_kind: dict[str, dict[str, int]] = {}
-    for row in counts:
-        by_kind.setdefault(row["kind"], dict.fromkeys(STATUS_ORDER, 0))[row["status"]] = row["n"]
+    by_kind = counts_by_kind(counts)
     return {
         "counts": by_kind,
         "totals": {s: sum(k[s] for k in by_kind.values()) for s in STATUS_ORDER},

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from contextlib import AbstractAsyncContextManager
+from typing import Any, LiteralString, Protocol
 
 import trio
 
@@ -25,6 +26,24 @@ from ._model import (
 
 #: Called with the notification's scope ("" for unscoped work, None after a reconnect).
 NotifyCallback = Callable[[str | None], None]
+
+
+class FencedTransactionLike(Protocol):
+    """What `Context.transaction()` yields (`FencedTransaction` on PostgreSQL)."""
+
+    item_id: int
+    attempt: int
+    completes: bool
+
+    async def execute(
+        self, query: LiteralString, params: Sequence[Any] | dict[str, Any] | None = None
+    ) -> list[tuple[Any, ...]]: ...
+
+    async def rows(
+        self, query: LiteralString, params: Sequence[Any] | dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]: ...
+
+    def complete(self) -> None: ...
 
 
 class Store(Protocol):
@@ -81,6 +100,10 @@ class Store(Protocol):
     async def release(self, id: int, attempt: int) -> bool: ...
 
     async def retry_later(self, id: int, attempt: int, delay: float, error: str) -> bool: ...
+
+    def fenced_transaction(
+        self, id: int, attempt: int
+    ) -> AbstractAsyncContextManager[FencedTransactionLike]: ...
 
     async def recover_expired_leases(self, max_stalls: int) -> list[Recovered]: ...
 

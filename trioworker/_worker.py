@@ -1,7 +1,7 @@
 """The Worker: claims work items and runs them, all its loops children of one nursery.
 
     async with trio.open_nursery() as nursery:
-        worker = Worker(store, registry)
+        worker = Worker(store, registry, fail_stop=end_the_process)
         await nursery.start(worker.run)  # returns once it is listening
         ...
         worker.stop()  # graceful: finish or release running items
@@ -25,7 +25,7 @@ import trio
 
 from ._batching import CompletionBatcher
 from ._errors import SchemaNotReady, StoreError
-from ._executor import Executor, FailStop
+from ._executor import EventSink, Executor, FailStop
 from ._model import Status, WorkerInfo, WorkItem
 from ._registry import Registry
 from ._retry import Backoff
@@ -42,12 +42,18 @@ def default_worker_id() -> str:
 
 @attrs.frozen
 class WorkerStatistics:
+    """A snapshot of a Worker's counters (`Worker.statistics()`)."""
+
     claimed: int
     running: int
     events: dict[str, int]  # completed, retry, fail, cancel, release, self_stopped, lost, ...
 
 
 class Worker:
+    """Claims work items of its registry's kinds and runs them, each attempt stopping
+    itself half a lease after its last good heartbeat (module docstring: how to run one).
+    """
+
     def __init__(
         self,
         store: Store,
@@ -59,7 +65,7 @@ class Worker:
         unscoped: bool | None = None,
         fail_stop: FailStop,
         watchdog: bool = False,
-        observer: object = None,
+        metrics: EventSink | None = None,
     ) -> None:
         """`scopes`: serve only these scopes (None: all). `unscoped`: take unscoped
         items too (default: yes when serving all scopes, no when serving a list).
@@ -74,7 +80,7 @@ class Worker:
         #: The kinds this Worker claims: those its registry has handlers for.
         self.kinds = tuple(registry.kinds)
         self.events: collections.Counter[str] = collections.Counter()
-        self._observer = observer
+        self._metrics = metrics
         self._completions = CompletionBatcher(store)
         self.executor = Executor(
             store,
@@ -82,7 +88,7 @@ class Worker:
             self.settings,
             worker_id=self.worker_id,
             fail_stop=fail_stop,
-            observer=self,
+            events=self,
             on_deadline=self._publish_deadline if watchdog else None,
             complete=self._completions.complete,
         )
@@ -94,13 +100,13 @@ class Worker:
         self._in_flight = 0
         self._item_done = trio.Event()
 
-    # -- observer hooks (the executor reports here) ------------------------------------
+    # -- events (the executor reports here; they are counted, and passed to metrics) ----
 
     def observe(self, event: str, kind: str, value: float | None = None) -> None:
         if value is None:
             self.events[event] += 1
-        if self._observer is not None:
-            self._observer.observe(event, kind, value)  # type: ignore[attr-defined]
+        if self._metrics is not None:
+            self._metrics.observe(event, kind, value)
 
     def statistics(self) -> WorkerStatistics:
         return WorkerStatistics(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -14,7 +15,9 @@ import pytest
 import trio
 
 from trioworker import (
+    Context,
     ItemState,
+    Lost,
     PostgresStore,
     Settings,
     Status,
@@ -24,15 +27,14 @@ from trioworker import (
     open_store,
 )
 from trioworker.media import _files
-from trioworker.media._db import AttemptLost, connect
+from trioworker.media._db import MediaDb
 
 SETTINGS = Settings(lease=8, heartbeat=1, poll=0.5, recovery_every=1)
 Conn = psycopg.Connection[Any]
 
 
 @pytest.fixture
-def library(dsn: str, pg: Conn, monkeypatch: pytest.MonkeyPatch) -> Iterator[media.Library]:
-    monkeypatch.setenv(media.DSN_ENV, dsn)
+def library(pg: Conn) -> Iterator[media.Library]:
     yield media.Library(pg)
 
 
@@ -180,20 +182,23 @@ async def test_token_cleanup_and_retention(
 async def test_a_write_of_an_attempt_that_lost_its_item_writes_nothing(
     library: media.Library, store: PostgresStore, pg: Conn, tmp_path: Path
 ) -> None:
-    """The fence: a write under an old attempt number raises AttemptLost and commits
-    nothing; under the current attempt it commits."""
+    """The fence: a write under an old attempt number raises Lost and commits nothing;
+    under the current attempt it commits."""
     config(library, tmp_path)
     await store.enqueue("TokenCleanup")
     claimed = await store.claim("w", 30, kinds=["TokenCleanup"])
     assert claimed is not None
     library.add_token("c1", -60)
+
+    def context(item: WorkItem) -> Context:
+        log = logging.LoggerAdapter(logging.getLogger("test"))
+        return Context("w", trio.CancelScope(), trio.CapacityLimiter(1), log, store, item)
+
     stale = WorkItem(claimed.id, claimed.kind, None, {}, attempt=claimed.attempt - 1)
-    async with connect(stale) as db:
-        with pytest.raises(AttemptLost):
-            await db.write([("delete_expired_tokens", {})])
+    with pytest.raises(Lost):
+        await MediaDb(context(stale)).write([("delete_expired_tokens", {})])
     assert pg.execute("SELECT count(*) FROM media_share_tokens").fetchone() == (1,)
-    async with connect(claimed) as db:
-        await db.write([("delete_expired_tokens", {})])
+    await MediaDb(context(claimed)).write([("delete_expired_tokens", {})])
     assert pg.execute("SELECT count(*) FROM media_share_tokens").fetchone() == (0,)
 
 

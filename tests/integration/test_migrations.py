@@ -13,8 +13,8 @@ import pytest
 
 from tests.support.database import Databases
 from tests.support.schema import describe
-from trioworker import SchemaNotReady
-from trioworker._migrate import check_schema, migrate, pending_migrations
+from trioworker import SchemaNotReady, check_schema, media, migrate
+from trioworker._migrate import pending_migrations
 
 ROOT = Path(__file__).parents[2]
 
@@ -32,6 +32,44 @@ def test_migrations_produce_the_schema_snapshot(empty_dsn: str) -> None:
         actual = describe(conn)
     expected = (ROOT / "docs" / "schema.sql").read_text()
     assert actual == expected, "schema drifted: run scripts/update-schema-snapshot"
+
+
+def tables(dsn: str) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+QUEUE_TABLES = [
+    "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_items", "work_pauses",
+    "work_unsettled_scopes", "work_workers", "yoyo_lock",
+]  # fmt: skip
+MEDIA_TABLES = [
+    "media_assets", "media_bursts", "media_proxies", "media_share_tokens",
+    "media_storage_configs",
+]  # fmt: skip
+
+
+def test_migrate_creates_only_the_queues_tables_and_an_app_adds_its_own(
+    empty_dsn: str,
+) -> None:
+    """`python -m trioworker migrate` creates the queue's tables and nothing else; the
+    media demo's tables come only with `--app trioworker.media:registry`, and a Worker
+    of that app refuses a database without them."""
+    env = {**os.environ, "TRIOWORKER_DSN": empty_dsn}
+    cli = [sys.executable, "-m", "trioworker", "migrate"]
+    subprocess.run(cli, env=env, check=True, capture_output=True, timeout=120)
+    assert tables(empty_dsn) == QUEUE_TABLES
+    check_schema(empty_dsn)
+    with pytest.raises(SchemaNotReady, match="migrate --app"):
+        check_schema(empty_dsn, media.registry)
+    app = [*cli, "--app", "trioworker.media:registry"]
+    out = subprocess.run(app, env=env, check=True, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "applied: 0001.media-library"
+    assert tables(empty_dsn) == sorted(QUEUE_TABLES + MEDIA_TABLES)
+    check_schema(empty_dsn, media.registry)
 
 
 def test_check_schema_names_the_missing_migrations(empty_dsn: str) -> None:

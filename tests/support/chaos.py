@@ -30,9 +30,8 @@ import trio
 
 from tests.support.fault_proxy import FaultProxy
 from tests.support.processes import ROOT
-from trioworker import media
-from trioworker._migrate import migrate
-from trioworker._pgserver import PrivateCluster
+from trioworker import media, migrate
+from trioworker.testing import PrivateCluster
 
 APP = "tests.apps.chaos:registry"
 RUNNING_SCOPE_INDEX = "work_items_one_running_per_scope"
@@ -336,7 +335,7 @@ class ChaosRun:
         with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
             conn.execute("CREATE DATABASE chaos")
         self.dsn = cluster.dsn("chaos")
-        migrate(self.dsn)
+        migrate(self.dsn, media.registry)
         self.feeder = Feeder(self.dsn)
         if scenario.rule_off:
             self.feeder.conn.execute(RULE_OFF_SQL)

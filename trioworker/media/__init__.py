@@ -3,14 +3,16 @@ trioworker, one item per config at a time.
 
     python -m trioworker run --app trioworker.media:registry ...
 
-Handlers find PostgreSQL through $TRIOWORKER_MEDIA_DSN, else $TRIOWORKER_DSN (so a
-Worker started with the DSN in its environment shares it), and everything else through
-the storage config's row: its originals folder and its proxy folder. See
-`trioworker.media._handlers` for what each kind does and why Purge needs the rule.
+Handlers reach PostgreSQL through the Worker (`ctx.transaction()`, fenced by the
+attempt) and everything else through the storage config's row: its originals folder
+and its proxy folder. Its tables come from its own migrations (`python -m trioworker
+migrate --app trioworker.media:registry`). See `trioworker.media._handlers` for what
+each kind does and why Purge needs the rule.
 """
 
+from pathlib import Path
+
 from .. import Registry
-from ._db import DSN_ENV, AttemptLost, media_dsn
 from ._files import PROXY_KINDS, proxy_dir
 from ._handlers import HANDLERS, register
 from ._library import Audit, Library, MissingProxies
@@ -18,16 +20,15 @@ from ._observer import OBSERVER_ENV, Span, overlaps, read_spans
 from ._plan import Burst, group_bursts
 from ._sample import make_originals, make_orphan_proxies
 
-#: Every media kind, ready for `--app trioworker.media:registry`.
-registry = Registry()
+#: Every media kind, ready for `--app trioworker.media:registry`; its tables come from
+#: its own migrations (`python -m trioworker migrate --app trioworker.media:registry`).
+registry = Registry(migrations=Path(__file__).parent / "migrations")
 register(registry)
 
 __all__ = [
-    "DSN_ENV",
     "HANDLERS",
     "OBSERVER_ENV",
     "PROXY_KINDS",
-    "AttemptLost",
     "Audit",
     "Burst",
     "Library",
@@ -36,7 +37,6 @@ __all__ = [
     "group_bursts",
     "make_originals",
     "make_orphan_proxies",
-    "media_dsn",
     "overlaps",
     "proxy_dir",
     "read_spans",

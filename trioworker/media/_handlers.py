@@ -20,9 +20,9 @@ from typing import Any
 
 import trio
 
-from .. import Context, DoNotRetry, Registry, RetryPolicy, WorkItem, open_store
+from .. import Context, DoNotRetry, Registry, RetryPolicy, WorkItem
 from . import _files
-from ._db import MediaDb, Statement, connect, media_dsn
+from ._db import MediaDb, Statement
 from ._observer import observed
 from ._plan import chunks, group_bursts
 
@@ -56,24 +56,22 @@ async def _config(db: MediaDb, config_id: str) -> dict[str, Any]:
 async def crawl(item: WorkItem, ctx: Context) -> None:
     """Register the config's originals and write the proxies of content that is new."""
     config_id = _scope(item)
-    async with connect(item) as db:
-        config = await _config(db, config_id)
-        if config["removed_at"] is not None:
-            ctx.log.info("storage config %s was removed; nothing to crawl", config_id)
-            return
-        root, proxy_root = Path(config["root"]), Path(config["proxy_root"])
-        active = frozenset(await db.column("active_hashes", config_id=config_id))
-        originals = await ctx.run_in_thread(_files.list_originals, root)
-        registered = 0
-        for batch in chunks(originals, CRAWL_BATCH):
-            scanned = await _scan_batch(ctx, batch, root, proxy_root, active)
-            new = [s for s in scanned if s.wrote_proxies]
-            await db.write([_registration(config_id, s) for s in new])
-            active |= {s.content_hash for s in new}
-            registered += len(new)
-        ctx.log.info(
-            "crawled %s: %d originals, %d new assets", config_id, len(originals), registered
-        )
+    db = MediaDb(ctx)
+    config = await _config(db, config_id)
+    if config["removed_at"] is not None:
+        ctx.log.info("storage config %s was removed; nothing to crawl", config_id)
+        return
+    root, proxy_root = Path(config["root"]), Path(config["proxy_root"])
+    active = frozenset(await db.column("active_hashes", config_id=config_id))
+    originals = await ctx.run_in_thread(_files.list_originals, root)
+    registered = 0
+    for batch in chunks(originals, CRAWL_BATCH):
+        scanned = await _scan_batch(ctx, batch, root, proxy_root, active)
+        new = [s for s in scanned if s.wrote_proxies]
+        await db.write([_registration(config_id, s) for s in new])
+        active |= {s.content_hash for s in new}
+        registered += len(new)
+    ctx.log.info("crawled %s: %d originals, %d new assets", config_id, len(originals), registered)
 
 
 async def _scan_batch(
@@ -112,27 +110,27 @@ async def burst_detection(item: WorkItem, ctx: Context) -> None:
     """Group the config's active assets into bursts by capture time."""
     config_id = _scope(item)
     gap = dt.timedelta(seconds=float(_payload(item).get("gap_seconds", 2.0)))
-    async with connect(item) as db:
-        await _config(db, config_id)
-        rows = await db.rows("captures", config_id=config_id)
-        captures = [(r["id"], r["captured_at"]) for r in rows]
-        bursts = group_bursts(captures, gap=gap)
-        statements: list[Statement] = [("clear_bursts", {"config_id": config_id})]
-        statements += [
-            (
-                "add_burst",
-                {
-                    "config_id": config_id,
-                    "started_at": b.started_at,
-                    "ended_at": b.ended_at,
-                    "size": len(b.asset_ids),
-                    "asset_ids": list(b.asset_ids),
-                },
-            )
-            for b in bursts
-        ]
-        await db.write(statements)
-        ctx.log.info("%s: %d assets in %d bursts", config_id, len(captures), len(bursts))
+    db = MediaDb(ctx)
+    await _config(db, config_id)
+    rows = await db.rows("captures", config_id=config_id)
+    captures = [(r["id"], r["captured_at"]) for r in rows]
+    bursts = group_bursts(captures, gap=gap)
+    statements: list[Statement] = [("clear_bursts", {"config_id": config_id})]
+    statements += [
+        (
+            "add_burst",
+            {
+                "config_id": config_id,
+                "started_at": b.started_at,
+                "ended_at": b.ended_at,
+                "size": len(b.asset_ids),
+                "asset_ids": list(b.asset_ids),
+            },
+        )
+        for b in bursts
+    ]
+    await db.write(statements)
+    ctx.log.info("%s: %d assets in %d bursts", config_id, len(captures), len(bursts))
 
 
 async def purge(item: WorkItem, ctx: Context) -> None:
@@ -143,48 +141,48 @@ async def purge(item: WorkItem, ctx: Context) -> None:
     runs meanwhile, which the scope rule guarantees.
     """
     config_id = _scope(item)
-    async with connect(item) as db:
-        proxy_root = Path((await _config(db, config_id))["proxy_root"])
-        doomed = await db.rows("soft_deleted", config_id=config_id)
-        kept = 0
-        for asset in doomed:
-            digest = asset["content_hash"]
-            if await db.value("content_is_active", config_id=config_id, content_hash=digest):
-                kept += 1
-            else:
-                await ctx.run_in_thread(_files.delete_proxies, proxy_root, digest)
-            await db.write([("purge_asset", {"asset_id": asset["id"]})])
-        ctx.log.info(
-            "purged %d assets of %s (%d kept proxies an active asset shares)",
-            len(doomed),
-            config_id,
-            kept,
-        )
+    db = MediaDb(ctx)
+    proxy_root = Path((await _config(db, config_id))["proxy_root"])
+    doomed = await db.rows("soft_deleted", config_id=config_id)
+    kept = 0
+    for asset in doomed:
+        digest = asset["content_hash"]
+        if await db.value("content_is_active", config_id=config_id, content_hash=digest):
+            kept += 1
+        else:
+            await ctx.run_in_thread(_files.delete_proxies, proxy_root, digest)
+        await db.write([("purge_asset", {"asset_id": asset["id"]})])
+    ctx.log.info(
+        "purged %d assets of %s (%d kept proxies an active asset shares)",
+        len(doomed),
+        config_id,
+        kept,
+    )
 
 
 async def proxy_deletion(item: WorkItem, ctx: Context) -> None:
     """Scoped: delete the proxy folders of payload["hashes"] that no asset of the
     config has. Unscoped: delete every proxy of payload["config_id"], a removed config."""
     payload = _payload(item)
-    async with connect(item) as db:
-        if item.scope is None:
-            config_id = str(payload.get("config_id", ""))
-            config = await _config(db, config_id)
-            if config["removed_at"] is None:
-                raise DoNotRetry(
-                    f"storage config {config_id!r} is live: an unscoped ProxyDeletion only"
-                    " clears a removed config (enqueue it with the config as its scope)"
-                )
-            deleted = await ctx.run_in_thread(_files.delete_tree, Path(config["proxy_root"]))
-            ctx.log.info("removed config %s: proxies deleted: %s", config_id, deleted)
-            return
-        config_id = item.scope
-        proxy_root = Path((await _config(db, config_id))["proxy_root"])
-        count = 0
-        for digest in payload.get("hashes", []):
-            if not await db.value("content_is_known", config_id=config_id, content_hash=digest):
-                count += await ctx.run_in_thread(_files.delete_proxies, proxy_root, digest)
-        ctx.log.info("%s: deleted %d proxy folders", config_id, count)
+    db = MediaDb(ctx)
+    if item.scope is None:
+        config_id = str(payload.get("config_id", ""))
+        config = await _config(db, config_id)
+        if config["removed_at"] is None:
+            raise DoNotRetry(
+                f"storage config {config_id!r} is live: an unscoped ProxyDeletion only"
+                " clears a removed config (enqueue it with the config as its scope)"
+            )
+        deleted = await ctx.run_in_thread(_files.delete_tree, Path(config["proxy_root"]))
+        ctx.log.info("removed config %s: proxies deleted: %s", config_id, deleted)
+        return
+    config_id = item.scope
+    proxy_root = Path((await _config(db, config_id))["proxy_root"])
+    count = 0
+    for digest in payload.get("hashes", []):
+        if not await db.value("content_is_known", config_id=config_id, content_hash=digest):
+            count += await ctx.run_in_thread(_files.delete_proxies, proxy_root, digest)
+    ctx.log.info("%s: deleted %d proxy folders", config_id, count)
 
 
 async def proxy_sweep(item: WorkItem, ctx: Context) -> None:
@@ -192,35 +190,32 @@ async def proxy_sweep(item: WorkItem, ctx: Context) -> None:
     (default an hour); each is checked again, in the database and on disk, right
     before it is deleted. Safe beside a crawl: a crawl's fresh writes are young."""
     min_age = float(_payload(item).get("min_age_seconds", ORPHAN_MIN_AGE))
-    async with connect(item) as db:
-        deleted = 0
-        for config in await db.rows("live_configs"):
-            proxy_root = Path(config["proxy_root"])
-            for digest in await ctx.run_in_thread(_files.proxy_folders, proxy_root):
-                if not await ctx.run_in_thread(_files.older_than, proxy_root, digest, min_age):
-                    continue
-                if await db.value("content_is_known", config_id=config["id"], content_hash=digest):
-                    continue
-                deleted += await ctx.run_in_thread(
-                    _files.delete_if_still_old, proxy_root, digest, min_age
-                )
-        ctx.log.info("proxy sweep: deleted %d orphan proxy folders", deleted)
+    db = MediaDb(ctx)
+    deleted = 0
+    for config in await db.rows("live_configs"):
+        proxy_root = Path(config["proxy_root"])
+        for digest in await ctx.run_in_thread(_files.proxy_folders, proxy_root):
+            if not await ctx.run_in_thread(_files.older_than, proxy_root, digest, min_age):
+                continue
+            if await db.value("content_is_known", config_id=config["id"], content_hash=digest):
+                continue
+            deleted += await ctx.run_in_thread(
+                _files.delete_if_still_old, proxy_root, digest, min_age
+            )
+    ctx.log.info("proxy sweep: deleted %d orphan proxy folders", deleted)
 
 
 async def token_cleanup(item: WorkItem, ctx: Context) -> None:
     """Delete expired share tokens."""
-    async with connect(item) as db:
-        await db.write([("delete_expired_tokens", {})])
+    db = MediaDb(ctx)
+    await db.write([("delete_expired_tokens", {})])
 
 
 async def work_item_retention(item: WorkItem, ctx: Context) -> None:
     """Delete work items finished longer than payload["older_than_seconds"] ago (7 days)."""
     seconds = _payload(item).get("older_than_seconds")
     older_than = dt.timedelta(seconds=float(seconds)) if seconds is not None else RETENTION
-    # A short call timeout: the store's close is shielded and bounded by it, and a
-    # cancelled attempt must stop well within its stop grace.
-    async with open_store(media_dsn(), max_connections=1, call_timeout=2.0) as store:
-        deleted = await store.delete_finished(older_than)
+    deleted = await ctx.store.delete_finished(older_than)
     ctx.log.info("retention: deleted %d finished work items", deleted)
 
 

@@ -1,14 +1,6 @@
--- Every statement the media library sends, each under a `-- name:` header (parsed by
--- trioworker._queries.parse, like the core's sql/queries.sql). Handlers write only inside
--- a transaction that first takes `fence`, so an attempt that lost its item writes nothing.
-
--- name: fence
--- Lock this attempt's work item for the rest of the transaction, if the attempt still
--- owns it. No row: another attempt owns the item now, and nothing may be written.
--- FOR SHARE keeps lease recovery (FOR UPDATE SKIP LOCKED) off the row until commit.
-SELECT 1 FROM work_items
-WHERE id = %(item_id)s AND attempt = %(attempt)s AND status = 'Running'
-FOR SHARE;
+-- Every statement the media library sends, each under a `-- name:` header (parsed in
+-- trioworker/media/_db.py). Handlers run them only in the Worker's fenced transactions
+-- (`ctx.transaction()`), so an attempt that lost its item writes nothing.
 
 -- name: config
 SELECT id, owner, root, proxy_root, removed_at

@@ -33,6 +33,13 @@ SET lease_expires_at = now() + make_interval(secs => %(lease)s),
 WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'Running'
 RETURNING cancel_requested;
 
+-- name: lock_attempt
+-- A fenced transaction's first statement: the attempt's row, locked until the commit
+-- (a heartbeat of the item waits for it), if the attempt still owns it.
+SELECT id FROM work_items
+WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'Running'
+FOR NO KEY UPDATE;
+
 -- name: finish
 -- Succeeded, Failed or Cancelled, for many attempts at once; the ids written. With
 -- wait false, rows another transaction holds are passed over.

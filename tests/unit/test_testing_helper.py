@@ -1,0 +1,49 @@
+"""`trioworker.testing.worker`: a real Worker over the in-memory store, on virtual time."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from trioworker import Context, Registry, RetryPolicy, Status, WorkItem
+from trioworker.testing import worker
+
+
+async def test_a_flaky_handler_is_retried_on_the_virtual_clock(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The helper runs the real Worker: a handler that fails once is retried after its
+    backoff (virtual seconds, no real wait) and then succeeds."""
+    registry = Registry()
+    calls: list[float] = []
+
+    @registry.handler("Flaky", retry=RetryPolicy(initial_delay=30.0, jitter=0.0))
+    async def flaky(item: WorkItem, ctx: Context) -> None:
+        calls.append(trio.current_time())
+        if len(calls) == 1:
+            raise OSError("the share is not mounted yet")
+
+    async with worker(registry) as w:
+        item = await w.store.enqueue("Flaky", scope="7")
+        state = await w.finished(item.id)
+    assert (state.status, state.attempt, state.failures) == (Status.SUCCEEDED, 2, 1)
+    assert calls[1] - calls[0] >= 30.0 and w.fail_stops == []
+
+
+async def test_a_handler_completing_in_its_transaction_is_written_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """`ctx.transaction()` works on the in-memory store too (without SQL): a handler
+    that completes in it leaves the item Succeeded, and the Worker writes nothing more."""
+    registry = Registry()
+
+    @registry.handler("Done")
+    async def done(item: WorkItem, ctx: Context) -> None:
+        async with ctx.transaction() as tx:
+            tx.complete()
+
+    async with worker(registry) as w:
+        item = await w.store.enqueue("Done")
+        state = await w.finished(item.id)
+    assert state.status is Status.SUCCEEDED
+    assert [write.op for write in w.store.writes if write.applied] == ["complete"]

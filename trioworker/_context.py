@@ -1,0 +1,82 @@
+"""What a handler gets besides its item: `Context`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import attrs
+import trio
+
+from ._model import WorkItem
+
+if TYPE_CHECKING:
+    from ._store import FencedTransactionLike, Store
+
+T = TypeVar("T")
+
+
+@attrs.define(eq=False)
+class Context:
+    """What a handler gets besides its item: ``async def handler(item, ctx)``.
+
+    >>> ctx.worker_id                          # doctest: +SKIP
+    'host-4711'
+    """
+
+    #: The Worker running the attempt (HOST-PID unless set with --worker-id).
+    worker_id: str
+    #: The attempt's own cancel scope: cancelled on self-stop, loss, a cancel request,
+    #: the kind's timeout or shutdown. Handlers need not touch it; see `stopping`.
+    cancel_scope: trio.CancelScope
+    #: Bounds parallel file work across this Worker (`--max-concurrent-files`).
+    limiter: trio.CapacityLimiter
+    #: A logger whose lines carry the item's id, attempt, kind, scope and the Worker.
+    log: logging.LoggerAdapter[logging.Logger]
+    #: The Worker's store: enqueue follow-up work with `await ctx.store.enqueue(...)`
+    #: (pass `tx=` to enqueue inside `ctx.transaction()`).
+    store: Store
+    #: The attempt this context belongs to.
+    item: WorkItem
+    _completed: bool = attrs.field(default=False, init=False)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether this attempt has been asked to stop (its cancel scope is cancelled)."""
+        return self.cancel_scope.cancel_called
+
+    @property
+    def completed_in_transaction(self) -> bool:
+        """Whether the handler finished its item inside `transaction()` (committed)."""
+        return self._completed
+
+    async def run_in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking file work in a thread, within the Worker's file limiter.
+
+        A cancel waits for the thread to return (it is not abandoned, since an
+        abandoned thread would go on writing files); inside long loops, call
+        `trio.from_thread.check_cancelled()` to stop early.
+        """
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[FencedTransactionLike]:
+        """A transaction on the Worker's own connections, fenced by this attempt.
+
+        It locks the item's row and checks that this attempt still owns it; if not, it
+        raises `trioworker.Lost` (the Worker then writes nothing for the attempt). The
+        handler's writes commit only while the attempt holds the item; the row stays
+        locked until the commit, so keep the transaction short (the item's heartbeat
+        waits for it). Call `tx.complete()` to finish the item as Succeeded in the same
+        commit as the writes: exactly once for database effects.
+
+            async with ctx.transaction() as tx:
+                await tx.execute("INSERT INTO thumbnails (asset) VALUES (%s)", [asset])
+                tx.complete()
+        """
+        async with self.store.fenced_transaction(self.item.id, self.item.attempt) as tx:
+            yield tx
+        if tx.completes:
+            self._completed = True

@@ -1,0 +1,548 @@
+"""An in-memory Store for unit tests on Trio's virtual clock.
+
+`MemoryStore` implements the same protocol as `PostgresStore` and is held to the same
+contract tests, so it cannot drift from PostgreSQL. Time is Trio's clock, so a
+`MockClock` drives leases and run_after. Faults can be switched on to simulate an
+outage (`fault = "fail"`) or a link that never answers (`fault = "hang"`), and
+`writes` records every write after a claim, applied or not.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Literal, LiteralString
+
+import attrs
+import trio
+
+from ._errors import DatabaseUnavailable, Lost
+from ._model import (
+    CancelOutcome,
+    Enqueued,
+    Heartbeat,
+    ItemState,
+    Recovered,
+    Status,
+    StoreStatistics,
+    WorkerInfo,
+    WorkItem,
+)
+from ._store import NotifyCallback
+from ._validation import validate_enqueue
+
+Fault = Literal["fail", "hang"] | None
+
+
+@attrs.frozen
+class Write:
+    """A write after a claim, as the store saw it."""
+
+    op: str
+    id: int
+    attempt: int
+    applied: bool
+
+
+@attrs.define
+class MemoryFencedTransaction:
+    """`Context.transaction()` on the in-memory store: the fence and `complete()` work
+    as on PostgreSQL; there is no SQL to run, so `execute` refuses."""
+
+    item_id: int
+    attempt: int
+    completes: bool = False
+
+    async def execute(
+        self, query: LiteralString, params: Sequence[Any] | dict[str, Any] | None = None
+    ) -> list[tuple[Any, ...]]:
+        raise NotImplementedError(
+            "MemoryStore runs no SQL: test a handler's queries against PostgreSQL"
+        )
+
+    async def rows(
+        self, query: LiteralString, params: Sequence[Any] | dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        return await self.execute(query, params)  # type: ignore[return-value]
+
+    def complete(self) -> None:
+        self.completes = True
+
+
+@attrs.define
+class _Row:
+    id: int
+    kind: str
+    scope: str | None
+    payload: Any
+    dedup_key: str | None
+    requested_at: dt.datetime
+    run_after: dt.datetime
+    priority: int = 0
+    status: Status = Status.QUEUED
+    attempt: int = 0
+    stalls: int = 0
+    failures: int = 0
+    worker_id: str | None = None
+    lease_expires_at: dt.datetime | None = None
+    heartbeat_at: dt.datetime | None = None
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+    cancel_requested: bool = False
+    reason: str | None = None
+    error: str | None = None
+
+    @property
+    def key(self) -> tuple[int, dt.datetime, int]:
+        """Claim order: higher priority first, then due time, then id."""
+        return (-self.priority, self.run_after, self.id)
+
+    @property
+    def line(self) -> tuple[str | None, str, int]:
+        return (self.scope, self.kind, self.priority)
+
+
+class MemoryStore:
+    """The Store protocol in memory; time is `trio.current_time()`."""
+
+    def __init__(self, *, known_kinds: Sequence[str] | None = None) -> None:
+        self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
+        self.fault: Fault = None
+        #: Operations the fault applies to (None: all of them).
+        self.fault_ops: frozenset[str] | None = None
+        self.writes: list[Write] = []
+        self.calls: list[str] = []
+        self._rows: dict[int, _Row] = {}
+        self._next_id = 1
+        self._listeners: list[NotifyCallback] = []
+        self._epoch = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+        self._dedup_hits = 0
+        #: The Workers table, by id.
+        self.workers: dict[str, WorkerInfo] = {}
+
+    # -- faults and time ----------------------------------------------------------
+
+    def now(self) -> dt.datetime:
+        return self._epoch + dt.timedelta(seconds=trio.current_time())
+
+    async def _enter(self, op: str) -> None:
+        self.calls.append(op)
+        await trio.lowlevel.checkpoint()
+        if self.fault is None or (self.fault_ops is not None and op not in self.fault_ops):
+            return
+        if self.fault == "fail":
+            raise DatabaseUnavailable(f"{op}: connection refused (simulated outage)")
+        await trio.sleep_forever()
+
+    def _notify(self, scope: str | None) -> None:
+        for listener in list(self._listeners):
+            listener(scope or "")
+
+    def _busy(self, scope: str | None) -> bool:
+        return scope is not None and any(
+            r.scope == scope and r.status is Status.RUNNING for r in self._rows.values()
+        )
+
+    def _queued_with(self, dedup_key: str | None, *, besides: int = -1) -> _Row | None:
+        if dedup_key is None:
+            return None
+        for row in self._rows.values():
+            if row.dedup_key == dedup_key and row.status is Status.QUEUED and row.id != besides:
+                return row
+        return None
+
+    def _fenced(self, id: int, attempt: int) -> _Row | None:
+        row = self._rows.get(id)
+        if row is None or row.attempt != attempt or row.status is not Status.RUNNING:
+            return None
+        return row
+
+    def _record(self, op: str, id: int, attempt: int, row: _Row | None) -> bool:
+        self.writes.append(Write(op, id, attempt, row is not None))
+        return row is not None
+
+    def _finish(self, row: _Row, status: Status, reason: str | None = None) -> None:
+        row.status = status
+        row.finished_at = self.now()
+        row.lease_expires_at = None
+        if reason is not None:
+            row.reason = reason
+        self._notify_if_freed(row.scope)
+
+    def _requeue(self, row: _Row) -> None:
+        """Back to Queued, unless a Queued sibling holds its dedup key."""
+        sibling = self._queued_with(row.dedup_key, besides=row.id)
+        row.worker_id = None
+        row.lease_expires_at = None
+        if sibling is not None:
+            row.status = Status.CANCELLED
+            row.reason = f"superseded by queued item {sibling.id}"
+            row.finished_at = self.now()
+        else:
+            row.status = Status.QUEUED
+            row.reason = None
+            row.finished_at = None
+        self._notify_if_freed(row.scope)
+
+    def _notify_if_freed(self, scope: str | None) -> None:
+        if not self._busy(scope) and any(
+            r.scope == scope and r.status is Status.QUEUED and r.run_after <= self.now()
+            for r in self._rows.values()
+        ):
+            self._notify(scope)
+
+    # -- the protocol ---------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        kind: str,
+        *,
+        scope: str | None = None,
+        payload: Any = None,
+        dedup_key: str | None = None,
+        run_after: dt.datetime | dt.timedelta | None = None,
+        priority: int = 0,
+    ) -> Enqueued:
+        now = self.now()
+        request = validate_enqueue(
+            kind,
+            scope,
+            payload,
+            dedup_key,
+            run_after,
+            priority=priority,
+            now=now,
+            known_kinds=self.known_kinds,
+        )
+        await self._enter("enqueue")
+        holder = self._queued_with(request.dedup_key)
+        if holder is not None:
+            self._dedup_hits += 1
+            return Enqueued(id=holder.id, deduplicated=True)
+        row = _Row(
+            id=self._next_id,
+            kind=request.kind,
+            scope=request.scope,
+            payload=_json_roundtrip(request.payload_json),
+            dedup_key=request.dedup_key,
+            requested_at=now,
+            run_after=request.run_at or now + dt.timedelta(seconds=request.delay),
+            priority=request.priority,
+        )
+        self._next_id += 1
+        self._rows[row.id] = row
+        if row.run_after <= now and not self._busy(row.scope):
+            self._notify(row.scope)
+        return Enqueued(id=row.id, deduplicated=False)
+
+    async def claim(
+        self,
+        worker_id: str,
+        lease: float,
+        scopes: Sequence[str] | None = None,
+        *,
+        unscoped: bool = True,
+        kinds: Sequence[str],
+    ) -> WorkItem | None:
+        items = await self.claim_batch(worker_id, lease, 1, scopes, unscoped=unscoped, kinds=kinds)
+        return items[0] if items else None
+
+    async def claim_batch(
+        self,
+        worker_id: str,
+        lease: float,
+        limit: int,
+        scopes: Sequence[str] | None = None,
+        *,
+        unscoped: bool = True,
+        kinds: Sequence[str],
+    ) -> list[WorkItem]:
+        if scopes is None and not unscoped:
+            raise ValueError("a Worker serving every scope serves unscoped items too")
+        await self._enter("claim")
+        claimable = self._claimable(scopes, unscoped=unscoped, kinds=kinds)[:limit]
+        return sorted((self._claim_one(r, worker_id, lease) for r in claimable), key=_by_id)
+
+    def _claimable(
+        self, scopes: Sequence[str] | None, *, unscoped: bool, kinds: Sequence[str]
+    ) -> list[_Row]:
+        """Due Queued items of `kinds` in claim order, at most one per free scope."""
+        now = self.now()
+
+        def eligible(row: _Row) -> bool:
+            if row.status is not Status.QUEUED or row.run_after > now or row.kind not in kinds:
+                return False
+            if row.scope is None:
+                return unscoped
+            if scopes is not None and row.scope not in scopes:
+                return False
+            return not self._busy(row.scope)
+
+        candidates = sorted((r for r in self._rows.values() if eligible(r)), key=lambda r: r.key)
+        firsts: list[_Row] = []
+        taken: set[str] = set()
+        for row in candidates:
+            if row.scope is None or row.scope not in taken:
+                firsts.append(row)
+                if row.scope is not None:
+                    taken.add(row.scope)
+        return firsts
+
+    def _claim_one(self, row: _Row, worker_id: str, lease: float) -> WorkItem:
+        now = self.now()
+        row.status = Status.RUNNING
+        row.attempt += 1
+        row.worker_id = worker_id
+        row.lease_expires_at = now + dt.timedelta(seconds=lease)
+        row.heartbeat_at = now
+        row.started_at = now
+        return WorkItem(
+            id=row.id,
+            kind=row.kind,
+            scope=row.scope,
+            payload=copy.deepcopy(row.payload),
+            attempt=row.attempt,
+            stalls=row.stalls,
+            failures=row.failures,
+            requested_at=row.requested_at,
+            dedup_key=row.dedup_key,
+            priority=row.priority,
+        )
+
+    async def seconds_until_due(
+        self,
+        *,
+        kinds: Sequence[str],
+        scopes: Sequence[str] | None = None,
+        unscoped: bool = True,
+    ) -> float | None:
+        """Until the first item of a line (or an unscoped item) falls due."""
+        await self._enter("seconds_until_due")
+        now = self.now()
+        firsts: dict[tuple[str | None, str, int] | int, _Row] = {}
+        for row in self._rows.values():
+            if row.status is not Status.QUEUED or row.kind not in kinds:
+                continue
+            if row.scope is None:
+                if unscoped:
+                    firsts[row.id] = row
+                continue
+            if (scopes is not None and row.scope not in scopes) or self._busy(row.scope):
+                continue
+            first = firsts.get(row.line)
+            if first is None or (row.run_after, row.id) < (first.run_after, first.id):
+                firsts[row.line] = row
+        waiting = [
+            (r.run_after - now).total_seconds() for r in firsts.values() if r.run_after > now
+        ]
+        return min(waiting, default=None)
+
+    async def heartbeat(self, id: int, attempt: int, lease: float) -> Heartbeat:
+        await self._enter("heartbeat")
+        row = self._fenced(id, attempt)
+        self._record("heartbeat", id, attempt, row)
+        if row is None:
+            return Heartbeat.LOST
+        row.lease_expires_at = self.now() + dt.timedelta(seconds=lease)
+        row.heartbeat_at = self.now()
+        return Heartbeat.CANCEL_REQUESTED if row.cancel_requested else Heartbeat.OK
+
+    async def complete(self, id: int, attempt: int) -> bool:
+        await self._enter("complete")
+        row = self._fenced(id, attempt)
+        if row is not None:
+            self._finish(row, Status.SUCCEEDED)
+        return self._record("complete", id, attempt, row)
+
+    async def complete_batch(self, attempts: Sequence[tuple[int, int]]) -> set[int]:
+        await self._enter("complete_batch")
+        applied = set()
+        for id, attempt in attempts:
+            row = self._fenced(id, attempt)
+            if row is not None:
+                self._finish(row, Status.SUCCEEDED)
+                applied.add(id)
+            self._record("complete", id, attempt, row)
+        return applied
+
+    async def fail(self, id: int, attempt: int, reason: str, error: str | None = None) -> bool:
+        await self._enter("fail")
+        row = self._fenced(id, attempt)
+        if row is not None:
+            row.error = error
+            row.failures += 1
+            self._finish(row, Status.FAILED, reason)
+        return self._record("fail", id, attempt, row)
+
+    async def cancel(self, id: int, attempt: int) -> bool:
+        await self._enter("cancel")
+        row = self._fenced(id, attempt)
+        if row is not None:
+            self._finish(row, Status.CANCELLED, "cancel requested")
+        return self._record("cancel", id, attempt, row)
+
+    async def release(self, id: int, attempt: int) -> bool:
+        await self._enter("release")
+        row = self._fenced(id, attempt)
+        if row is not None:
+            self._requeue(row)
+        return self._record("release", id, attempt, row)
+
+    async def retry_later(self, id: int, attempt: int, delay: float, error: str) -> bool:
+        await self._enter("retry_later")
+        row = self._fenced(id, attempt)
+        if row is not None:
+            row.run_after = self.now() + dt.timedelta(seconds=delay)
+            row.error = error
+            row.failures += 1
+            self._requeue(row)
+        return self._record("retry_later", id, attempt, row)
+
+    async def recover_expired_leases(self, max_stalls: int) -> list[Recovered]:
+        await self._enter("recover_expired_leases")
+        now = self.now()
+        expired = sorted(
+            (
+                r
+                for r in self._rows.values()
+                if r.status is Status.RUNNING
+                and r.lease_expires_at is not None
+                and r.lease_expires_at < now
+            ),
+            key=lambda r: (r.lease_expires_at, r.id),
+        )
+        recovered = []
+        for row in expired:
+            row.stalls += 1
+            if row.stalls >= max_stalls:
+                self._finish(row, Status.FAILED, "stalled")
+            elif row.cancel_requested:
+                self._finish(row, Status.CANCELLED, "cancel requested")
+            else:
+                self._requeue(row)
+            row.worker_id = None
+            recovered.append(
+                Recovered(
+                    id=row.id,
+                    kind=row.kind,
+                    scope=row.scope,
+                    attempt=row.attempt,
+                    stalls=row.stalls,
+                    status=row.status,
+                    reason=row.reason,
+                )
+            )
+        return recovered
+
+    @asynccontextmanager
+    async def fenced_transaction(
+        self, id: int, attempt: int
+    ) -> AsyncIterator[MemoryFencedTransaction]:
+        """Fenced like PostgreSQL's: Lost unless the attempt owns its Running item, at
+        the start and again at the commit."""
+        await self._enter("fenced_transaction")
+        if self._fenced(id, attempt) is None:
+            raise Lost(f"item {id} attempt {attempt} no longer owns the item; nothing written")
+        tx = MemoryFencedTransaction(id, attempt)
+        yield tx
+        await self._enter("commit")
+        row = self._fenced(id, attempt)
+        if row is None:  # pragma: no cover - PostgreSQL's row lock makes this impossible
+            raise Lost(f"item {id} attempt {attempt} lost its item before the commit")
+        if tx.completes:
+            self._finish(row, Status.SUCCEEDED)
+            self._record("complete", id, attempt, row)
+
+    async def settle_noted_scopes(self) -> int:
+        """Nothing to settle: the in-memory claim reads the lines themselves."""
+        await self._enter("settle_noted_scopes")
+        return 0
+
+    async def repair_heads(self) -> list[str]:
+        await self._enter("repair_heads")
+        return []
+
+    async def advertise(self, worker: WorkerInfo) -> None:
+        await self._enter("advertise")
+        self.workers[worker.id] = worker
+
+    async def worker_stopped(self, worker_id: str) -> None:
+        await self._enter("worker_stopped")
+        self.workers.pop(worker_id, None)
+
+    async def request_cancel(self, id: int) -> CancelOutcome:
+        await self._enter("request_cancel")
+        row = self._rows.get(id)
+        if row is None:
+            return CancelOutcome.NOT_FOUND
+        if row.status is Status.QUEUED:
+            row.cancel_requested = True
+            self._finish(row, Status.CANCELLED, "cancelled before it ran")
+            return CancelOutcome.CANCELLED
+        if row.status is Status.RUNNING:
+            row.cancel_requested = True
+            return CancelOutcome.REQUESTED
+        return CancelOutcome.ALREADY_FINISHED
+
+    async def delete_finished(self, older_than: dt.timedelta) -> int:
+        await self._enter("delete_finished")
+        cutoff = self.now() - older_than
+        doomed = [
+            r.id
+            for r in self._rows.values()
+            if r.status.is_terminal and r.finished_at is not None and r.finished_at < cutoff
+        ]
+        for id in doomed:
+            del self._rows[id]
+        return len(doomed)
+
+    async def get_item(self, id: int) -> ItemState | None:
+        await self._enter("get_item")
+        row = self._rows.get(id)
+        if row is None:
+            return None
+        return ItemState(
+            **{k: copy.deepcopy(v) for k, v in attrs.asdict(row, recurse=False).items()}
+        )
+
+    async def listen(
+        self,
+        on_notify: NotifyCallback,
+        *,
+        on_settle: NotifyCallback | None = None,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        self._listeners.append(on_notify)
+        try:
+            task_status.started()
+            await trio.sleep_forever()
+        finally:
+            self._listeners.remove(on_notify)
+
+    def statistics(self) -> StoreStatistics:
+        return StoreStatistics(race_losses=0, dedup_hits=self._dedup_hits, timeouts=0)
+
+    # -- test helpers -----------------------------------------------------------------
+
+    def expire_lease(self, id: int) -> None:
+        """Make a Running item's lease run out now (as if its Worker went quiet)."""
+        row = self._rows[id]
+        row.lease_expires_at = self.now() - dt.timedelta(seconds=1)
+
+    def items(self) -> list[ItemState]:
+        """Every row, as get_item would read it (synchronous, for assertions)."""
+        return [
+            ItemState(**{k: copy.deepcopy(v) for k, v in attrs.asdict(r, recurse=False).items()})
+            for r in sorted(self._rows.values(), key=lambda r: r.id)
+        ]
+
+
+def _json_roundtrip(text: str) -> Any:
+    return json.loads(text)
+
+
+def _by_id(item: WorkItem) -> int:
+    return item.id
