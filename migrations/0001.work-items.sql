@@ -29,6 +29,8 @@ CREATE TABLE work_items (
     cancel_requested boolean     NOT NULL DEFAULT false,
     reason           text,
     error            text,
+    -- The last failed attempt's traceback (its tail, at most 16 KiB).
+    traceback        text,
     -- Kept by 0002: true on the first Queued item of each line of a free scope (and,
     -- for a moment, on a few more: an extra head is harmless, a missing one is not).
     is_head          boolean     NOT NULL DEFAULT false,
@@ -38,6 +40,9 @@ CREATE TABLE work_items (
     CONSTRAINT work_items_scope_sane CHECK (scope <> '' AND length(scope) <= 200),
     CONSTRAINT work_items_dedup_key_sane CHECK (dedup_key <> '' AND length(dedup_key) <= 200),
     CONSTRAINT work_items_priority_sane CHECK (priority BETWEEN -1000 AND 1000),
+    -- The payload limit, for every writer: 64 KiB of JSON text.
+    CONSTRAINT work_items_payload_fits CHECK (octet_length(payload::text) <= 65536),
+    CONSTRAINT work_items_traceback_fits CHECK (length(traceback) <= 20000),
     CONSTRAINT work_items_counters_sane CHECK (attempt >= 0 AND stalls >= 0 AND failures >= 0),
     CONSTRAINT work_items_running_has_lease
         CHECK ((status = 'Running') = (lease_expires_at IS NOT NULL)),
@@ -76,6 +81,22 @@ CREATE INDEX work_items_running_lease
 -- Retention.
 CREATE INDEX work_items_finished
     ON work_items (finished_at) WHERE status IN ('Succeeded', 'Failed', 'Cancelled');
+
+-- How each attempt that did not succeed ended: a short history per item (its last 20
+-- such attempts), for `python -m trioworker show ID`. A succeeded attempt is the
+-- item's own row (started_at, finished_at, worker_id).
+CREATE TABLE work_attempts (
+    item_id    bigint      NOT NULL REFERENCES work_items (id) ON DELETE CASCADE,
+    attempt    integer     NOT NULL,
+    worker_id  text,
+    started_at timestamptz,
+    ended_at   timestamptz NOT NULL DEFAULT now(),
+    -- failed, retried, released, stalled, cancelled, superseded
+    outcome    text        NOT NULL,
+    error      text,
+    traceback  text,
+    PRIMARY KEY (item_id, attempt)
+);
 
 -- Scopes whose heads must be settled again: left by a change made by hand (a head or
 -- Running item deleted or edited outside trioworker), or by a settle that met a row

@@ -344,7 +344,8 @@ $$;
 -- batch. Returns the ids written.
 CREATE FUNCTION work_finish(
     p_ids bigint[], p_attempts integer[], p_status text,
-    p_reason text DEFAULT NULL, p_error text DEFAULT NULL, p_wait boolean DEFAULT true
+    p_reason text DEFAULT NULL, p_error text DEFAULT NULL, p_wait boolean DEFAULT true,
+    p_traceback text DEFAULT NULL
 ) RETURNS SETOF bigint
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off
@@ -359,6 +360,7 @@ BEGIN
     IF p_status NOT IN ('Succeeded', 'Failed', 'Cancelled') THEN
         RAISE EXCEPTION 'work_finish: % is not a final status', p_status;
     END IF;
+
     BEGIN
         IF NOT p_wait THEN
             PERFORM set_config('lock_timeout', '50ms', true);
@@ -368,6 +370,7 @@ BEGIN
             SET status = p_status, finished_at = now(), lease_expires_at = NULL,
                 reason = CASE WHEN p_status = 'Succeeded' THEN w.reason ELSE p_reason END,
                 error = CASE WHEN p_status = 'Failed' THEN p_error ELSE w.error END,
+                traceback = CASE WHEN p_status = 'Failed' THEN p_traceback ELSE w.traceback END,
                 failures = w.failures + (p_status = 'Failed')::integer
             FROM unnest(p_ids, p_attempts) AS d (id, attempt)
             WHERE w.id = d.id AND w.attempt = d.attempt AND w.status = 'Running'
@@ -384,6 +387,7 @@ BEGIN
             SET status = p_status, finished_at = now(), lease_expires_at = NULL,
                 reason = CASE WHEN p_status = 'Succeeded' THEN w.reason ELSE p_reason END,
                 error = CASE WHEN p_status = 'Failed' THEN p_error ELSE w.error END,
+                traceback = CASE WHEN p_status = 'Failed' THEN p_traceback ELSE w.traceback END,
                 failures = w.failures + (p_status = 'Failed')::integer
             FROM unnest(p_ids, p_attempts) AS d (id, attempt)
             WHERE w.id = d.id AND w.attempt = d.attempt AND w.status = 'Running'
@@ -395,6 +399,11 @@ BEGIN
         SELECT array_agg(done.id), array_agg(done.scope) FILTER (WHERE done.scope IS NOT NULL)
         INTO done_ids, done_scopes FROM done;
     END;
+    IF p_status <> 'Succeeded' AND done_ids IS NOT NULL THEN
+        -- Its attempt, worker and start are still on the row.
+        PERFORM work_note_attempt(d, lower(p_status), p_error, p_traceback)
+        FROM unnest(done_ids) AS d;
+    END IF;
     IF done_scopes IS NOT NULL THEN
         PERFORM work_settle_scopes(done_scopes);
     END IF;
@@ -403,9 +412,29 @@ BEGIN
 END
 $$;
 
+-- Note how attempt p_id's current attempt ended (not a success) in work_attempts, and
+-- keep the item's last 20 such notes. Call it before the row's attempt fields change.
+CREATE FUNCTION work_note_attempt(
+    p_id bigint, p_outcome text, p_error text DEFAULT NULL, p_traceback text DEFAULT NULL
+) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    noted integer;
+BEGIN
+    INSERT INTO work_attempts (item_id, attempt, worker_id, started_at, outcome, error, traceback)
+    SELECT id, attempt, worker_id, started_at, p_outcome, p_error, p_traceback
+    FROM work_items WHERE id = p_id
+    ON CONFLICT (item_id, attempt) DO NOTHING
+    RETURNING attempt INTO noted;
+    IF noted > 20 THEN
+        DELETE FROM work_attempts WHERE item_id = p_id AND attempt <= noted - 20;
+    END IF;
+END
+$$;
+
 -- Back to Queued at the item's place in line (after p_delay seconds for a retry).
 CREATE FUNCTION work_requeue_update(
-    p_id bigint, p_cause text, p_delay double precision, p_error text
+    p_id bigint, p_cause text, p_delay double precision, p_error text, p_traceback text
 ) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -416,6 +445,7 @@ BEGIN
                          THEN now() + make_interval(secs => p_delay)
                          ELSE run_after END,
         error = COALESCE(p_error, error),
+        traceback = COALESCE(p_traceback, traceback),
         failures = failures + (p_cause = 'retry')::integer,
         stalls = stalls + (p_cause = 'stall')::integer
     WHERE id = p_id;
@@ -430,7 +460,8 @@ $$;
 -- Returns the status the item ended in, or 'Running' when a sibling with its dedup
 -- key is being enqueued right now (try again).
 CREATE FUNCTION work_requeue_row(
-    p_id bigint, p_cause text, p_delay double precision, p_error text
+    p_id bigint, p_cause text, p_delay double precision, p_error text,
+    p_traceback text DEFAULT NULL
 ) RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -441,19 +472,23 @@ BEGIN
     IF p_cause NOT IN ('release', 'retry', 'stall') THEN
         RAISE EXCEPTION 'work_requeue_row: unknown cause %', p_cause;
     END IF;
+    PERFORM work_note_attempt(
+        p_id, CASE p_cause WHEN 'retry' THEN 'retried' WHEN 'release' THEN 'released'
+                           ELSE 'stalled' END,
+        COALESCE(p_error, CASE WHEN p_cause = 'stall' THEN 'lease expired' END), p_traceback);
     SELECT dedup_key INTO key FROM work_items WHERE id = p_id;
     IF key IS NOT NULL THEN
         SELECT q.id INTO sibling FROM work_items AS q
         WHERE q.dedup_key = key AND q.status = 'Queued' AND q.id <> p_id;
     END IF;
     IF key IS NULL THEN
-        PERFORM work_requeue_update(p_id, p_cause, p_delay, p_error);
+        PERFORM work_requeue_update(p_id, p_cause, p_delay, p_error, p_traceback);
         RETURN 'Queued';
     ELSIF sibling IS NULL THEN
         BEGIN
             -- An uncommitted sibling makes the dedup index wait for its commit.
             PERFORM set_config('lock_timeout', '200ms', true);
-            PERFORM work_requeue_update(p_id, p_cause, p_delay, p_error);
+            PERFORM work_requeue_update(p_id, p_cause, p_delay, p_error, p_traceback);
             PERFORM set_config('lock_timeout', was_timeout, true);
             RETURN 'Queued';
         EXCEPTION
@@ -470,7 +505,7 @@ BEGIN
     UPDATE work_items
     SET status = 'Cancelled', is_head = false, worker_id = NULL, lease_expires_at = NULL,
         finished_at = now(), reason = 'superseded by queued item ' || sibling,
-        error = COALESCE(p_error, error),
+        error = COALESCE(p_error, error), traceback = COALESCE(p_traceback, traceback),
         failures = failures + (p_cause = 'retry')::integer,
         stalls = stalls + (p_cause = 'stall')::integer
     WHERE id = p_id;
@@ -482,7 +517,8 @@ $$;
 -- fenced by (id, attempt). Returns the status each written item ended in.
 CREATE FUNCTION work_requeue(
     p_ids bigint[], p_attempts integer[], p_cause text,
-    p_delay double precision DEFAULT 0, p_error text DEFAULT NULL
+    p_delay double precision DEFAULT 0, p_error text DEFAULT NULL,
+    p_traceback text DEFAULT NULL
 ) RETURNS TABLE (id bigint, status text)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off
@@ -506,7 +542,7 @@ BEGIN
         ORDER BY w.id
         FOR UPDATE OF w
     LOOP
-        ended := work_requeue_row(r.id, p_cause, p_delay, p_error);
+        ended := work_requeue_row(r.id, p_cause, p_delay, p_error, p_traceback);
         id := r.id;
         status := ended;
         RETURN NEXT;
@@ -548,6 +584,7 @@ BEGIN
         FOR UPDATE SKIP LOCKED
     LOOP
         IF r.stalls + 1 >= p_max_stalls OR r.cancel_requested THEN
+            PERFORM work_note_attempt(r.id, 'stalled', 'lease expired');
             UPDATE work_items AS w
             SET status = CASE WHEN r.stalls + 1 >= p_max_stalls THEN 'Failed' ELSE 'Cancelled' END,
                 reason = CASE WHEN r.stalls + 1 >= p_max_stalls THEN 'stalled'

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import psycopg.conninfo
+import psycopg.pq
 
 from ._errors import ConfigurationError
 
@@ -20,6 +21,19 @@ def resolve_dsn(explicit: str | None) -> str:
         detail = redact(" ".join(str(exc).split()), dsn)
         raise ConfigurationError(f"bad DSN {redact_dsn(dsn)}: {detail}") from None
     return dsn
+
+
+def describe_defaults() -> str:
+    """Where libpq goes with no DSN: its defaults and the PG* variables set, shown so an
+    empty DSN is never a silent choice of database."""
+    defaults = {
+        o.keyword.decode(): (o.val or b"").decode() for o in psycopg.pq.Conninfo.get_defaults()
+    }
+    user = defaults.get("user") or "(the OS user)"
+    host = defaults.get("host") or "the local socket"
+    dbname = defaults.get("dbname") or f"{user} (the user's name)"
+    port = defaults.get("port") or "5432"
+    return f"libpq connects as user {user} to database {dbname} on {host}, port {port}"
 
 
 def _password(dsn: str) -> str | None:

@@ -265,9 +265,19 @@ class Executor:
         elif reason is not None:
             ilog.info("stopped (%s)", reason.value)
         elif decision.action is Action.RETRY:
-            ilog.warning("handler failed (%s); retrying in %.1fs", decision.error, decision.delay)
+            ilog.warning(
+                "handler failed (%s); retrying in %.1fs",
+                decision.error,
+                decision.delay,
+                exc_info=_exc_info(outcome.error),
+            )
         elif decision.action is Action.FAIL:
-            ilog.error("handler failed for good: %s (%s)", decision.reason, decision.error)
+            ilog.error(
+                "handler failed for good: %s (%s)",
+                decision.reason,
+                decision.error,
+                exc_info=_exc_info(outcome.error),
+            )
         if outcome.error is not None and reason is not None:
             ilog.info("after the cancel the handler raised %r; ignored", outcome.error)
 
@@ -317,10 +327,14 @@ class Executor:
                 return await self.complete(id, attempt)
             case Action.RETRY:
                 assert decision.error is not None
-                return await store.retry_later(id, attempt, decision.delay, decision.error)
+                return await store.retry_later(
+                    id, attempt, decision.delay, decision.error, decision.traceback
+                )
             case Action.FAIL:
                 assert decision.reason is not None
-                return await store.fail(id, attempt, decision.reason, decision.error)
+                return await store.fail(
+                    id, attempt, decision.reason, decision.error, decision.traceback
+                )
             case Action.CANCEL:
                 return await store.cancel(id, attempt)
             case Action.RELEASE:
@@ -330,3 +344,8 @@ class Executor:
     def _observe(self, event: str, kind: str, value: float | None = None) -> None:
         if self.events is not None:
             self.events.observe(event, kind, value)
+
+
+def _exc_info(error: BaseException | None) -> Any:
+    """`exc_info` for a log line: the handler's error with its traceback, if any."""
+    return (type(error), error, error.__traceback__) if error is not None else None

@@ -21,6 +21,7 @@ import trio
 
 from ._errors import DatabaseUnavailable, Lost
 from ._model import (
+    AttemptRecord,
     CancelOutcome,
     Enqueued,
     Heartbeat,
@@ -94,6 +95,7 @@ class _Row:
     cancel_requested: bool = False
     reason: str | None = None
     error: str | None = None
+    traceback: str | None = None
 
     @property
     def key(self) -> tuple[int, dt.datetime, int]:
@@ -122,6 +124,7 @@ class MemoryStore:
         self._dedup_hits = 0
         #: The Workers table, by id.
         self.workers: dict[str, WorkerInfo] = {}
+        self._attempts: dict[int, dict[int, AttemptRecord]] = {}
 
     # -- faults and time ----------------------------------------------------------
 
@@ -171,6 +174,20 @@ class MemoryStore:
         if reason is not None:
             row.reason = reason
         self._notify_if_freed(row.scope)
+
+    def _note(
+        self, row: _Row, outcome: str, error: str | None = None, traceback: str | None = None
+    ) -> None:
+        """How the row's current attempt ended; the item's last 20 notes are kept."""
+        notes = self._attempts.setdefault(row.id, {})
+        notes.setdefault(
+            row.attempt,
+            AttemptRecord(
+                row.attempt, row.worker_id, row.started_at, self.now(), outcome, error, traceback
+            ),
+        )
+        for old in [a for a in notes if a <= row.attempt - 20]:
+            del notes[old]
 
     def _requeue(self, row: _Row) -> None:
         """Back to Queued, unless a Queued sibling holds its dedup key."""
@@ -368,13 +385,22 @@ class MemoryStore:
             self._record("complete", id, attempt, row)
         return applied
 
-    async def fail(self, id: int, attempt: int, reason: str, error: str | None = None) -> bool:
+    async def fail(
+        self,
+        id: int,
+        attempt: int,
+        reason: str,
+        error: str | None = None,
+        traceback: str | None = None,
+    ) -> bool:
         await self._enter("fail")
         row = self._fenced(id, attempt)
         if row is not None:
             row.error = error
+            row.traceback = traceback
             row.failures += 1
             self._finish(row, Status.FAILED, reason)
+            self._note(row, "failed", error, traceback)
         return self._record("fail", id, attempt, row)
 
     async def cancel(self, id: int, attempt: int) -> bool:
@@ -382,21 +408,27 @@ class MemoryStore:
         row = self._fenced(id, attempt)
         if row is not None:
             self._finish(row, Status.CANCELLED, "cancel requested")
+            self._note(row, "cancelled")
         return self._record("cancel", id, attempt, row)
 
     async def release(self, id: int, attempt: int) -> bool:
         await self._enter("release")
         row = self._fenced(id, attempt)
         if row is not None:
+            self._note(row, "released")
             self._requeue(row)
         return self._record("release", id, attempt, row)
 
-    async def retry_later(self, id: int, attempt: int, delay: float, error: str) -> bool:
+    async def retry_later(
+        self, id: int, attempt: int, delay: float, error: str, traceback: str | None = None
+    ) -> bool:
         await self._enter("retry_later")
         row = self._fenced(id, attempt)
         if row is not None:
+            self._note(row, "retried", error, traceback)
             row.run_after = self.now() + dt.timedelta(seconds=delay)
             row.error = error
+            row.traceback = traceback if traceback is not None else row.traceback
             row.failures += 1
             self._requeue(row)
         return self._record("retry_later", id, attempt, row)
@@ -416,6 +448,7 @@ class MemoryStore:
         )
         recovered = []
         for row in expired:
+            self._note(row, "stalled", "lease expired")
             row.stalls += 1
             if row.stalls >= max_stalls:
                 self._finish(row, Status.FAILED, "stalled")
@@ -498,6 +531,18 @@ class MemoryStore:
         for id in doomed:
             del self._rows[id]
         return len(doomed)
+
+    async def attempts(self, id: int) -> list[AttemptRecord]:
+        await self._enter("attempts")
+        notes = dict(self._attempts.get(id, {}))
+        row = self._rows.get(id)
+        current = row is not None and row.attempt > 0 and row.attempt not in notes
+        if row is not None and current and row.status in (Status.SUCCEEDED, Status.RUNNING):
+            outcome = "succeeded" if row.status is Status.SUCCEEDED else "running"
+            notes[row.attempt] = AttemptRecord(
+                row.attempt, row.worker_id, row.started_at, row.finished_at, outcome
+            )
+        return [notes[a] for a in sorted(notes)]
 
     async def get_item(self, id: int) -> ItemState | None:
         await self._enter("get_item")

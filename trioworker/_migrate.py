@@ -24,7 +24,7 @@ import psycopg
 import psycopg.conninfo
 from yoyo import get_backend, read_migrations
 
-from ._dsn import redact, redact_dsn
+from ._dsn import describe_defaults, redact, redact_dsn
 from ._errors import ConfigurationError, DatabaseUnavailable, SchemaNotReady
 
 log = logging.getLogger("trioworker.migrate")
@@ -75,7 +75,8 @@ _PERMANENT = re.compile(
 def connection_error(exc: psycopg.OperationalError, dsn: str) -> Exception:
     """A connect failure as ConfigurationError (permanent) or DatabaseUnavailable."""
     detail = " ".join(str(exc).split())  # libpq's hints span lines; keep it to one
-    message = redact(f"cannot connect to PostgreSQL ({redact_dsn(dsn)}): {detail}", dsn)
+    where = redact_dsn(dsn) if dsn else f"no DSN given, so {describe_defaults()}"
+    message = redact(f"cannot connect to PostgreSQL ({where}): {detail}", dsn)
     if _PERMANENT.search(detail):
         return ConfigurationError(message)
     return DatabaseUnavailable(message)
@@ -116,7 +117,7 @@ def migrate(dsn: str, *apps: HasMigrations) -> list[str]:
         finally:
             backend.connection.close()
     for migration_id in applied:
-        log.info("applied migration %s", migration_id)
+        log.debug("applied migration %s", migration_id)
     return applied
 
 

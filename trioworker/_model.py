@@ -114,6 +114,21 @@ class ItemState:
     cancel_requested: bool
     reason: str | None
     error: str | None
+    traceback: str | None = None  # the last failed attempt's (its tail)
+
+
+@attrs.frozen
+class AttemptRecord:
+    """How one attempt of an item ended, from its history (`Store.attempts`)."""
+
+    attempt: int
+    worker_id: str | None
+    started_at: dt.datetime | None
+    ended_at: dt.datetime | None
+    #: failed, retried, released, stalled, cancelled, superseded, succeeded, running
+    outcome: str
+    error: str | None = None
+    traceback: str | None = None
 
 
 @attrs.frozen

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import random
+import traceback
 from collections.abc import Callable
 
 import attrs
@@ -57,17 +58,35 @@ class Outcome:
     error: BaseException | None = None  # None: it returned
 
 
+#: A traceback kept with an item is cut to its last this many characters.
+TRACEBACK_LIMIT = 16 * 1024
+
+
 @attrs.frozen
 class Decision:
+    """The one write that follows an attempt (`decide`)."""
+
     action: Action
     delay: float = 0.0  # RETRY: seconds until due again
     reason: str | None = None  # FAIL: the stated reason
     error: str | None = None  # RETRY, FAIL: the error text
+    traceback: str | None = None  # RETRY, FAIL: the handler's traceback, its tail
 
 
 def describe_error(error: BaseException) -> str:
+    """`Type: message`, or the type alone when the message is empty."""
     text = str(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def describe_traceback(error: BaseException, limit: int = TRACEBACK_LIMIT) -> str:
+    """The formatted traceback of `error`, cut to its last `limit` characters (the end
+    is where it failed), with a first line saying how much was cut."""
+    text = "".join(traceback.format_exception(error))
+    if len(text) <= limit:
+        return text
+    cut = len(text) - limit
+    return f"... ({cut} characters cut)\n" + text[cut:]
 
 
 def decide(  # noqa: PLR0911  one return per rule reads like the rule
@@ -95,13 +114,15 @@ def decide(  # noqa: PLR0911  one return per rule reads like the rule
     if outcome.error is None:
         return Decision(Action.COMPLETE)
     error = describe_error(outcome.error)
+    trace = describe_traceback(outcome.error)
     failures = failures_before + 1
     if isinstance(outcome.error, DoNotRetry):
-        return Decision(Action.FAIL, reason="handler said not to retry", error=error)
-    if failures >= policy.max_attempts:
         return Decision(
-            Action.FAIL, reason=f"failed {failures} of {policy.max_attempts} attempts", error=error
+            Action.FAIL, reason="handler said not to retry", error=error, traceback=trace
         )
+    if failures >= policy.max_attempts:
+        gave_up = f"failed {failures} of {policy.max_attempts} attempts"
+        return Decision(Action.FAIL, reason=gave_up, error=error, traceback=trace)
     delay = backoff_delay(
         failures,
         initial=policy.initial_delay,
@@ -109,4 +130,4 @@ def decide(  # noqa: PLR0911  one return per rule reads like the rule
         jitter=policy.jitter,
         rand=rand,
     )
-    return Decision(Action.RETRY, delay=delay, error=error)
+    return Decision(Action.RETRY, delay=delay, error=error, traceback=trace)

@@ -25,6 +25,7 @@ from . import _bridge
 from ._dsn import redact, redact_dsn
 from ._errors import DatabaseUnavailable, Lost, SchemaNotReady, StoreError, StoreTimeout
 from ._model import (
+    AttemptRecord,
     CancelOutcome,
     Enqueued,
     Heartbeat,
@@ -311,8 +312,10 @@ class PostgresStore:
                 raise Lost(f"item {id} attempt {attempt} no longer owns the item; nothing written")
             yield tx
             if tx.completes:
-                params = {"ids": [id], "attempts": [attempt], "status": Status.SUCCEEDED.value,
-                          "reason": None, "error": None, "wait": True}  # fmt: skip
+                params = {
+                    "ids": [id], "attempts": [attempt], "status": Status.SUCCEEDED.value,
+                    "reason": None, "error": None, "wait": True, "traceback": None,
+                }  # fmt: skip
                 if not await tx.execute(QUERIES["finish"], params):  # pragma: no cover
                     raise Lost(f"item {id} attempt {attempt} could not be finished")
 
@@ -448,6 +451,7 @@ class PostgresStore:
         error: str | None = None,
         *,
         wait: bool = True,
+        traceback: str | None = None,
     ) -> set[int]:  # pragma: no mutate block
         params = {
             "ids": [id for id, _ in attempts],
@@ -456,6 +460,7 @@ class PostgresStore:
             "reason": reason,
             "error": error,
             "wait": wait,
+            "traceback": traceback,
         }
         return {row["id"] for row in await self._rows("finish", params)}
 
@@ -477,15 +482,30 @@ class PostgresStore:
         return applied
 
     async def fail(
-        self, id: int, attempt: int, reason: str, error: str | None = None
+        self,
+        id: int,
+        attempt: int,
+        reason: str,
+        error: str | None = None,
+        traceback: str | None = None,
     ) -> bool:  # pragma: no mutate block
-        return bool(await self._finish([(id, attempt)], Status.FAILED, reason, error))
+        """Fail the attempt for good, keeping its reason, error and traceback."""
+        return bool(
+            await self._finish([(id, attempt)], Status.FAILED, reason, error, traceback=traceback)
+        )
 
     async def cancel(self, id: int, attempt: int) -> bool:  # pragma: no mutate block
         return bool(await self._finish([(id, attempt)], Status.CANCELLED, "cancel requested"))
 
     async def _requeue(
-        self, id: int, attempt: int, cause: str, delay: float = 0.0, error: str | None = None
+        self,
+        id: int,
+        attempt: int,
+        cause: str,
+        *,
+        delay: float = 0.0,
+        error: str | None = None,
+        traceback: str | None = None,
     ) -> bool:  # pragma: no mutate block
         params = {
             "ids": [id],
@@ -493,6 +513,7 @@ class PostgresStore:
             "cause": cause,
             "delay": delay,
             "error": error,
+            "traceback": traceback,
         }
         rows = await self._rows("requeue", params)
         if rows and rows[0]["status"] == Status.RUNNING.value:
@@ -506,10 +527,12 @@ class PostgresStore:
         return await self._requeue(id, attempt, "release")
 
     async def retry_later(
-        self, id: int, attempt: int, delay: float, error: str
+        self, id: int, attempt: int, delay: float, error: str, traceback: str | None = None
     ) -> bool:  # pragma: no mutate block
         """Back to Queued after a handler error, due again in `delay` seconds."""
-        return await self._requeue(id, attempt, "retry", delay, error)
+        return await self._requeue(
+            id, attempt, "retry", delay=delay, error=error, traceback=traceback
+        )
 
     # -- maintenance ----------------------------------------------------------------
 
@@ -588,6 +611,11 @@ class PostgresStore:
 
     async def worker_stopped(self, worker_id: str) -> None:  # pragma: no mutate block
         await self._rows("worker_stopped", {"id": worker_id})
+
+    async def attempts(self, id: int) -> list[AttemptRecord]:  # pragma: no mutate block
+        """How each attempt of item `id` ended (its last 20 that did not succeed, and
+        the current one if it is running or succeeded), oldest first."""
+        return [AttemptRecord(**row) for row in await self._rows("attempts", {"id": id})]
 
     async def get_item(self, id: int) -> ItemState | None:  # pragma: no mutate block
         rows = await self._rows("get_item", {"id": id})

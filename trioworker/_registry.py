@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -47,6 +48,11 @@ class Registry:
             raise ValueError("a handler's kind must be a non-empty string")
 
         def register(fn: Handler) -> Handler:
+            if not _is_async(fn):
+                raise TypeError(
+                    f"the handler of {kind!r} must be an async function (async def), not"
+                    f" {fn!r}: the Worker awaits it"
+                )
             if kind in self._registrations:
                 raise ValueError(f"kind {kind!r} already has a handler")
             self._registrations[kind] = Registration(kind, fn, retry or self.default_retry)
@@ -63,3 +69,11 @@ class Registry:
 
     def __contains__(self, kind: object) -> bool:
         return kind in self._registrations
+
+
+def _is_async(fn: object) -> bool:
+    """Whether calling `fn` gives an awaitable: an async def function, a partial of one,
+    or an object whose __call__ is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004  a callable object's own method
+    )

@@ -14,6 +14,7 @@ from typing import Any, LiteralString, Protocol
 import trio
 
 from ._model import (
+    AttemptRecord,
     CancelOutcome,
     Enqueued,
     Heartbeat,
@@ -93,13 +94,22 @@ class Store(Protocol):
 
     async def complete_batch(self, attempts: Sequence[tuple[int, int]]) -> set[int]: ...
 
-    async def fail(self, id: int, attempt: int, reason: str, error: str | None = None) -> bool: ...
+    async def fail(
+        self,
+        id: int,
+        attempt: int,
+        reason: str,
+        error: str | None = None,
+        traceback: str | None = None,
+    ) -> bool: ...
 
     async def cancel(self, id: int, attempt: int) -> bool: ...
 
     async def release(self, id: int, attempt: int) -> bool: ...
 
-    async def retry_later(self, id: int, attempt: int, delay: float, error: str) -> bool: ...
+    async def retry_later(
+        self, id: int, attempt: int, delay: float, error: str, traceback: str | None = None
+    ) -> bool: ...
 
     def fenced_transaction(
         self, id: int, attempt: int
@@ -120,6 +130,8 @@ class Store(Protocol):
     async def delete_finished(self, older_than: dt.timedelta) -> int: ...
 
     async def get_item(self, id: int) -> ItemState | None: ...
+
+    async def attempts(self, id: int) -> list[AttemptRecord]: ...
 
     async def listen(
         self,

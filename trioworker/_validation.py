@@ -66,6 +66,13 @@ def validate_enqueue(
     )
 
 
+def validate_scope(scope: object) -> str:
+    """A scope as a Worker may serve it (the same rules as an item's), or InvalidWorkItem."""
+    _check_name("scope", scope, optional=False)
+    assert isinstance(scope, str)
+    return scope
+
+
 def _check_name(what: str, value: object, *, optional: bool) -> None:
     if value is None and optional:
         return

@@ -12,7 +12,7 @@ import time
 
 import trio
 
-from trioworker import Context, Registry, WorkItem
+from trioworker import Context, Registry, RetryPolicy, WorkItem
 from trioworker.media import _observer
 
 registry = Registry()
@@ -55,3 +55,13 @@ async def ignore_cancel(item: WorkItem, ctx: Context) -> None:
 
 
 not_a_registry = object()
+
+
+@registry.handler("Broken", retry=RetryPolicy(max_attempts=2, initial_delay=0.1, jitter=0.0))
+async def broken(item: WorkItem, ctx: Context) -> None:
+    """Fails as a handler with a bug does: a KeyError deep in the handler's code."""
+    _look_up_the_path(item.payload)
+
+
+def _look_up_the_path(payload: dict[str, str]) -> str:
+    return payload["path"]

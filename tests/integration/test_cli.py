@@ -80,9 +80,9 @@ def test_enqueue_prints_the_id_and_status_shows_it(dsn: str, pg: Conn) -> None:
 def test_bad_enqueue_input_is_one_clear_line_and_writes_nothing(
     dsn: str, pg: Conn, args: list[str], message: str
 ) -> None:
-    """Bad input: a one-line error, exit 1, nothing written."""
+    """Bad input: a one-line error, exit 2 (a usage error), nothing written."""
     result = trioworker(*args, dsn=dsn)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and message in result.stderr
     assert pg.execute("SELECT count(*) FROM work_items").fetchone() == (0,)
 
@@ -93,13 +93,16 @@ def test_bad_enqueue_input_is_one_clear_line_and_writes_nothing(
         ("tests.apps.nosuch:registry", "cannot import 'tests.apps.nosuch'"),
         ("tests.apps.recording:nosuch", "has no 'nosuch'"),
         ("tests.apps.recording:not_a_registry", "is a object, not a trioworker.Registry"),
-        ("tests.apps.recording", "must look like MODULE:ATTR"),
     ],
 )
 def test_a_bad_app_is_one_clear_line(dsn: str, app: str, message: str) -> None:
-    """run with a bad --app: one line naming the problem, exit 1."""
+    """run with an --app that cannot be loaded: one line naming the problem, exit 1
+    (one not even of the form MODULE:ATTR is a usage error, exit 2)."""
     result = trioworker("run", "--app", app, dsn=dsn)
     assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and message in result.stderr
+    malformed = trioworker("run", "--app", "tests.apps.recording", dsn=dsn)
+    assert malformed.returncode == 2 and "must look like MODULE:ATTR" in malformed.stderr
     assert result.stderr.count("\n") == 1 and message in result.stderr
 
 
@@ -140,9 +143,9 @@ def test_run_refuses_an_unmigrated_database(databases: Databases) -> None:
 
 
 def test_bad_settings_are_refused(dsn: str) -> None:
-    """A heartbeat too slow for the lease is refused with the reason."""
+    """A heartbeat too slow for the lease is refused with the reason (a usage error)."""
     result = trioworker(
         "run", "--app", "tests.apps.recording:registry", "--lease", "10", "--heartbeat", "6",
         dsn=dsn,
     )  # fmt: skip
-    assert result.returncode == 1 and "shorter than half the lease" in result.stderr
+    assert result.returncode == 2 and "shorter than half the lease" in result.stderr

@@ -65,7 +65,7 @@ DDL = [
     "CREATE TABLE public.sneaky (id integer)",
     "CREATE FUNCTION sneaky() RETURNS integer LANGUAGE sql AS 'SELECT 1'",
     "DROP TRIGGER work_items_arrive ON work_items",
-    "TRUNCATE work_items",
+    "TRUNCATE work_items CASCADE",
     "UPDATE _yoyo_migration SET migration_hash = migration_hash",
     "DELETE FROM yoyo_lock",
 ]

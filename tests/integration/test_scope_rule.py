@@ -183,7 +183,7 @@ async def test_request_cancel_racing_the_heads_completion_never_wedges_the_scope
     with 0-3 ms of jitter; every round ends with C claimable (the scope-heads design
     wedged in 31 of 200 such rounds)."""
     for round_ in range(60):
-        pg.execute("TRUNCATE work_items")
+        pg.execute("TRUNCATE work_items CASCADE")
         a = await store.enqueue("K", scope="S")
         b = await store.enqueue("K", scope="S")
         c = await store.enqueue("K", scope="S")

@@ -418,3 +418,48 @@ async def test_seconds_until_due_counts_only_the_kinds_served(harness: Harness) 
     assert await harness.store.seconds_until_due(kinds=["B"], scopes=["t"]) is None
     assert await harness.store.seconds_until_due(kinds=["A"], scopes=["t"], unscoped=False) is None
     assert await harness.store.seconds_until_due(kinds=["Other"]) is None
+
+
+async def test_each_attempt_that_did_not_succeed_is_kept_with_its_traceback(
+    harness: Harness,
+) -> None:
+    """A retried attempt and the failed one after it are both in the item's history,
+    each with its error and traceback; the row keeps the last of them. A succeeded
+    attempt is the row's own."""
+    item = await harness.store.enqueue("A", scope="s")
+    first = await harness.store.claim("w1", LEASE, kinds=KINDS)
+    assert first and await harness.store.retry_later(first.id, 1, 0.0, "E1", "TB1")
+    second = await harness.store.claim("w2", LEASE, kinds=KINDS)
+    assert second and await harness.store.fail(second.id, 2, "gave up", "E2", "TB2")
+    state = await harness.store.get_item(item.id)
+    assert state and (state.error, state.traceback) == ("E2", "TB2")
+    history = await harness.store.attempts(item.id)
+    assert [(a.attempt, a.worker_id, a.outcome, a.error, a.traceback) for a in history] == [
+        (1, "w1", "retried", "E1", "TB1"),
+        (2, "w2", "failed", "E2", "TB2"),
+    ]
+    assert all(a.started_at and a.ended_at and a.started_at <= a.ended_at for a in history)
+    done = await harness.store.enqueue("A")
+    claimed = await harness.store.claim("w3", LEASE, kinds=KINDS)
+    assert claimed and claimed.id == done.id
+    assert [a.outcome for a in await harness.store.attempts(done.id)] == ["running"]
+    assert await harness.store.complete(claimed.id, claimed.attempt)
+    assert [(a.attempt, a.worker_id, a.outcome) for a in await harness.store.attempts(done.id)] == [
+        (1, "w3", "succeeded")
+    ]
+
+
+async def test_a_stall_and_a_release_are_in_the_history_too(harness: Harness) -> None:
+    """Lease recovery notes a stall ('lease expired'); a release notes itself."""
+    item = await harness.store.enqueue("A")
+    first = await harness.store.claim("w1", LEASE, kinds=KINDS)
+    assert first
+    harness.expire_lease(item.id)
+    await harness.store.recover_expired_leases(max_stalls=3)
+    second = await harness.store.claim("w2", LEASE, kinds=KINDS)
+    assert second and await harness.store.release(second.id, second.attempt)
+    history = await harness.store.attempts(item.id)
+    assert [(a.attempt, a.outcome, a.error) for a in history] == [
+        (1, "stalled", "lease expired"),
+        (2, "released", None),
+    ]

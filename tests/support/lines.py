@@ -36,8 +36,10 @@ def wedges(pg: Conn) -> list[str]:
 
 
 def doubled_heads(pg: Conn) -> list[tuple[str, str, int]]:
-    """Lines with two heads: harmless, but a sequence of the queue's own operations,
-    one at a time, leaves none."""
+    """Lines with two heads: harmless, and the queue's own operations one at a time
+    leave none, except that an item arriving due earlier than its line's head (a
+    retried head waiting out its backoff, say) becomes a head beside it until the scope
+    is next settled."""
     rows = pg.execute(
         "SELECT scope, kind, priority FROM work_items WHERE status = 'Queued' AND is_head"
         " GROUP BY scope, kind, priority HAVING count(*) > 1 ORDER BY 1, 2, 3"

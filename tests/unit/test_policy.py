@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from trioworker import Lost
 from trioworker._policy import (
     Action,
     CancelReason,
@@ -13,6 +14,7 @@ from trioworker._policy import (
     RetryPolicy,
     decide,
     describe_error,
+    describe_traceback,
 )
 from trioworker._retry import Backoff, backoff_delay
 
@@ -47,25 +49,62 @@ def test_a_returned_handler_completes() -> None:
     assert choose(None, RETURNED) == Decision(Action.COMPLETE)
 
 
+def raised(error: BaseException) -> BaseException:
+    """`error` raised and caught, so it carries a traceback."""
+    try:
+        raise error
+    except BaseException as caught:
+        return caught
+
+
+TRACED = Outcome(error=raised(ValueError("bad")))
+TRACE = describe_traceback(TRACED.error)  # type: ignore[arg-type]
+
+
 def test_an_error_is_retried_with_exponential_backoff() -> None:
-    """Errors before the last attempt retry after initial * 2**n seconds."""
-    assert choose(None, RAISED, 0) == Decision(Action.RETRY, delay=2.0, error="ValueError: bad")
-    assert choose(None, RAISED, 1) == Decision(Action.RETRY, delay=4.0, error="ValueError: bad")
+    """Errors before the last attempt retry after initial * 2**n seconds, keeping the
+    error and its traceback."""
+    assert choose(None, TRACED, 0) == Decision(
+        Action.RETRY, delay=2.0, error="ValueError: bad", traceback=TRACE
+    )
+    assert choose(None, TRACED, 1) == Decision(
+        Action.RETRY, delay=4.0, error="ValueError: bad", traceback=TRACE
+    )
+    assert "raise error" in TRACE and TRACE.endswith("ValueError: bad\n")
 
 
 def test_the_last_attempts_error_fails_the_item() -> None:
     """The max_attempts-th error fails the item, saying how many attempts failed."""
-    assert choose(None, RAISED, 2) == Decision(
-        Action.FAIL, reason="failed 3 of 3 attempts", error="ValueError: bad"
+    assert choose(None, TRACED, 2) == Decision(
+        Action.FAIL, reason="failed 3 of 3 attempts", error="ValueError: bad", traceback=TRACE
     )
 
 
 def test_do_not_retry_fails_on_the_first_error() -> None:
     """An error that says not to retry fails at once."""
-    decision = choose(None, Outcome(error=DoNotRetry("unsupported")))
+    error = raised(DoNotRetry("unsupported"))
+    decision = choose(None, Outcome(error=error))
     assert decision == Decision(
-        Action.FAIL, reason="handler said not to retry", error="DoNotRetry: unsupported"
+        Action.FAIL,
+        reason="handler said not to retry",
+        error="DoNotRetry: unsupported",
+        traceback=describe_traceback(error),
     )
+
+
+def test_a_lost_item_writes_nothing_whatever_the_handler_did() -> None:
+    """A handler whose fenced transaction found its item gone (Lost) writes nothing."""
+    assert choose(None, Outcome(error=raised(Lost("gone")))) == Decision(Action.NOTHING)
+
+
+def test_a_long_traceback_keeps_its_tail() -> None:
+    """A traceback over the limit keeps its last `limit` characters (where it failed),
+    after a line saying how much was cut; one within the limit is whole."""
+    error = raised(ValueError("x" * 500))
+    whole = describe_traceback(error)
+    assert describe_traceback(error, limit=len(whole)) == whole
+    cut = describe_traceback(error, limit=100)
+    assert cut == f"... ({len(whole) - 100} characters cut)\n" + whole[-100:]
 
 
 def test_describe_error_without_a_message_is_its_type() -> None:

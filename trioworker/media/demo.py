@@ -393,4 +393,7 @@ def run_demo(dsn: str | None, args: argparse.Namespace) -> int:
             cluster.cleanup()
         for folder in ("media", "proxies"):
             shutil.rmtree(workdir / folder, ignore_errors=True)
-        console.print(f"Worker logs and the observer log are kept in {workdir}")
+        if any(workdir.iterdir()):
+            console.print(f"Worker logs and the observer log are kept in {workdir}")
+        else:  # it stopped before any Worker ran: nothing worth keeping
+            workdir.rmdir()

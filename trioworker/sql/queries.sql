@@ -44,12 +44,13 @@ FOR NO KEY UPDATE;
 -- Succeeded, Failed or Cancelled, for many attempts at once; the ids written. With
 -- wait false, rows another transaction holds are passed over.
 SELECT id FROM work_finish(%(ids)s, %(attempts)s, %(status)s, %(reason)s, %(error)s,
-                           %(wait)s) AS id;
+                           %(wait)s, %(traceback)s) AS id;
 
 -- name: requeue
 -- Release, or retry after an error: back to Queued, or superseded by a Queued item
 -- with the same dedup key ('Running': such an item is being enqueued; try again).
-SELECT id, status FROM work_requeue(%(ids)s, %(attempts)s, %(cause)s, %(delay)s, %(error)s);
+SELECT id, status
+FROM work_requeue(%(ids)s, %(attempts)s, %(cause)s, %(delay)s, %(error)s, %(traceback)s);
 
 -- name: recover_expired_leases
 SELECT id, kind, scope, attempt, stalls, status, reason
@@ -81,8 +82,24 @@ DELETE FROM work_items AS w USING doomed WHERE w.id = doomed.id;
 -- name: get_item
 SELECT id, kind, scope, payload, priority, status, attempt, stalls, failures, worker_id,
        requested_at, run_after, started_at, finished_at, heartbeat_at, lease_expires_at,
-       dedup_key, cancel_requested, reason, error
+       dedup_key, cancel_requested, reason, error, traceback
 FROM work_items WHERE id = %(id)s;
+
+-- name: attempts
+-- How each attempt of an item ended: the noted ones (work_attempts), and the item's
+-- current attempt when it is running or succeeded.
+SELECT attempt, worker_id, started_at, ended_at, outcome, error, traceback FROM (
+    SELECT attempt, worker_id, started_at, ended_at, outcome, error, traceback
+    FROM work_attempts WHERE item_id = %(id)s
+    UNION ALL
+    SELECT w.attempt, w.worker_id, w.started_at, w.finished_at,
+           CASE w.status WHEN 'Succeeded' THEN 'succeeded' ELSE 'running' END, NULL, NULL
+    FROM work_items AS w
+    WHERE w.id = %(id)s AND w.status IN ('Succeeded', 'Running') AND w.attempt > 0
+      AND NOT EXISTS (SELECT 1 FROM work_attempts AS a
+                      WHERE a.item_id = w.id AND a.attempt = w.attempt)
+) AS history
+ORDER BY attempt;
 
 -- name: advertise_worker
 INSERT INTO work_workers AS w (id, host, pid, kinds, scopes, unscoped, concurrency)

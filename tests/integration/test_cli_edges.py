@@ -1,0 +1,195 @@
+"""Every bad input a new user tried (issue 11), through the real command line: the
+message, the exit code (2 usage, 1 runtime), and never a password anywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.integration.test_cli import with_password
+from tests.support.processes import ROOT
+
+Conn = psycopg.Connection[Any]
+SECRET = "S3cretPW"
+APP = "tests.apps.recording:registry"
+#: A server that does not answer, with a password: every command that connects fails.
+UNREACHABLE = f"host=127.0.0.1 port=1 user=app password={SECRET} dbname=media connect_timeout=1"
+
+
+def run(*args: str, env: dict[str, str] | None = None, stdin: str | None = None) -> Any:
+    environment = {k: v for k, v in os.environ.items() if k != "TRIOWORKER_DSN"}
+    result = subprocess.run(
+        [sys.executable, "-m", "trioworker", *args],
+        cwd=ROOT,
+        env={**environment, **(env or {})},
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert SECRET not in result.stdout and SECRET not in result.stderr, result.stderr
+    return result
+
+
+COMMANDS = [
+    ["run", "--app", APP, "--startup-timeout", "1"],
+    ["migrate"],
+    ["enqueue", "Record"],
+    ["show", "1"],
+    ["status"],
+    ["cancel", "1"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[c[0] for c in COMMANDS])
+@pytest.mark.parametrize("where", ["before", "after", "env", "stray"])
+def test_no_error_path_prints_the_password(command: list[str], where: str) -> None:
+    """The DSN (with a password) before the command, after it, in $TRIOWORKER_DSN, or a
+    password in a stray argument argparse rejects: every command fails on the dead
+    server (or the stray argument) with one line, and the password never shows."""
+    dsn = ["--dsn", UNREACHABLE]
+    args, env = {
+        "before": ([*dsn, "--log-level", "DEBUG", *command], None),
+        "after": ([*command, *dsn, "--log-level", "DEBUG"], None),
+        "env": ([*command, "--log-level", "DEBUG"], {"TRIOWORKER_DSN": UNREACHABLE}),
+        "stray": ([*command, *dsn, f"password={SECRET}"], None),
+    }[where]
+    result = run(*args, env=env)
+    if where == "stray":
+        assert result.returncode == 2
+        assert "unrecognized arguments: password=***" in result.stderr
+    else:
+        assert result.returncode == 1, result.stderr
+        assert "cannot connect to PostgreSQL" in result.stderr.strip().splitlines()[-1]
+
+
+def test_global_options_work_after_the_command(dsn: str) -> None:
+    """`status --dsn ... --log-format json` is the same as with the options first."""
+    secret_dsn = with_password(dsn, SECRET)  # trust authentication ignores it
+    after = run("status", "--json", "--dsn", secret_dsn, "--log-format", "json")
+    before = run("--dsn", secret_dsn, "--log-format", "json", "status", "--json")
+    assert after.returncode == before.returncode == 0
+    assert json.loads(after.stdout)["totals"] == json.loads(before.stdout)["totals"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["enqueue", "K", "--delay", "inf"], "--delay: must be at least 0 and at most 31622400"),
+        (["enqueue", "K", "--delay", "1e20"], "--delay: must be at least 0"),
+        (["enqueue", "K", "--delay", "nan"], "--delay: must be at least 0"),
+        (["enqueue", "K", "--delay", "soon"], "--delay: must be a number, not 'soon'"),
+        (["enqueue", "K", "--priority", "1001"], "--priority: must be at least -1000 and at most"),
+        (["enqueue", "K", "--payload", "{"], "--payload is not valid JSON"),
+        (["enqueue", "K", "--payload", "@/no/such/file"], "cannot read --payload file"),
+        (["enqueue", "K", "--scope", ""], "scope must not be empty"),
+        (["run", "--app", APP, "--lease", "inf"], "--lease: must be above 0 and at most 604800"),
+        (["run", "--app", APP, "--lease", "-1"], "--lease: must be above 0"),
+        (["run", "--app", APP, "--concurrency", "0"], "--concurrency: must be at least 1"),
+        (["run", "--app", APP, "--metrics-port", "70000"], "--metrics-port: must be at least 0 and at most 65535"),
+        (["run", "--app", APP, "--lease", "10", "--heartbeat", "6"], "shorter than half the lease"),
+        (["run", "--app", APP, "--no-unscoped"], "--no-unscoped needs --scope"),
+        (["run", "--app", APP, "--scope", ""], "--scope '': scope must not be empty"),
+        (["show", "x"], "show: error: argument id: must be an integer, not 'x'"),
+    ],
+)
+def test_bad_input_is_a_usage_error_before_anything_connects(args: list[str], message: str) -> None:
+    """Each is refused with exit 2 and a message naming the problem, before connecting
+    (the DSN points at a server that does not answer, so connecting would be exit 1)."""
+    result = run("--dsn", UNREACHABLE, *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_missing_extra_names_the_install_line(tmp_path: Path) -> None:
+    """--metrics-port without prometheus_client installed: exit 1, with the pip line."""
+    fake = tmp_path / "prometheus_client"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('not installed')\n")
+    result = run("--dsn", UNREACHABLE, "run", "--app", APP, "--metrics-port", "9911",
+                 env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    assert result.returncode == 1
+    assert "pip install 'trioworker[metrics]'" in result.stderr
+
+
+def test_payloads_from_a_file_and_from_stdin_and_the_limit(
+    dsn: str, pg: Conn, tmp_path: Path
+) -> None:
+    """--payload @FILE and --payload - work (a payload too big for an argument list);
+    one over 64 KiB is refused, from the CLI and from plain SQL alike."""
+    path = tmp_path / "payload.json"
+    path.write_text(json.dumps({"paths": ["/m/" + "x" * 100] * 500}))  # ~53 KiB
+    assert run("--dsn", dsn, "enqueue", "K", "--payload", f"@{path}").returncode == 0
+    assert run("--dsn", dsn, "enqueue", "K", "--payload", "-", stdin='{"a": 1}').returncode == 0
+    rows = pg.execute("SELECT payload FROM work_items ORDER BY id").fetchall()
+    assert len(rows[0][0]["paths"]) == 500 and rows[1][0] == {"a": 1}
+    path.write_text(json.dumps({"blob": "x" * 70_000}))
+    too_big = run("--dsn", dsn, "enqueue", "K", "--payload", f"@{path}")
+    assert too_big.returncode == 2 and "the limit is 65536" in too_big.stderr
+    with pytest.raises(psycopg.errors.CheckViolation, match="work_items_payload_fits"):
+        pg.execute(
+            "INSERT INTO work_items (kind, payload) VALUES ('K', jsonb_build_object('b', %s::text))",
+            ["x" * 10_000_000],
+        )
+
+
+def test_a_broken_pipe_is_quiet(dsn: str) -> None:
+    """`status --json | head -c 10`: no traceback when the reader stops reading."""
+    for _ in range(30):
+        assert run("--dsn", dsn, "enqueue", "K").returncode == 0
+    result = subprocess.run(
+        f"{sys.executable} -m trioworker --dsn '{dsn}' status --json | head -c 10",
+        shell=True, cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert len(result.stdout) == 10 and result.stderr == ""
+
+
+def test_in_json_log_mode_the_final_error_is_a_json_line() -> None:
+    """With --log-format json, even the line a failed command ends with is JSON."""
+    result = run("--dsn", UNREACHABLE, "--log-format", "json", "status")
+    assert result.returncode == 1
+    last = json.loads(result.stderr.strip().splitlines()[-1])
+    assert last["level"] == "ERROR" and "cannot connect to PostgreSQL" in last["message"]
+
+
+def test_with_no_dsn_the_error_names_where_libpq_went() -> None:
+    """No --dsn and no $TRIOWORKER_DSN: the error says so, and names libpq's target."""
+    env = {"PGHOST": "127.0.0.1", "PGPORT": "1", "PGCONNECT_TIMEOUT": "1", "PGUSER": "nobody"}
+    result = run("status", env=env)
+    assert result.returncode == 1
+    assert "no DSN given, so libpq connects as user nobody" in result.stderr
+    assert "on 127.0.0.1, port 1" in result.stderr
+
+
+def test_migrate_says_one_line_per_migration(databases: Any) -> None:
+    """migrate is quiet: one line per migration applied, none of yoyo's steps."""
+    with databases.database(migrated=False) as dsn:
+        first = run("--dsn", dsn, "migrate")
+        again = run("--dsn", dsn, "migrate")
+    assert first.returncode == 0 and first.stderr == ""
+    assert first.stdout.splitlines() == [
+        "applied 0001.work-items", "applied 0002.scope-lines", "applied 0003.workers",
+    ]  # fmt: skip
+    assert again.stdout == "schema is up to date\n"
+
+
+def test_status_fits_80_columns(dsn: str, pg: Conn) -> None:
+    """The status tables, rendered 80 columns wide, wrap no line."""
+    pg.execute("INSERT INTO work_items (kind, scope) VALUES ('Crawl', 'cfg-7')")
+    pg.execute(
+        "INSERT INTO work_items (kind, scope, status, finished_at, reason, error) VALUES"
+        " ('Thumbnail', 'cfg-7', 'Failed', now(), 'failed 5 of 5 attempts',"
+        " 'KeyError: ''path''')"
+    )
+    result = run("--dsn", dsn, "status", env={"COLUMNS": "80"})
+    assert result.returncode == 0
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    assert "2026" in result.stdout or "20" in result.stdout  # the timestamp, whole

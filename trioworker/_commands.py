@@ -1,0 +1,301 @@
+"""What each `python -m trioworker` command does, once its arguments are parsed."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any, NoReturn
+
+import trio
+
+from ._errors import ConfigurationError, DatabaseUnavailable, InvalidWorkItem
+from ._migrate import check_schema, migrate
+from ._postgres import PostgresStore, open_store
+from ._registry import Registry
+from ._retry import Backoff
+from ._settings import Settings
+from ._validation import validate_enqueue, validate_scope
+from ._worker import Worker
+
+log = logging.getLogger("trioworker")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_FAIL_STOP = 70
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(ConfigurationError):
+    """The command line itself is wrong: exit 2, before anything connects."""
+
+
+def fail_stop(message: str) -> NoReturn:
+    """End the process now, so the operating system ends the handler's side effects."""
+    log.critical("fail-stop: %s", message)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_FAIL_STOP)
+
+
+def load_registry(spec: str) -> Registry:
+    """Import `MODULE:ATTR` and check that it is a Registry."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"--app must look like MODULE:ATTR, not {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ConfigurationError(f"--app {spec}: cannot import {module_name!r}: {exc}") from None
+    try:
+        registry = getattr(module, attr)
+    except AttributeError:
+        raise ConfigurationError(f"--app {spec}: module {module_name!r} has no {attr!r}") from None
+    if not isinstance(registry, Registry):
+        raise ConfigurationError(
+            f"--app {spec} is a {type(registry).__name__}, not a trioworker.Registry"
+        )
+    return registry
+
+
+def with_store(dsn: str, body: Any, **options: Any) -> Any:
+    """Run `await body(store)` on a one-connection store, from synchronous code."""
+
+    async def main() -> Any:
+        async with open_store(dsn, max_connections=1, **options) as store:
+            return await body(store)
+
+    return trio.run(main)
+
+
+# -- the commands ---------------------------------------------------------------------
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    apps = [load_registry(args.app)] if args.app else []
+    applied = migrate(args.dsn, *apps)
+    for migration in applied:
+        print(f"applied {migration}")
+    if not applied:
+        print("schema is up to date")
+    return EXIT_OK
+
+
+def read_payload(text: str | None) -> Any:
+    """--payload JSON, @FILE (its contents) or - (standard input), parsed."""
+    if text is None:
+        return None
+    source = "--payload"
+    if text == "-":
+        text, source = sys.stdin.read(), "the payload on standard input"
+    elif text.startswith("@"):
+        try:
+            with open(text[1:], encoding="utf-8") as file:
+                text, source = file.read(), f"--payload file {text[1:]!r}"
+        except OSError as exc:
+            raise UsageError(f"cannot read --payload file {text[1:]!r}: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{source} is not valid JSON: {exc}") from None
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    payload = read_payload(args.payload)
+    kinds = load_registry(args.app).kinds if args.app else None
+    run_after = dt.timedelta(seconds=args.delay) if args.delay else None
+    try:  # bad input is reported before anything connects
+        validate_enqueue(
+            args.kind, args.scope, payload, args.dedup_key, run_after, priority=args.priority,
+            now=dt.datetime.now(dt.UTC), known_kinds=kinds,
+        )  # fmt: skip
+    except InvalidWorkItem as exc:
+        raise UsageError(str(exc)) from None
+    check_schema(args.dsn)
+
+    async def enqueue(store: PostgresStore) -> None:
+        enqueued = await store.enqueue(
+            args.kind,
+            scope=args.scope,
+            payload=payload,
+            dedup_key=args.dedup_key,
+            run_after=run_after,
+            priority=args.priority,
+        )
+        print(enqueued.id)
+        if enqueued.deduplicated:
+            print(f"(already queued with dedup key {args.dedup_key!r})", file=sys.stderr)
+
+    with_store(args.dsn, enqueue, known_kinds=kinds)
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    check_schema(args.dsn)
+    outcome = with_store(args.dsn, lambda store: store.request_cancel(args.id)).value
+    messages = {
+        "cancelled": f"item {args.id} cancelled (it had not started)",
+        "requested": f"item {args.id} is running; asked it to stop at its next heartbeat",
+        "already-finished": f"item {args.id} had already finished",
+        "not-found": f"no item {args.id}",
+    }
+    print(messages[outcome])
+    return EXIT_OK if outcome != "not-found" else EXIT_ERROR
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from ._status import gather, print_status
+
+    check_schema(args.dsn)
+    status = with_store(args.dsn, gather)
+    if args.json:
+        print(json.dumps(status, indent=2, default=str))
+    else:
+        print_status(status)
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from ._show import item_details, print_item
+
+    check_schema(args.dsn)
+    details = with_store(args.dsn, lambda store: item_details(store, args.id))
+    if details is None:
+        print(f"no item {args.id}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.json:
+        print(json.dumps(details, indent=2, default=str))
+    else:
+        print_item(details)
+    return EXIT_OK
+
+
+def worker_settings(args: argparse.Namespace, fields: list[str]) -> Settings:
+    """The Settings the `run` options give (their defaults are Settings' own)."""
+    given = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
+    try:
+        return Settings(**given)
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def check_run_arguments(args: argparse.Namespace) -> None:
+    """What `run` can refuse before it imports or connects anything."""
+    if args.unscoped is False and not args.scope:
+        raise UsageError(
+            "--no-unscoped needs --scope: a Worker serving every scope serves unscoped items"
+        )
+    for scope in args.scope or ():
+        try:
+            validate_scope(scope)
+        except InvalidWorkItem as exc:
+            raise UsageError(f"--scope {scope!r}: {exc}") from None
+    if args.metrics_port is not None:
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            raise ConfigurationError(
+                "--metrics-port needs the metrics extra: pip install 'trioworker[metrics]'"
+            ) from None
+
+
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    check_run_arguments(args)
+    registry = load_registry(args.app)
+    if args.migrate:
+        for migration in migrate(args.dsn, registry):
+            log.info("applied migration %s", migration)
+    wait_for_schema(args.dsn, args.startup_timeout, registry)
+    interrupted = trio.Event()
+
+    async def main() -> None:
+        async with open_store(
+            args.dsn,
+            max_connections=2 * settings.concurrency + 4,
+            application_name=f"trioworker {args.worker_id}"[:63],
+        ) as store:
+            metrics = None
+            if args.metrics_port is not None:
+                from ._metrics import serve_metrics
+
+                metrics = serve_metrics(args.metrics_port, store)
+            worker = Worker(
+                store,
+                registry,
+                settings,
+                worker_id=args.worker_id,
+                scopes=args.scope,
+                unscoped=args.unscoped,
+                fail_stop=fail_stop,
+                watchdog=True,
+                metrics=metrics,
+            )
+            if metrics is not None:
+                metrics.attach(worker)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(on_signals, worker, nursery.cancel_scope, interrupted)
+                if metrics is not None:
+                    nursery.start_soon(metrics.run)  # the queue-depth refresh
+                await worker.run()
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    return EXIT_INTERRUPTED if interrupted.is_set() else EXIT_OK
+
+
+async def on_signals(worker: Worker, scope: trio.CancelScope, interrupted: trio.Event) -> None:
+    """First SIGTERM/SIGINT: graceful stop. Second: stop at once."""
+    # When the receiver closes, Trio re-raises signals it received but nobody read, with
+    # the handlers it found. A signal that lands as the Worker finishes stopping would
+    # then kill the process on its way out (exit -15 instead of 0): by then the Worker
+    # is stopping anyway, so let those be ignored.
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop_signal, signal.SIG_IGN)
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        first = True
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if first:
+                log.info("%s: stopping gracefully (send it again to stop at once)", name)
+                worker.stop()
+                first = False
+            else:
+                log.warning(
+                    "%s again: stopping at once; running items are left to lease recovery", name
+                )
+                interrupted.set()
+                scope.cancel()
+                return
+
+
+def wait_for_schema(dsn: str, timeout: float, registry: Registry) -> None:
+    """Check the schema (the queue's and the app's migrations), retrying while
+    PostgreSQL is unreachable (up to `timeout`)."""
+    deadline = time.monotonic() + timeout if timeout > 0 else float("inf")
+    backoff = Backoff(initial=0.5, maximum=10.0)
+    while True:
+        try:
+            check_schema(dsn, registry)
+            return
+        except DatabaseUnavailable as exc:
+            delay = backoff.next()
+            if time.monotonic() + delay > deadline:
+                raise DatabaseUnavailable(f"{exc} (gave up after {timeout:g}s)") from None
+            log.warning("%s; retrying in %.1fs", exc, delay)
+            time.sleep(delay)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .media.demo import run_demo
+
+    return run_demo(args.dsn if args.dsn_given else None, args)

@@ -1,0 +1,85 @@
+"""`trioworker show ID`: one item, its payload, its attempts and why it failed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import attrs
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from ._store import Store
+
+
+async def item_details(store: Store, id: int) -> dict[str, Any] | None:
+    """The item's row and its attempts, as JSON-ready values; None if there is none."""
+    item = await store.get_item(id)
+    if item is None:
+        return None
+    fields = {k: _jsonable(v) for k, v in attrs.asdict(item, recurse=False).items()}
+    fields["status"] = item.status.value
+    attempts = [
+        {k: _jsonable(v) for k, v in attrs.asdict(a).items()} for a in await store.attempts(id)
+    ]
+    return {"item": fields, "attempts": attempts}
+
+
+def _jsonable(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, dt.datetime) else value
+
+
+def _when(value: str | None) -> str:
+    return value[:19].replace("T", " ") if value else "-"
+
+
+COUNTS = [
+    ("priority", "priority"), ("attempt", "attempt"), ("stalls", "stalls"),
+    ("failures", "failures"), ("dedup key", "dedup_key"), ("worker", "worker_id"),
+    ("cancel requested", "cancel_requested"),
+]  # fmt: skip
+TIMES = [
+    ("requested", "requested_at"), ("due", "run_after"), ("started", "started_at"),
+    ("heartbeat", "heartbeat_at"), ("lease until", "lease_expires_at"),
+    ("finished", "finished_at"),
+]  # fmt: skip
+
+
+def render_item(details: dict[str, Any]) -> RenderableType:
+    item, attempts = details["item"], details["attempts"]
+    parts: list[RenderableType] = []
+    title = f"item {item['id']}  {item['kind']}  scope {item['scope'] or '-'}  {item['status']}"
+    if item["reason"]:
+        title += f" ({item['reason']})"
+    parts.append(Text(title, style="bold"))
+    fields = Table(box=None, show_header=False, pad_edge=False)
+    fields.add_column(style="dim")
+    fields.add_column()
+    for label, key in COUNTS:
+        fields.add_row(label, str(item[key]) if item[key] not in (None, False) else "-")
+    for label, key in TIMES:
+        fields.add_row(label, _when(item[key]))
+    parts.append(fields)
+    parts.append(Text("payload", style="bold"))
+    parts.append(Text(json.dumps(item["payload"], indent=2, ensure_ascii=False)))
+    if attempts:
+        table = Table(title="attempts", box=box.SIMPLE, title_justify="left")
+        for column in ("#", "worker", "started", "ended", "outcome", "error"):
+            table.add_column(column, overflow="fold")
+        for a in attempts:
+            table.add_row(str(a["attempt"]), a["worker_id"] or "-", _when(a["started_at"]),
+                          _when(a["ended_at"]), a["outcome"], a["error"] or "")  # fmt: skip
+        parts.append(table)
+    if item["error"]:
+        parts.append(Text(f"error: {item['error']}", style="red"))
+    if item["traceback"]:
+        parts.append(Text("traceback (the last failed attempt's):", style="bold"))
+        parts.append(Text(item["traceback"].rstrip("\n")))
+    return Group(*parts)
+
+
+def print_item(details: dict[str, Any], console: Console | None = None) -> None:
+    (console or Console()).print(render_item(details))
