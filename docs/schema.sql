@@ -73,6 +73,22 @@ CREATE TABLE work_pauses (
 CREATE UNIQUE INDEX work_pauses_kind ON public.work_pauses USING btree (kind) WHERE (kind IS NOT NULL);
 CREATE UNIQUE INDEX work_pauses_scope ON public.work_pauses USING btree (scope) WHERE (scope IS NOT NULL);
 
+CREATE TABLE work_schedules (
+    name text NOT NULL,
+    kind text NOT NULL,
+    scope text,
+    payload jsonb NOT NULL DEFAULT '{}'::jsonb,
+    priority integer NOT NULL DEFAULT 0,
+    spec text NOT NULL,
+    next_due timestamp with time zone NOT NULL,
+    last_due timestamp with time zone,
+    last_item bigint,
+    updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    CONSTRAINT work_schedules_pkey PRIMARY KEY (name)
+);
+
+CREATE INDEX work_schedules_next_due ON public.work_schedules USING btree (next_due);
+
 CREATE TABLE work_unsettled_scopes (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     scope text NOT NULL,
@@ -432,12 +448,33 @@ AS $function$
 DECLARE
     was text := current_setting('trioworker.internal', true);
     added boolean;
+    lock_wait text := current_setting('lock_timeout');
 BEGIN
     PERFORM set_config('trioworker.internal', 'on', true);
     INSERT INTO work_pauses (kind, scope) VALUES (p_kind, p_scope) ON CONFLICT DO NOTHING;
     added := FOUND;
     IF p_scope IS NOT NULL THEN
-        PERFORM work_settle_scopes(ARRAY[p_scope]);
+        -- Every claim of the scope holds the head it takes from the moment it reads
+        -- it: waiting for the heads (not passing over them, as a settle does) waits
+        -- out claims in flight, and a claim that comes to a head after this commits
+        -- finds it no longer a head; the settle lock waits out a settle in flight,
+        -- and later settles see the pause. So once the pause is committed with its
+        -- scope's heads stepped down, no claim can start an item of the scope. A lock
+        -- held longer than the bounded wait (a head in someone's own transaction)
+        -- leaves a head for the scope's next settle to step down.
+        BEGIN
+            PERFORM set_config('lock_timeout', '2s', true);
+            PERFORM pg_advisory_xact_lock(29815, hashtext(p_scope));
+            UPDATE work_items SET is_head = false
+            WHERE id IN (SELECT id FROM work_items
+                         WHERE scope = p_scope AND status = 'Queued' AND is_head
+                         ORDER BY id FOR UPDATE);
+            PERFORM set_config('lock_timeout', lock_wait, true);
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM set_config('lock_timeout', lock_wait, true);
+            INSERT INTO work_unsettled_scopes (scope) VALUES (p_scope);
+            PERFORM pg_notify('trioworker_settle', p_scope);
+        END;
     END IF;
     PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
     RETURN added;
@@ -737,6 +774,44 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_retry(p_ids bigint[])
+ RETURNS SETOF bigint
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET enable_seqscan TO 'off'
+AS $function$
+DECLARE
+    was text := current_setting('trioworker.internal', true);
+    r record;
+    scopes text[] := '{}';
+BEGIN
+    PERFORM set_config('trioworker.internal', 'on', true);
+    FOR r IN
+        SELECT w.id, w.scope, w.dedup_key FROM work_items AS w
+        WHERE w.id = ANY(p_ids) AND w.status IN ('Failed', 'Cancelled')
+        ORDER BY w.id
+        FOR UPDATE OF w SKIP LOCKED
+    LOOP
+        CONTINUE WHEN r.dedup_key IS NOT NULL AND EXISTS (
+            SELECT 1 FROM work_items AS q
+            WHERE q.dedup_key = r.dedup_key AND q.status = 'Queued');
+        UPDATE work_items
+        SET status = 'Queued', is_head = false, run_after = now(), finished_at = NULL,
+            failures = 0, stalls = 0, reason = NULL, cancel_requested = false,
+            worker_id = NULL, lease_expires_at = NULL
+        WHERE id = r.id;
+        scopes := scopes || r.scope;
+        IF r.scope IS NULL THEN
+            PERFORM pg_notify('trioworker', '');
+        END IF;
+        RETURN NEXT r.id;
+    END LOOP;
+    PERFORM work_settle_scopes(scopes);
+    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_seconds_until_due(p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
  RETURNS double precision
  LANGUAGE plpgsql
@@ -749,7 +824,10 @@ DECLARE
     seconds double precision;
 BEGIN
     WITH RECURSIVE
-    kinds AS (SELECT DISTINCT k AS kind FROM unnest(p_kinds) AS k),
+    kinds AS (
+        SELECT DISTINCT k AS kind FROM unnest(p_kinds) AS k
+        WHERE NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.kind = k)
+    ),
     levels AS (
         SELECT k.kind, (SELECT max(w.priority) FROM work_items AS w
                         WHERE w.kind = k.kind AND w.status = 'Queued'

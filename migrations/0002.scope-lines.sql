@@ -293,8 +293,8 @@ BEGIN
 END
 $$;
 
--- Seconds until the next head or unscoped item of `p_kinds` that is not due yet
--- becomes due (NULL: none), for an idle Worker's sleep.
+-- Seconds until the next head or unscoped item of `p_kinds` (those not paused) that is
+-- not due yet becomes due (NULL: none), for an idle Worker's sleep.
 CREATE FUNCTION work_seconds_until_due(
     p_kinds text[], p_scopes text[] DEFAULT NULL, p_unscoped boolean DEFAULT true
 ) RETURNS double precision
@@ -305,7 +305,10 @@ DECLARE
     seconds double precision;
 BEGIN
     WITH RECURSIVE
-    kinds AS (SELECT DISTINCT k AS kind FROM unnest(p_kinds) AS k),
+    kinds AS (
+        SELECT DISTINCT k AS kind FROM unnest(p_kinds) AS k
+        WHERE NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.kind = k)
+    ),
     levels AS (
         SELECT k.kind, (SELECT max(w.priority) FROM work_items AS w
                         WHERE w.kind = k.kind AND w.status = 'Queued'
@@ -735,12 +738,33 @@ SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off
 DECLARE
     was text := current_setting('trioworker.internal', true);
     added boolean;
+    lock_wait text := current_setting('lock_timeout');
 BEGIN
     PERFORM set_config('trioworker.internal', 'on', true);
     INSERT INTO work_pauses (kind, scope) VALUES (p_kind, p_scope) ON CONFLICT DO NOTHING;
     added := FOUND;
     IF p_scope IS NOT NULL THEN
-        PERFORM work_settle_scopes(ARRAY[p_scope]);
+        -- Every claim of the scope holds the head it takes from the moment it reads
+        -- it: waiting for the heads (not passing over them, as a settle does) waits
+        -- out claims in flight, and a claim that comes to a head after this commits
+        -- finds it no longer a head; the settle lock waits out a settle in flight,
+        -- and later settles see the pause. So once the pause is committed with its
+        -- scope's heads stepped down, no claim can start an item of the scope. A lock
+        -- held longer than the bounded wait (a head in someone's own transaction)
+        -- leaves a head for the scope's next settle to step down.
+        BEGIN
+            PERFORM set_config('lock_timeout', '2s', true);
+            PERFORM pg_advisory_xact_lock(29815, hashtext(p_scope));
+            UPDATE work_items SET is_head = false
+            WHERE id IN (SELECT id FROM work_items
+                         WHERE scope = p_scope AND status = 'Queued' AND is_head
+                         ORDER BY id FOR UPDATE);
+            PERFORM set_config('lock_timeout', lock_wait, true);
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM set_config('lock_timeout', lock_wait, true);
+            INSERT INTO work_unsettled_scopes (scope) VALUES (p_scope);
+            PERFORM pg_notify('trioworker_settle', p_scope);
+        END;
     END IF;
     PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
     RETURN added;

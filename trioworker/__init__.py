@@ -13,6 +13,7 @@ from ._dsn import DSN_ENV, resolve_dsn
 from ._errors import (
     ConfigurationError,
     DatabaseUnavailable,
+    HandlerTimeout,
     InvalidWorkItem,
     Lost,
     SchemaNotReady,
@@ -24,9 +25,14 @@ from ._migrate import check_schema, migrate
 from ._model import (
     CancelOutcome,
     Enqueued,
+    Fired,
     Heartbeat,
     ItemState,
+    NewItem,
+    Pause,
     Recovered,
+    ScheduleState,
+    ScopeHolder,
     Status,
     StoreStatistics,
     WorkerInfo,
@@ -35,6 +41,7 @@ from ._model import (
 from ._policy import DoNotRetry, RetryPolicy
 from ._postgres import FencedTransaction, PostgresStore, Transaction, open_store
 from ._registry import Registry
+from ._schedule import Schedule
 from ._settings import Settings
 from ._store import Store
 from ._worker import Worker, WorkerStatistics
@@ -48,15 +55,22 @@ __all__ = [
     "DoNotRetry",
     "Enqueued",
     "FencedTransaction",
+    "Fired",
+    "HandlerTimeout",
     "Heartbeat",
     "InvalidWorkItem",
     "ItemState",
     "Lost",
+    "NewItem",
+    "Pause",
     "PostgresStore",
     "Recovered",
     "Registry",
     "RetryPolicy",
+    "Schedule",
+    "ScheduleState",
     "SchemaNotReady",
+    "ScopeHolder",
     "Settings",
     "Status",
     "Store",

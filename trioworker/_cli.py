@@ -1,4 +1,5 @@
-"""`python -m trioworker`: run a Worker, migrate, enqueue, show, status, cancel, demo.
+"""`python -m trioworker`: run a Worker, migrate, enqueue, show, status, cancel, retry,
+prune, pause, resume, quiesce, demo.
 
 Exit codes: 0 done; 1 a runtime error (a bad --app, an unreachable database, an
 unmigrated schema); 2 a usage error (bad options or input, refused before anything
@@ -11,6 +12,7 @@ and no error message ever shows a password: argparse's own are redacted too.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import logging
 import math
 import os
@@ -70,6 +72,44 @@ def _plain(value: float) -> str:
 
 SECONDS = number(above=True, maximum=MAX_SECONDS)
 COUNT = number(integer=True, minimum=1, maximum=100_000)
+ITEM_ID = number(integer=True, minimum=1, maximum=2**63 - 1)
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def duration(text: str) -> dt.timedelta:
+    """An argparse type: a duration as 90, 90s, 15m, 12h, 7d or 2w (at least 0)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"must be a duration such as 90s, 15m, 12h, 7d or 2w, not {text!r}"
+        )
+    seconds = float(match[1]) * _UNITS[match[2] or "s"]
+    if seconds > 100 * 366 * 86400:
+        raise argparse.ArgumentTypeError(f"must be at most a century, not {text}")
+    return dt.timedelta(seconds=seconds)
+
+
+def since(text: str) -> dt.datetime:
+    """An argparse type: a time, as a duration ago (12h) or an ISO 8601 time with its
+    timezone (2026-11-30T08:00Z)."""
+    try:
+        return dt.datetime.now(dt.UTC) - duration(text)
+    except argparse.ArgumentTypeError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a duration ago (12h, 7d) or an ISO 8601 time, not {text!r}"
+        ) from None
+    if when.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"give {text!r} a timezone (such as Z or +01:00)")
+    return when
+
+
+duration.__name__ = "duration"
+since.__name__ = "time"
 
 #: The `run` options that set a Worker's Settings: (option, field, type, help). Their
 #: defaults are Settings' own.
@@ -174,6 +214,9 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
         help="give up if PostgreSQL cannot be reached at start for this long; 0: wait forever (60)",
     )
     run.add_argument("--migrate", action="store_true", help="apply migrations first")
+    run.add_argument("--retain", type=duration, metavar="DURATION",
+                     help="delete finished items older than this (such as 7d), hourly, as one"
+                     " periodic item that one Worker at a time runs")  # fmt: skip
     run.add_argument("--metrics-port", type=number(integer=True, minimum=0, maximum=65535),
                      metavar="PORT", help="serve Prometheus metrics on this port (0: any free"
                      " one, logged); needs pip install 'trioworker[metrics]'")  # fmt: skip
@@ -185,8 +228,13 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
         help="also apply the migrations of this app's Registry(migrations=...)",
     )
 
-    enqueue = command("enqueue", "queue a work item; prints its id")
-    enqueue.add_argument("kind")
+    enqueue = command(
+        "enqueue", "queue a work item (or many, --from a JSON Lines file); prints the ids"
+    )
+    enqueue.add_argument("kind", nargs="?", help="the item's kind (not with --from)")
+    enqueue.add_argument("--from", dest="from_file", metavar="FILE.jsonl|-",
+                         help="one item per line: a JSON object with kind and any of scope,"
+                         " payload, dedup_key, delay, priority; all queued or none")  # fmt: skip
     enqueue.add_argument("--scope")
     enqueue.add_argument("--payload", metavar="JSON|@FILE|-",
                          help="the payload: JSON, @FILE to read it from a file, - for stdin"
@@ -209,19 +257,57 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
     enqueue.add_argument("--app", metavar="MODULE:ATTR", help="reject kinds it has no handler for")
 
     show = command("show", "one item: its fields, payload, attempts and traceback")
-    show.add_argument("id", type=number(integer=True, minimum=1, maximum=2**63 - 1))
+    show.add_argument("id", type=ITEM_ID)
     show.add_argument("--json", action="store_true", help="machine-readable output")
 
     status = command("status", "items by kind and status, Workers, running items, failures")
     status.add_argument("--json", action="store_true", help="machine-readable output")
 
     cancel = command("cancel", "cancel a queued item, or ask a running one to stop")
-    cancel.add_argument("id", type=number(integer=True, minimum=1, maximum=2**63 - 1))
+    cancel.add_argument("id", type=ITEM_ID)
+
+    _operating(command)
 
     demo = command("demo", "the media-library demo, on a private PostgreSQL")
     demo.add_argument("--duration", type=SECONDS, default=40.0, help="seconds of load (40)")
     demo.add_argument("--users", type=number(integer=True, minimum=1, maximum=8), default=3)
     return parser
+
+
+def _operating(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """The commands that operate on a running queue: retry, prune, pause, resume, quiesce."""
+    retry = command("retry", "put failed or cancelled items back in the queue, fresh budget")
+    retry.add_argument("ids", nargs="*", type=ITEM_ID, metavar="ID")
+    retry.add_argument("--failed", action="store_true", help="every Failed item (of --kind)")
+    retry.add_argument("--kind", help="with --failed: only items of this kind")
+    retry.add_argument("--since", type=since, metavar="TIME",
+                       help="with --failed: failed since then (12h, or ISO 8601)")  # fmt: skip
+
+    prune = command("prune", "delete old finished items, in short batches")
+    prune.add_argument("--older-than", type=duration, required=True, metavar="DURATION",
+                       help="finished longer ago than this (such as 7d)")  # fmt: skip
+    prune.add_argument(
+        "--status",
+        action="append",
+        choices=["Succeeded", "Failed", "Cancelled"],
+        help="only items of this status (repeat for more; default: all three)",
+    )
+    prune.add_argument("--batch", type=COUNT, default=1000, metavar="N", help="rows per batch")
+
+    for verb, help in (("pause", "stop claiming a kind's or a scope's items (running ones go"
+                        " on)"), ("resume", "lift a pause")):  # fmt: skip
+        target = command(verb, help).add_mutually_exclusive_group(required=True)
+        target.add_argument("--kind")
+        target.add_argument("--scope")
+
+    quiesce = command(
+        "quiesce",
+        "pause a scope and wait until nothing can still be writing for it (exit 0), or"
+        " time out (exit 1) saying what holds it",
+    )
+    quiesce.add_argument("--scope", required=True)
+    quiesce.add_argument("--timeout", type=SECONDS, default=300.0, metavar="SECONDS",
+                         help="give up after this long (300)")  # fmt: skip
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -230,6 +316,11 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "show": _commands.cmd_show,
     "status": _commands.cmd_status,
     "cancel": _commands.cmd_cancel,
+    "retry": _commands.cmd_retry,
+    "prune": _commands.cmd_prune,
+    "pause": _commands.cmd_pause,
+    "resume": _commands.cmd_resume,
+    "quiesce": _commands.cmd_quiesce,
     "demo": _commands.cmd_demo,
 }
 

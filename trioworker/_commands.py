@@ -11,17 +11,19 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Collection, Iterable
 from typing import Any, NoReturn
 
 import trio
 
 from ._errors import ConfigurationError, DatabaseUnavailable, InvalidWorkItem
 from ._migrate import check_schema, migrate
+from ._model import FINISHED, Enqueued, NewItem, Status
 from ._postgres import PostgresStore, open_store
 from ._registry import Registry
 from ._retry import Backoff
 from ._settings import Settings
-from ._validation import validate_enqueue, validate_scope
+from ._validation import pause_target, validate_enqueue, validate_many, validate_scope
 from ._worker import Worker
 
 log = logging.getLogger("trioworker")
@@ -110,9 +112,69 @@ def read_payload(text: str | None) -> Any:
         raise UsageError(f"{source} is not valid JSON: {exc}") from None
 
 
+#: The fields a line of `enqueue --from` may have.
+ITEM_FIELDS = ("kind", "scope", "payload", "dedup_key", "delay", "priority")
+
+
+def read_items(lines: Iterable[str], *, known_kinds: Collection[str] | None) -> list[NewItem]:
+    """`enqueue --from`: one JSON object per line (blank lines skipped), each checked
+    as an enqueue; the first bad one raises UsageError naming its line."""
+    now = dt.datetime.now(dt.UTC)
+    items = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            fields = json.loads(line)
+        except ValueError as exc:
+            raise UsageError(f"line {number}: not valid JSON: {exc}") from None
+        if not isinstance(fields, dict):
+            raise UsageError(f"line {number}: a JSON object, not {type(fields).__name__}")
+        unknown = sorted(set(fields) - set(ITEM_FIELDS))
+        if unknown:
+            raise UsageError(
+                f"line {number}: unknown field {unknown[0]!r} (fields: {', '.join(ITEM_FIELDS)})"
+            )
+        delay = fields.get("delay")
+        if delay is not None and (
+            isinstance(delay, bool) or not isinstance(delay, int | float) or not delay >= 0
+        ):
+            raise UsageError(f"line {number}: delay must be seconds >= 0, not {delay!r}")
+        kind: Any = fields.get("kind")  # checked below, with the rest
+        item = NewItem(
+            kind=kind,
+            scope=fields.get("scope"),
+            payload=fields.get("payload"),
+            dedup_key=fields.get("dedup_key"),
+            run_after=dt.timedelta(seconds=delay) if delay else None,
+            priority=fields.get("priority", 0),
+        )
+        try:
+            validate_many([item], now=now, known_kinds=known_kinds)
+        except InvalidWorkItem as exc:
+            raise UsageError(f"line {number}: {str(exc).removeprefix('item 0: ')}") from None
+        items.append(item)
+    return items
+
+
+def _read_lines(source: str) -> list[str]:
+    if source == "-":
+        return sys.stdin.read().splitlines()
+    try:
+        with open(source, encoding="utf-8") as file:
+            return file.read().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise UsageError(f"cannot read --from file {source!r}: {reason}") from None
+
+
 def cmd_enqueue(args: argparse.Namespace) -> int:
-    payload = read_payload(args.payload)
     kinds = load_registry(args.app).kinds if args.app else None
+    if args.from_file is not None:
+        return _enqueue_from(args, kinds)
+    if args.kind is None:
+        raise UsageError("enqueue needs a KIND, or --from FILE.jsonl")
+    payload = read_payload(args.payload)
     run_after = dt.timedelta(seconds=args.delay) if args.delay else None
     try:  # bad input is reported before anything connects
         validate_enqueue(
@@ -140,6 +202,31 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _enqueue_from(args: argparse.Namespace, kinds: Collection[str] | None) -> int:
+    given = [o for o, v in (("KIND", args.kind), ("--scope", args.scope),
+             ("--payload", args.payload), ("--dedup-key", args.dedup_key),
+             ("--delay", args.delay), ("--priority", args.priority)) if v]  # fmt: skip
+    if given:
+        raise UsageError(f"--from takes each item from its line: not with {', '.join(given)}")
+    items = read_items(_read_lines(args.from_file), known_kinds=kinds)
+    check_schema(args.dsn)
+
+    async def enqueue(store: PostgresStore) -> list[Enqueued]:
+        async with store.transaction() as tx:
+            return await store.enqueue_many(items, tx=tx)
+
+    results: list[Enqueued] = with_store(args.dsn, enqueue, known_kinds=kinds)
+    for enqueued in results:
+        print(enqueued.id)
+    merged = sum(e.deduplicated for e in results)
+    print(
+        f"queued {len(results) - merged} item(s)"
+        + (f"; {merged} merged onto items already queued with their dedup key" if merged else ""),
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     check_schema(args.dsn)
     outcome = with_store(args.dsn, lambda store: store.request_cancel(args.id)).value
@@ -163,6 +250,111 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         print_status(status)
     return EXIT_OK
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    if args.failed == bool(args.ids):
+        raise UsageError("retry takes item IDs, or --failed [--kind K] [--since TIME]")
+    if not args.failed and (args.kind or args.since):
+        raise UsageError("--kind and --since go with --failed")
+    check_schema(args.dsn)
+
+    async def retry(store: PostgresStore) -> tuple[list[int], list[int]]:
+        ids = args.ids or await store.failed_items(kind=args.kind, since=args.since)
+        return ids, await store.retry(ids) if ids else []
+
+    asked, retried = with_store(args.dsn, retry)
+    print(f"retried {len(retried)} item(s)" + (f": {_ids(retried)}" if retried else ""))
+    left = sorted(set(asked) - set(retried))
+    if left:
+        print(
+            f"not retried (not Failed or Cancelled, unknown, or their dedup key is queued"
+            f" again): {_ids(left)}",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def _ids(ids: list[int], most: int = 20) -> str:
+    shown = " ".join(map(str, ids[:most]))
+    return shown + (f" ... ({len(ids) - most} more)" if len(ids) > most else "")
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    statuses = [Status(s) for s in args.status] if args.status else list(FINISHED)
+    check_schema(args.dsn)
+    longest = 0.0
+    batches = 0
+
+    def note(rows: int, seconds: float) -> None:
+        nonlocal longest, batches
+        longest, batches = max(longest, seconds), batches + 1
+
+    deleted = with_store(
+        args.dsn,
+        lambda store: store.delete_finished(
+            args.older_than, statuses=statuses, batch=args.batch, on_batch=note
+        ),
+    )
+    print(
+        f"deleted {deleted} {'/'.join(s.value for s in statuses)} item(s) finished more than"
+        f" {args.older_than} ago, in {batches} batch(es) (longest {longest:.3f}s)"
+    )
+    return EXIT_OK
+
+
+def _target(args: argparse.Namespace) -> str:
+    return f"kind {args.kind!r}" if args.kind is not None else f"scope {args.scope!r}"
+
+
+def _pause_or_resume(args: argparse.Namespace, verb: str) -> int:
+    try:
+        pause_target(args.kind, args.scope)
+    except InvalidWorkItem as exc:
+        raise UsageError(str(exc)) from None
+    check_schema(args.dsn)
+
+    async def act(store: PostgresStore) -> bool:
+        method = store.pause if verb == "pause" else store.resume
+        changed: bool = await method(kind=args.kind, scope=args.scope)
+        return changed
+
+    changed = with_store(args.dsn, act)
+    done = {"pause": "paused", "resume": "resumed"}[verb]
+    was = {"pause": "was paused already", "resume": "was not paused"}[verb]
+    print(f"{_target(args)} {done if changed else was}")
+    return EXIT_OK
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    return _pause_or_resume(args, "pause")
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    return _pause_or_resume(args, "resume")
+
+
+def cmd_quiesce(args: argparse.Namespace) -> int:
+    from ._quiesce import quiesce
+
+    try:
+        validate_scope(args.scope)
+    except InvalidWorkItem as exc:
+        raise UsageError(f"--scope {args.scope!r}: {exc}") from None
+    check_schema(args.dsn)
+    result = with_store(args.dsn, lambda store: quiesce(store, args.scope, timeout=args.timeout))
+    resume = f"(it stays paused: python -m trioworker resume --scope {args.scope})"
+    if result.done:
+        ended = f"; last held by {result.holder}" if result.holder else ""
+        print(f"scope {args.scope!r} is quiet after {result.waited:.1f}s{ended} {resume}")
+        return EXIT_OK
+    print(
+        f"trioworker: error: scope {args.scope!r} not quiet after {result.waited:.1f}s:"
+        f" held by {result.holder or 'nothing seen'} {resume}",
+        file=sys.stderr,
+    )
+    return EXIT_ERROR
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -212,6 +404,8 @@ def check_run_arguments(args: argparse.Namespace) -> None:
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     check_run_arguments(args)
     registry = load_registry(args.app)
+    if args.retain is not None:
+        registry.retention(args.retain)
     if args.migrate:
         for migration in migrate(args.dsn, registry):
             log.info("applied migration %s", migration)

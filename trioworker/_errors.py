@@ -33,5 +33,14 @@ class Lost(StoreError):
     transaction was kept, and the Worker writes nothing for it either."""
 
 
+class HandlerTimeout(TrioWorkerError):
+    """A handler ran past its kind's timeout (`Registry.handler(kind, timeout=...)`) and
+    was cancelled; it counts as a handler failure, retried by the kind's policy."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"timed out after {seconds:g}s")
+        self.seconds = seconds
+
+
 class ConfigurationError(TrioWorkerError):
     """Bad settings given to a Worker or command: a bad --app, DSN or option."""

@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from ._context import Context
-from ._errors import StoreError
+from ._errors import HandlerTimeout, StoreError
 from ._logging import item_logger
 from ._model import Heartbeat, WorkItem
 from ._policy import Action, CancelReason, Decision, Outcome, decide
@@ -154,12 +154,17 @@ class Executor:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._heartbeats, attempt, ilog)
                 nursery.start_soon(self._watch_stop, attempt, ilog)
+                if registration.timeout is not None:
+                    nursery.start_soon(self._time_out, attempt, started + registration.timeout)
                 outcome = await self._run_handler(registration.handler, item, ctx, attempt)
                 nursery.cancel_scope.cancel()
         finally:
             del self.running[item.id]
             self._deadlines_changed()
         reason = attempt.reason
+        if reason is CancelReason.TIMEOUT:  # a handler failure, retried by the kind's policy
+            assert registration.timeout is not None
+            reason, outcome = None, Outcome(error=HandlerTimeout(registration.timeout))
         self._observe("handler_duration", item.kind, trio.current_time() - started)
         decision = decide(
             reason,
@@ -229,6 +234,11 @@ class Executor:
             attempt.beat(sent_at)
             if result is Heartbeat.CANCEL_REQUESTED:
                 attempt.cancel(CancelReason.CANCEL_REQUESTED)
+
+    async def _time_out(self, attempt: Attempt, at: float) -> None:
+        """The kind's timeout: cancel the handler at `at` (unless something came first)."""
+        await trio.sleep_until(at)
+        attempt.cancel(CancelReason.TIMEOUT)
 
     async def _watch_stop(self, attempt: Attempt, ilog: logging.LoggerAdapter[Any]) -> None:
         """Fail-stop the process if the handler ignores its cancel past the grace period."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal, LiteralString
 
@@ -21,19 +21,26 @@ import trio
 
 from ._errors import DatabaseUnavailable, Lost
 from ._model import (
+    FINISHED,
     AttemptRecord,
     CancelOutcome,
     Enqueued,
+    Fired,
     Heartbeat,
     ItemState,
+    NewItem,
+    Pause,
     Recovered,
+    ScheduleState,
+    ScopeHolder,
     Status,
     StoreStatistics,
     WorkerInfo,
     WorkItem,
 )
+from ._schedule import Schedule, first_due, plan, schedule_dedup_key
 from ._store import NotifyCallback
-from ._validation import validate_enqueue
+from ._validation import EnqueueRequest, pause_target, validate_enqueue, validate_many
 
 Fault = Literal["fail", "hang"] | None
 
@@ -125,6 +132,11 @@ class MemoryStore:
         #: The Workers table, by id.
         self.workers: dict[str, WorkerInfo] = {}
         self._attempts: dict[int, dict[int, AttemptRecord]] = {}
+        #: Paused kinds and scopes: ("kind", name) or ("scope", name), when paused.
+        self._pauses: dict[tuple[str, str], dt.datetime] = {}
+        self._schedules: dict[str, ScheduleState] = {}
+        #: The schedules' specs, by name (what the database compares).
+        self._specs: dict[str, str] = {}
 
     # -- faults and time ----------------------------------------------------------
 
@@ -235,6 +247,9 @@ class MemoryStore:
             known_kinds=self.known_kinds,
         )
         await self._enter("enqueue")
+        return self._insert(request, now)
+
+    def _insert(self, request: EnqueueRequest, now: dt.datetime) -> Enqueued:
         holder = self._queued_with(request.dedup_key)
         if holder is not None:
             self._dedup_hits += 1
@@ -254,6 +269,12 @@ class MemoryStore:
         if row.run_after <= now and not self._busy(row.scope):
             self._notify(row.scope)
         return Enqueued(id=row.id, deduplicated=False)
+
+    async def enqueue_many(self, items: Sequence[NewItem]) -> list[Enqueued]:
+        now = self.now()
+        requests = validate_many(items, now=now, known_kinds=self.known_kinds)
+        await self._enter("enqueue_many")
+        return [self._insert(request, now) for request in requests]
 
     async def claim(
         self,
@@ -292,11 +313,13 @@ class MemoryStore:
         def eligible(row: _Row) -> bool:
             if row.status is not Status.QUEUED or row.run_after > now or row.kind not in kinds:
                 return False
+            if ("kind", row.kind) in self._pauses:
+                return False
             if row.scope is None:
                 return unscoped
             if scopes is not None and row.scope not in scopes:
                 return False
-            return not self._busy(row.scope)
+            return not self._busy(row.scope) and ("scope", row.scope) not in self._pauses
 
         candidates = sorted((r for r in self._rows.values() if eligible(r)), key=lambda r: r.key)
         firsts: list[_Row] = []
@@ -343,11 +366,15 @@ class MemoryStore:
         for row in self._rows.values():
             if row.status is not Status.QUEUED or row.kind not in kinds:
                 continue
+            if ("kind", row.kind) in self._pauses:
+                continue
             if row.scope is None:
                 if unscoped:
                     firsts[row.id] = row
                 continue
             if (scopes is not None and row.scope not in scopes) or self._busy(row.scope):
+                continue
+            if ("scope", row.scope) in self._pauses:
                 continue
             first = firsts.get(row.line)
             if first is None or (row.run_after, row.id) < (first.run_after, first.id):
@@ -520,17 +547,164 @@ class MemoryStore:
             return CancelOutcome.REQUESTED
         return CancelOutcome.ALREADY_FINISHED
 
-    async def delete_finished(self, older_than: dt.timedelta) -> int:
-        await self._enter("delete_finished")
+    async def delete_finished(
+        self,
+        older_than: dt.timedelta,
+        *,
+        statuses: Sequence[Status] = FINISHED,
+        batch: int = 1000,
+        on_batch: Callable[[int, float], None] | None = None,
+    ) -> int:
+        if not statuses or any(not s.is_terminal for s in statuses):
+            raise ValueError("delete_finished deletes finished items only")
         cutoff = self.now() - older_than
-        doomed = [
-            r.id
-            for r in self._rows.values()
-            if r.status.is_terminal and r.finished_at is not None and r.finished_at < cutoff
-        ]
-        for id in doomed:
-            del self._rows[id]
+        doomed = sorted(
+            (
+                r
+                for r in self._rows.values()
+                if r.status in statuses and r.finished_at is not None and r.finished_at < cutoff
+            ),
+            key=lambda r: (r.finished_at, r.id),
+        )
+        for start in range(0, len(doomed) + 1, batch):
+            await self._enter("delete_finished")
+            chunk = doomed[start : start + batch]
+            for row in chunk:
+                del self._rows[row.id]
+                self._attempts.pop(row.id, None)
+            if on_batch is not None:
+                on_batch(len(chunk), 0.0)
+            if len(chunk) < batch:
+                break
         return len(doomed)
+
+    # -- pauses, retries, quiesce ---------------------------------------------------
+
+    async def pause(self, *, kind: str | None = None, scope: str | None = None) -> bool:
+        target = _pause_key(kind, scope)
+        await self._enter("pause")
+        if target in self._pauses:
+            return False
+        self._pauses[target] = self.now()
+        return True
+
+    async def resume(self, *, kind: str | None = None, scope: str | None = None) -> bool:
+        target = _pause_key(kind, scope)
+        await self._enter("resume")
+        if self._pauses.pop(target, None) is None:
+            return False
+        if kind is not None:
+            self._notify(None)
+        else:
+            self._notify_if_freed(scope)
+        return True
+
+    async def pauses(self) -> list[Pause]:
+        await self._enter("pauses")
+        return [
+            Pause(name if what == "kind" else None, name if what == "scope" else None, at)
+            for (what, name), at in sorted(self._pauses.items(), key=lambda p: p[1])
+        ]
+
+    async def retry(self, ids: Sequence[int]) -> list[int]:
+        await self._enter("retry")
+        retried = []
+        for id in sorted(set(ids)):
+            row = self._rows.get(id)
+            if row is None or row.status not in (Status.FAILED, Status.CANCELLED):
+                continue
+            if self._queued_with(row.dedup_key) is not None:
+                continue
+            row.status = Status.QUEUED
+            row.run_after = self.now()
+            row.finished_at = None
+            row.failures = row.stalls = 0
+            row.reason = None
+            row.cancel_requested = False
+            row.worker_id = None
+            row.lease_expires_at = None
+            retried.append(id)
+            self._notify_if_freed(row.scope)
+        return retried
+
+    async def failed_items(
+        self, *, kind: str | None = None, since: dt.datetime | None = None
+    ) -> list[int]:
+        await self._enter("failed_items")
+        rows = [
+            r
+            for r in self._rows.values()
+            if r.status is Status.FAILED
+            and (kind is None or r.kind == kind)
+            and r.finished_at is not None
+            and (since is None or r.finished_at >= since)
+        ]
+        return [r.id for r in sorted(rows, key=lambda r: (r.finished_at, r.id))]
+
+    async def scope_holder(self, scope: str) -> tuple[ScopeHolder | None, bool]:
+        await self._enter("scope_holder")
+        for r in self._rows.values():
+            if r.scope == scope and r.status is Status.RUNNING:
+                assert r.lease_expires_at is not None
+                left = (r.lease_expires_at - self.now()).total_seconds()
+                return ScopeHolder(
+                    r.id, r.attempt, r.kind, r.worker_id, r.cancel_requested, left
+                ), False
+        return None, False
+
+    # -- schedules ----------------------------------------------------------------------
+
+    async def sync_schedules(self, schedules: Sequence[Schedule]) -> None:
+        await self._enter("sync_schedules")
+        now = self.now()
+        for schedule in schedules:
+            known = self._schedules.get(schedule.name)
+            fresh = known is None or self._specs[schedule.name] != schedule.spec
+            self._schedules[schedule.name] = ScheduleState(
+                schedule.name,
+                schedule.kind,
+                schedule.scope,
+                schedule.spec,
+                first_due(schedule, now) if fresh or known is None else known.next_due,
+                None if known is None else known.last_due,
+                None if known is None else known.last_item,
+            )
+            self._specs[schedule.name] = schedule.spec
+
+    async def fire_schedules(
+        self, schedules: Sequence[Schedule]
+    ) -> tuple[list[Fired], float | None]:
+        await self._enter("fire_schedules")
+        now = self.now()
+        carried = [
+            s for s in schedules if s.name in self._schedules and self._specs[s.name] == s.spec
+        ]
+        fired = []
+        for schedule in sorted(carried, key=lambda s: self._schedules[s.name].next_due):
+            state = self._schedules[schedule.name]
+            due, following = plan(schedule, state.next_due, now)
+            if due is None:
+                continue
+            request = validate_enqueue(
+                schedule.kind,
+                schedule.scope,
+                schedule.payload,
+                schedule_dedup_key(schedule),
+                due,
+                priority=schedule.priority,
+                now=now,
+            )
+            enqueued = self._insert(request, now)
+            self._schedules[schedule.name] = attrs.evolve(
+                state, next_due=following, last_due=due, last_item=enqueued.id
+            )
+            fired.append(Fired(schedule.name, due, enqueued.id, enqueued.deduplicated))
+        waits = [(self._schedules[s.name].next_due - now).total_seconds() for s in carried]
+        return fired, max(0.0, min(waits)) if waits else None
+
+    async def schedules(self) -> list[ScheduleState]:
+        await self._enter("schedules")
+        return sorted(self._schedules.values(), key=lambda s: s.next_due)
 
     async def attempts(self, id: int) -> list[AttemptRecord]:
         await self._enter("attempts")
@@ -583,6 +757,11 @@ class MemoryStore:
             ItemState(**{k: copy.deepcopy(v) for k, v in attrs.asdict(r, recurse=False).items()})
             for r in sorted(self._rows.values(), key=lambda r: r.id)
         ]
+
+
+def _pause_key(kind: str | None, scope: str | None) -> tuple[str, str]:
+    kind, scope = pause_target(kind, scope)
+    return ("kind", kind) if kind is not None else ("scope", scope)  # type: ignore[return-value]
 
 
 def _json_roundtrip(text: str) -> Any:

@@ -25,6 +25,10 @@ class Status(enum.Enum):
 TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
 
 
+#: The statuses of finished items.
+FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+
+
 def counts_by_kind(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
     """Rows of (kind, status, n) as {kind: {status: n}}, every status present (zero
     when a kind has none), statuses in `Status` order."""
@@ -155,3 +159,61 @@ class StoreStatistics:
     # serialization failure (none is expected: each one is worth a look)
     scopes_settled: int = 0  # scopes settled from work_unsettled_scopes
     heads_repaired: int = 0  # wedged scopes the repair found and fixed (a bug if > 0)
+
+
+@attrs.frozen
+class NewItem:
+    """One item for `enqueue_many`: the arguments `enqueue` takes, as a value."""
+
+    kind: str
+    scope: str | None = None
+    payload: Any = None
+    dedup_key: str | None = None
+    run_after: dt.datetime | dt.timedelta | None = None
+    priority: int = 0
+
+
+@attrs.frozen
+class Pause:
+    """A paused kind or scope (exactly one of the two is set)."""
+
+    kind: str | None
+    scope: str | None
+    paused_at: dt.datetime
+
+
+@attrs.frozen
+class ScopeHolder:
+    """The Running item of a scope, as quiesce watches it."""
+
+    id: int
+    attempt: int
+    kind: str
+    worker_id: str | None
+    cancel_requested: bool
+    #: Seconds until its lease expires by the database's clock (<= 0: expired).
+    lease_left: float
+
+
+@attrs.frozen
+class ScheduleState:
+    """A periodic item's schedule, as the database holds it."""
+
+    name: str
+    kind: str
+    scope: str | None
+    spec: str
+    next_due: dt.datetime
+    last_due: dt.datetime | None
+    last_item: int | None
+
+
+@attrs.frozen
+class Fired:
+    """One due time of a schedule, enqueued. `deduplicated`: the schedule's previous
+    item was still Queued, so none was added (`item` is that one)."""
+
+    name: str
+    due: dt.datetime
+    item: int
+    deduplicated: bool = False

@@ -24,6 +24,7 @@ class CancelReason(enum.Enum):
     LOST = "lost"  # a heartbeat found the attempt no longer owns the item
     CANCEL_REQUESTED = "cancel-requested"  # someone asked for the item to stop
     SHUTDOWN = "shutdown"  # the Worker is stopping and the grace period ran out
+    TIMEOUT = "timeout"  # the kind's timeout ran out (the executor makes it an error)
 
 
 class Action(enum.Enum):

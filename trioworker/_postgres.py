@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
@@ -25,12 +26,18 @@ from . import _bridge
 from ._dsn import redact, redact_dsn
 from ._errors import DatabaseUnavailable, Lost, SchemaNotReady, StoreError, StoreTimeout
 from ._model import (
+    FINISHED,
     AttemptRecord,
     CancelOutcome,
     Enqueued,
+    Fired,
     Heartbeat,
     ItemState,
+    NewItem,
+    Pause,
     Recovered,
+    ScheduleState,
+    ScopeHolder,
     Status,
     StoreStatistics,
     WorkerInfo,
@@ -38,8 +45,9 @@ from ._model import (
 )
 from ._queries import QUERIES
 from ._retry import Backoff
+from ._schedule import Schedule, first_due, plan, schedule_dedup_key
 from ._store import NotifyCallback
-from ._validation import validate_enqueue
+from ._validation import EnqueueRequest, pause_target, validate_enqueue, validate_many
 
 log = logging.getLogger("trioworker.store")
 
@@ -265,6 +273,17 @@ class PostgresStore:
             now=dt.datetime.now(dt.UTC),
             known_kinds=self.known_kinds,
         )
+
+        async def op(conn: psycopg.AsyncConnection[Any]) -> Enqueued:
+            enqueued = await self._enqueue_on(conn, request)
+            self._dedup_hits += enqueued.deduplicated
+            return enqueued
+
+        return await self._call("enqueue", op, conn=tx._conn if tx else None)
+
+    async def _enqueue_on(
+        self, conn: psycopg.AsyncConnection[Any], request: EnqueueRequest
+    ) -> Enqueued:  # pragma: no mutate block
         params = {
             "kind": request.kind,
             "scope": request.scope,
@@ -274,23 +293,64 @@ class PostgresStore:
             "run_at": request.run_at,
             "delay": request.delay,
         }
+        for _ in range(5):
+            cur = await conn.execute(QUERIES["enqueue"], params)
+            row = await cur.fetchone()
+            if row is not None:
+                return Enqueued(id=row[0], deduplicated=False)
+            # The dedup key is taken: find the Queued holder (it may have been claimed
+            # in between, in which case the insert goes through next time).
+            cur = await conn.execute(QUERIES["queued_with_dedup_key"], params)
+            row = await cur.fetchone()
+            if row is not None:
+                return Enqueued(id=row[0], deduplicated=True)
+        raise StoreError("enqueue: the dedup key kept changing hands; try again")
 
-        async def op(conn: psycopg.AsyncConnection[Any]) -> Enqueued:
-            for _ in range(5):
-                cur = await conn.execute(QUERIES["enqueue"], params)
-                row = await cur.fetchone()
-                if row is not None:
-                    return Enqueued(id=row[0], deduplicated=False)
-                # The dedup key is taken: find the Queued holder (it may have been
-                # claimed in between, in which case the insert goes through next time).
-                cur = await conn.execute(QUERIES["queued_with_dedup_key"], params)
-                row = await cur.fetchone()
-                if row is not None:
+    async def enqueue_many(
+        self, items: Sequence[NewItem], *, tx: Transaction | None = None
+    ) -> list[Enqueued]:  # pragma: no mutate block
+        """Queue many items in one statement (one round trip), all or none: each is
+        checked first, and a bad one raises InvalidWorkItem naming its index. Results
+        in order; an item whose dedup key a Queued item (or an earlier one of the
+        batch) holds is merged onto it, as `enqueue` does."""
+        requests = validate_many(items, now=dt.datetime.now(dt.UTC), known_kinds=self.known_kinds)
+        if not requests:
+            return []
+        params = {
+            "kinds": [r.kind for r in requests],
+            "scopes": [r.scope for r in requests],
+            "payloads": [r.payload_json for r in requests],
+            "priorities": [r.priority for r in requests],
+            "dedup_keys": [r.dedup_key for r in requests],
+            "run_ats": [r.run_at for r in requests],
+            "delays": [r.delay for r in requests],
+        }
+
+        async def op(conn: psycopg.AsyncConnection[Any]) -> list[Enqueued]:
+            cur = await conn.execute(QUERIES["enqueue_many"], params)
+            inserted = [(row[0], row[1]) for row in await cur.fetchall()]
+            merged = match_inserted([r.dedup_key for r in requests], inserted)
+            keys = sorted({k for k, e in merged if e is None and k is not None})
+            holders: dict[str, int] = {}
+            if keys:
+                cur = await conn.execute(QUERIES["queued_with_dedup_keys"], {"dedup_keys": keys})
+                holders = {key: id for id, key in await cur.fetchall()}
+            results = []
+            for (key, paired), request in zip(merged, requests, strict=True):
+                result = paired
+                if result is None:
+                    assert key is not None
+                    if key in holders:
+                        result = Enqueued(id=holders[key], deduplicated=True)
+                    else:  # the holder was claimed in between: insert it after all
+                        result = await self._enqueue_on(conn, request)
+                        holders[key] = result.id
+                if result.deduplicated:
                     self._dedup_hits += 1
-                    return Enqueued(id=row[0], deduplicated=True)
-            raise StoreError("enqueue: the dedup key kept changing hands; try again")
+                results.append(result)
+            return results
 
-        return await self._call("enqueue", op, conn=tx._conn if tx else None)
+        return await self._call("enqueue_many", op, conn=tx._conn if tx else None)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:  # pragma: no mutate block
@@ -577,22 +637,156 @@ class PostgresStore:
         return CancelOutcome.ALREADY_FINISHED if found else CancelOutcome.NOT_FOUND
 
     async def delete_finished(
-        self, older_than: dt.timedelta, *, batch: int = 1000
+        self,
+        older_than: dt.timedelta,
+        *,
+        statuses: Sequence[Status] = FINISHED,
+        batch: int = 1000,
+        on_batch: Callable[[int, float], None] | None = None,
     ) -> int:  # pragma: no mutate block
-        """Delete finished items that finished longer than `older_than` ago."""
-        params = {"older_than": older_than.total_seconds(), "batch": batch}
+        """Delete items of `statuses` (finished ones) that finished longer than
+        `older_than` ago, `batch` rows per transaction, oldest first; returns how many.
+        Queued and Running items are never touched. `on_batch(rows, seconds)` is told
+        about each batch (how long its locks were held)."""
+        if not statuses or any(not s.is_terminal for s in statuses):
+            raise ValueError("delete_finished deletes finished items only")
+        params: dict[str, Any] = {
+            "older_than": older_than.total_seconds(),
+            "batch": batch,
+            "statuses": [s.value for s in statuses],
+            "after": dt.datetime.min.replace(tzinfo=dt.UTC),
+        }
         query = QUERIES["delete_finished"]
         deleted = 0
         while True:
 
-            async def op(conn: psycopg.AsyncConnection[Any]) -> int:
+            async def op(conn: psycopg.AsyncConnection[Any]) -> list[dt.datetime]:
                 cur = await conn.execute(query, params)
-                return cur.rowcount
+                return [row[0] for row in await cur.fetchall()]
 
-            count = await self._call("delete_finished", op)
-            deleted += count
-            if count < batch:
+            began = trio.current_time()
+            finished = await self._call("delete_finished", op)
+            if on_batch is not None:
+                on_batch(len(finished), trio.current_time() - began)
+            deleted += len(finished)
+            if len(finished) < batch:
                 return deleted
+            params["after"] = max(finished)
+
+    # -- pauses, retries, quiesce ---------------------------------------------------
+
+    async def pause(
+        self, *, kind: str | None = None, scope: str | None = None
+    ) -> bool:  # pragma: no mutate block
+        """Pause a kind or a scope: its Queued items are not claimed (Running ones go
+        on). Once a scope's pause returns, no claim can start an item of it. False:
+        it was paused already."""
+        kind, scope = pause_target(kind, scope)
+        rows = await self._rows("pause", {"kind": kind, "scope": scope})
+        return bool(rows[0]["changed"])
+
+    async def resume(
+        self, *, kind: str | None = None, scope: str | None = None
+    ) -> bool:  # pragma: no mutate block
+        """Lift a pause; False: it was not paused."""
+        kind, scope = pause_target(kind, scope)
+        rows = await self._rows("resume", {"kind": kind, "scope": scope})
+        return bool(rows[0]["changed"])
+
+    async def pauses(self) -> list[Pause]:  # pragma: no mutate block
+        return [Pause(**row) for row in await self._rows("pauses", {})]
+
+    async def retry(self, ids: Sequence[int]) -> list[int]:  # pragma: no mutate block
+        """Failed or Cancelled items back to Queued with a fresh attempt budget (their
+        history kept), due now; the ids retried. Others (not finished, succeeded, or
+        whose dedup key a Queued item holds) are left as they are."""
+        rows = await self._rows("retry_items", {"ids": sorted(set(ids))})
+        return [row["id"] for row in rows]
+
+    async def failed_items(
+        self, *, kind: str | None = None, since: dt.datetime | None = None
+    ) -> list[int]:  # pragma: no mutate block
+        """Ids of Failed items (of `kind`) that finished at or after `since`, oldest first."""
+        start = since or dt.datetime.min.replace(tzinfo=dt.UTC)
+        return [
+            row["id"] for row in await self._rows("failed_items", {"kind": kind, "since": start})
+        ]
+
+    async def scope_holder(
+        self, scope: str
+    ) -> tuple[ScopeHolder | None, bool]:  # pragma: no mutate block
+        """The scope's Running item (None: none), and whether it still has a head."""
+        rows = await self._rows("scope_holder", {"scope": scope})
+        heads = bool(rows[0]["heads"])
+        holder = (
+            None
+            if rows[0]["id"] is None
+            else ScopeHolder(**{k: v for k, v in rows[0].items() if k != "heads"})
+        )
+        return holder, heads
+
+    # -- schedules ----------------------------------------------------------------------
+
+    async def sync_schedules(
+        self, schedules: Sequence[Schedule]
+    ) -> None:  # pragma: no mutate block
+        """Write the Worker's schedules to the database (a changed one starts afresh)."""
+        now = dt.datetime.now(dt.UTC)
+        for schedule in schedules:
+            await self._rows(
+                "sync_schedule",
+                {
+                    "name": schedule.name,
+                    "kind": schedule.kind,
+                    "scope": schedule.scope,
+                    "payload": json.dumps({} if schedule.payload is None else schedule.payload),
+                    "priority": schedule.priority,
+                    "spec": schedule.spec,
+                    "next_due": first_due(schedule, now),
+                },
+            )
+
+    async def fire_schedules(
+        self, schedules: Sequence[Schedule]
+    ) -> tuple[list[Fired], float | None]:  # pragma: no mutate block
+        """Enqueue the due times of those of `schedules` that are due, one item each for
+        its latest due time, in one transaction with moving each on (a schedule another
+        Worker is firing is passed over). Returns what was fired, and seconds until
+        the next of them is due."""
+        by_name = {s.name: s for s in schedules}
+        carried = {"names": list(by_name), "specs": [s.spec for s in by_name.values()]}
+
+        async def op(conn: psycopg.AsyncConnection[Any]) -> tuple[list[Fired], float | None]:
+            fired: list[Fired] = []
+            async with conn.transaction():
+                cur = await conn.execute(QUERIES["due_schedules"], carried)
+                for name, next_due, now in await cur.fetchall():
+                    schedule = by_name[name]
+                    due, following = plan(schedule, next_due, now)
+                    assert due is not None
+                    request = validate_enqueue(
+                        schedule.kind,
+                        schedule.scope,
+                        schedule.payload,
+                        schedule_dedup_key(schedule),
+                        due,
+                        priority=schedule.priority,
+                        now=now,
+                    )
+                    enqueued = await self._enqueue_on(conn, request)
+                    await conn.execute(
+                        QUERIES["fired_schedule"],
+                        {"name": name, "next_due": following, "due": due, "item": enqueued.id},
+                    )
+                    fired.append(Fired(name, due, enqueued.id, enqueued.deduplicated))
+                cur = await conn.execute(QUERIES["next_schedule_due"], carried)
+                row = await cur.fetchone()
+            return fired, None if row is None or row[0] is None else max(0.0, row[0])
+
+        return await self._call("fire_schedules", op)
+
+    async def schedules(self) -> list[ScheduleState]:  # pragma: no mutate block
+        return [ScheduleState(**row) for row in await self._rows("schedules", {})]
 
     # -- Workers --------------------------------------------------------------------
 
@@ -735,6 +929,33 @@ async def _quietly(aw: Awaitable[None]) -> None:  # pragma: no mutate block
         await aw
     except psycopg.Error as exc:
         log.warning("rollback failed; the connection was discarded: %s", type(exc).__name__)
+
+
+def match_inserted(
+    keys: Sequence[str | None], inserted: Sequence[tuple[int, str | None]]
+) -> list[tuple[str | None, Enqueued | None]]:
+    """Pair a batch's dedup keys with the rows its INSERT returned (in the batch's order;
+    a row is skipped when its dedup key is taken). For each item: its key and what it
+    became, None where a Queued item from before holds its key (looked up next)."""
+    rows = iter(inserted)
+    pending = next(rows, None)
+    first_with: dict[str, int] = {}
+    out: list[tuple[str | None, Enqueued | None]] = []
+    for key in keys:
+        if key is not None and key in first_with:
+            out.append((key, Enqueued(id=first_with[key], deduplicated=True)))
+        elif pending is not None and pending[1] == key:
+            out.append((key, Enqueued(id=pending[0], deduplicated=False)))
+            if key is not None:
+                first_with[key] = pending[0]
+            pending = next(rows, None)
+        elif key is None:
+            raise StoreError("enqueue_many: the inserted rows came back out of order")
+        else:
+            out.append((key, None))
+    if pending is not None:
+        raise StoreError("enqueue_many: more rows came back than were asked for")
+    return out
 
 
 def _connect_kwargs(dsn: str, application_name: str) -> dict[str, Any]:

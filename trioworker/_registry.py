@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import inspect
+import math
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -11,6 +13,7 @@ import attrs
 
 from ._model import WorkItem
 from ._policy import RetryPolicy
+from ._schedule import Schedule
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -20,9 +23,12 @@ Handler: TypeAlias = Callable[[WorkItem, "Context"], Awaitable[Any]]
 
 @attrs.frozen
 class Registration:
+    """One kind's handler, its retry policy and its timeout (seconds, or None)."""
+
     kind: str
     handler: Handler
     retry: RetryPolicy
+    timeout: float | None = None
 
 
 class Registry:
@@ -39,13 +45,22 @@ class Registry:
         self._registrations: dict[str, Registration] = {}
         self.default_retry = default_retry or RetryPolicy()
         self.migrations = Path(migrations) if migrations is not None else None
+        #: The periodic items Workers of this registry enqueue (`periodic`).
+        self.schedules: list[Schedule] = []
 
     def handler(
-        self, kind: str, *, retry: RetryPolicy | None = None
+        self, kind: str, *, retry: RetryPolicy | None = None, timeout: float | None = None
     ) -> Callable[[Handler], Handler]:
-        """Register the decorated coroutine function as the handler of `kind`."""
+        """Register the decorated coroutine function as the handler of `kind`.
+
+        `retry`: how its errors are retried (default: the registry's). `timeout`:
+        seconds an attempt may run; past it the handler is cancelled, and the attempt
+        counts as a handler failure ("timed out after Ns"), retried by `retry`.
+        """
         if not isinstance(kind, str) or not kind.strip():
             raise ValueError("a handler's kind must be a non-empty string")
+        if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"the timeout of {kind!r} must be positive seconds, not {timeout!r}")
 
         def register(fn: Handler) -> Handler:
             if not _is_async(fn):
@@ -55,10 +70,49 @@ class Registry:
                 )
             if kind in self._registrations:
                 raise ValueError(f"kind {kind!r} already has a handler")
-            self._registrations[kind] = Registration(kind, fn, retry or self.default_retry)
+            self._registrations[kind] = Registration(kind, fn, retry or self.default_retry, timeout)
             return fn
 
         return register
+
+    def periodic(
+        self,
+        kind: str,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        scope: str | None = None,
+        payload: Any = None,
+        priority: int = 0,
+        timezone: str = "UTC",
+        name: str | None = None,
+    ) -> Schedule:
+        """Enqueue an item of `kind` at each due time: `every` N seconds, or at the times
+        of the cron expression `cron` (in `timezone`). Each due time is enqueued once,
+        whichever of the Workers carrying this registry gets to it (the database holds
+        the schedule); after downtime, only the most recent missed time is. `name`
+        tells two schedules of one kind and scope apart.
+
+            registry.periodic("TokenCleanup", every=3600)
+            registry.periodic("Crawl", cron="0 3 * * *", scope="cfg-7", timezone="Europe/Berlin")
+        """
+        schedule = Schedule(kind, cron, every, scope, payload, priority, timezone, name or "")
+        if any(s.name == schedule.name for s in self.schedules):
+            raise ValueError(f"a schedule named {schedule.name!r} exists; give name=")
+        self.schedules.append(schedule)
+        return schedule
+
+    def retention(self, older_than: float | dt.timedelta, *, every: float = 3600.0) -> Schedule:
+        """Delete finished items older than `older_than` (seconds or a timedelta), every
+        `every` seconds, as one periodic unscoped item: one Worker at a time does it,
+        in short bounded batches (`python -m trioworker run --retain 7d` calls this)."""
+        from ._retention import RETENTION_KIND, prune_finished
+
+        seconds = older_than.total_seconds() if isinstance(older_than, dt.timedelta) else older_than
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"retention: older_than must be >= 0 seconds, not {older_than!r}")
+        self.handler(RETENTION_KIND, retry=RetryPolicy(max_attempts=3))(prune_finished)
+        return self.periodic(RETENTION_KIND, every=every, payload={"older_than": seconds})
 
     def get(self, kind: str) -> Registration | None:
         return self._registrations.get(kind)

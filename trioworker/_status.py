@@ -24,6 +24,8 @@ async def gather(store: PostgresStore, *, failures: int = 10) -> dict[str, Any]:
     failed = await store.query("recent_failures", limit=failures)
     workers = await store.query("workers", alive_within=ALIVE_WITHIN)
     unserved = await store.query("unserved_kinds", alive_within=ALIVE_WITHIN)
+    schedules = await store.query("schedules")
+    pauses = await store.query("pauses")
     by_kind = counts_by_kind(counts)
     return {
         "counts": by_kind,
@@ -33,6 +35,8 @@ async def gather(store: PostgresStore, *, failures: int = 10) -> dict[str, Any]:
         "recent_failures": [_jsonable(r) for r in failed],
         "workers": [_jsonable(r) for r in workers],
         "unserved_kinds": {r["kind"]: r["n"] for r in unserved},
+        "schedules": [_jsonable(r) for r in schedules],
+        "pauses": [_jsonable(r) for r in pauses],
     }
 
 
@@ -96,11 +100,35 @@ def render(status: dict[str, Any]) -> Group:
             (w["last_seen"] or "")[11:19],
         )
     parts: list[Any] = [counts, running, workers]
+    if status["schedules"]:
+        parts.append(_schedules_table(status["schedules"]))
+    if status["pauses"]:
+        listed = ", ".join(
+            f"kind {p['kind']}" if p["kind"] is not None else f"scope {p['scope']}"
+            for p in status["pauses"]
+        )
+        parts.append(f"[bold yellow]Paused (not claimed; running items go on):[/] {listed}")
     if status["unserved_kinds"]:
         listed = ", ".join(f"{k} ({n:,})" for k, n in status["unserved_kinds"].items())
         parts.append(f"[bold red]Queued kinds no live Worker serves:[/] {listed}")
     parts.append(failures)
     return Group(*parts)
+
+
+def _schedules_table(rows: list[dict[str, Any]]) -> Table:
+    schedules = Table(title="Schedules", box=box.SIMPLE_HEAVY)
+    for column in ("name", "kind", "scope", "when", "next due", "last item"):
+        schedules.add_column(column, overflow="fold")
+    for r in rows:
+        schedules.add_row(
+            r["name"],
+            r["kind"],
+            r["scope"] or "-",
+            r["spec"],
+            r["next_due"][:19],
+            "-" if r["last_item"] is None else str(r["last_item"]),
+        )
+    return schedules
 
 
 def _n(value: int) -> str:

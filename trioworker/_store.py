@@ -17,13 +17,20 @@ from ._model import (
     AttemptRecord,
     CancelOutcome,
     Enqueued,
+    Fired,
     Heartbeat,
     ItemState,
+    NewItem,
+    Pause,
     Recovered,
+    ScheduleState,
+    ScopeHolder,
+    Status,
     StoreStatistics,
     WorkerInfo,
     WorkItem,
 )
+from ._schedule import Schedule
 
 #: Called with the notification's scope ("" for unscoped work, None after a reconnect).
 NotifyCallback = Callable[[str | None], None]
@@ -127,7 +134,38 @@ class Store(Protocol):
 
     async def request_cancel(self, id: int) -> CancelOutcome: ...
 
-    async def delete_finished(self, older_than: dt.timedelta) -> int: ...
+    async def enqueue_many(self, items: Sequence[NewItem]) -> list[Enqueued]: ...
+
+    async def delete_finished(
+        self,
+        older_than: dt.timedelta,
+        *,
+        statuses: Sequence[Status] = ...,
+        batch: int = ...,
+        on_batch: Callable[[int, float], None] | None = None,
+    ) -> int: ...
+
+    async def pause(self, *, kind: str | None = None, scope: str | None = None) -> bool: ...
+
+    async def resume(self, *, kind: str | None = None, scope: str | None = None) -> bool: ...
+
+    async def pauses(self) -> list[Pause]: ...
+
+    async def retry(self, ids: Sequence[int]) -> list[int]: ...
+
+    async def failed_items(
+        self, *, kind: str | None = None, since: dt.datetime | None = None
+    ) -> list[int]: ...
+
+    async def scope_holder(self, scope: str) -> tuple[ScopeHolder | None, bool]: ...
+
+    async def sync_schedules(self, schedules: Sequence[Schedule]) -> None: ...
+
+    async def fire_schedules(
+        self, schedules: Sequence[Schedule]
+    ) -> tuple[list[Fired], float | None]: ...
+
+    async def schedules(self) -> list[ScheduleState]: ...
 
     async def get_item(self, id: int) -> ItemState | None: ...
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import attrs
 
 from ._errors import InvalidWorkItem
+from ._model import NewItem
 
 #: Largest payload accepted, as UTF-8 JSON.
 MAX_PAYLOAD_BYTES = 64 * 1024
@@ -64,6 +65,46 @@ def validate_enqueue(
         run_at=run_at,
         delay=delay,
     )
+
+
+def validate_many(
+    items: Sequence[NewItem], *, now: dt.datetime, known_kinds: Collection[str] | None = None
+) -> list[EnqueueRequest]:
+    """Each of `items` checked as `validate_enqueue` checks one; the first bad one
+    raises InvalidWorkItem naming its index ("item 3: ...")."""
+    if isinstance(items, str | bytes) or not isinstance(items, Sequence):
+        raise InvalidWorkItem(
+            f"enqueue_many takes a sequence of NewItem, not {type(items).__name__}"
+        )
+    requests = []
+    for index, item in enumerate(items):
+        if not isinstance(item, NewItem):
+            raise InvalidWorkItem(f"item {index}: a NewItem, not {type(item).__name__}")
+        try:
+            requests.append(
+                validate_enqueue(
+                    item.kind,
+                    item.scope,
+                    item.payload,
+                    item.dedup_key,
+                    item.run_after,
+                    priority=item.priority,
+                    now=now,
+                    known_kinds=known_kinds,
+                )
+            )
+        except InvalidWorkItem as exc:
+            raise InvalidWorkItem(f"item {index}: {exc}") from None
+    return requests
+
+
+def pause_target(kind: object, scope: object) -> tuple[str | None, str | None]:
+    """What to pause or resume: a kind or a scope, exactly one (else InvalidWorkItem)."""
+    if (kind is None) == (scope is None):
+        raise InvalidWorkItem("pause or resume a kind or a scope: give exactly one")
+    _check_name("kind", kind, optional=True)
+    _check_name("scope", scope, optional=True)
+    return kind, scope  # type: ignore[return-value]  # checked by _check_name
 
 
 def validate_scope(scope: object) -> str:

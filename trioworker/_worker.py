@@ -35,6 +35,9 @@ from ._watchdog import TICK_EVERY, Watchdog
 
 log = logging.getLogger("trioworker.worker")
 
+#: Added to a schedule's wait (and the least wait): a due time is past when woken.
+SCHEDULE_NAP = 0.01
+
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -163,6 +166,8 @@ class Worker:
                 background.start_soon(self._presence_loop)
                 background.start_soon(self._recovery_loop)
                 background.start_soon(self._settle_loop)
+                if self.registry.schedules:
+                    background.start_soon(self._schedule_loop)
                 background.start_soon(self._completions.run)
                 if self._watchdog is not None:
                     background.start_soon(self._tick_watchdog, self._watchdog)
@@ -347,6 +352,41 @@ class Worker:
                 log.warning(
                     "settling scopes failed: %s; next try in %.0fs", exc, self.settings.poll
                 )
+
+    async def _schedule_loop(self) -> None:
+        """Enqueue the registry's periodic items as they fall due. The database holds
+        each schedule's next due time and a Worker fires one under its row lock, so
+        each due time is enqueued once, whichever of the Workers gets to it."""
+        schedules = self.registry.schedules
+        backoff = Backoff(initial=0.5, maximum=max(self.settings.poll * 2, 5.0))
+        synced = False
+        while True:
+            try:
+                if not synced:
+                    await self.store.sync_schedules(schedules)
+                    synced = True
+                fired, wait = await self.store.fire_schedules(schedules)
+            except SchemaNotReady:
+                raise
+            except StoreError as exc:
+                delay = backoff.next()
+                log.warning("cannot fire schedules: %s; retrying in %.1fs", exc, delay)
+                await trio.sleep(delay)
+                continue
+            backoff.reset()
+            for f in fired:
+                self.observe("scheduled", f.name)
+                log.info(
+                    "schedule %s: due %s, %s item %d",
+                    f.name,
+                    f.due.isoformat(timespec="seconds"),
+                    "merged onto its still queued" if f.deduplicated else "enqueued",
+                    f.item,
+                )
+            # Until the next due time (by the database's clock), or a poll interval:
+            # another Worker may have changed or fired a schedule meanwhile.
+            nap = self.settings.poll if wait is None else min(self.settings.poll, wait)
+            await trio.sleep(nap + SCHEDULE_NAP)
 
     def info(self) -> WorkerInfo:
         """What this Worker advertises in the Workers table."""

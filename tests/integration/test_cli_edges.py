@@ -177,6 +177,7 @@ def test_migrate_says_one_line_per_migration(databases: Any) -> None:
     assert first.returncode == 0 and first.stderr == ""
     assert first.stdout.splitlines() == [
         "applied 0001.work-items", "applied 0002.scope-lines", "applied 0003.workers",
+        "applied 0004.schedules-and-retries",
     ]  # fmt: skip
     assert again.stdout == "schema is up to date\n"
 

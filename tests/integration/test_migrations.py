@@ -43,8 +43,8 @@ def tables(dsn: str) -> list[str]:
 
 
 QUEUE_TABLES = [
-    "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_items", "work_pauses",
-    "work_unsettled_scopes", "work_workers", "yoyo_lock",
+    "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_attempts", "work_items",
+    "work_pauses", "work_schedules", "work_unsettled_scopes", "work_workers", "yoyo_lock",
 ]  # fmt: skip
 MEDIA_TABLES = [
     "media_assets", "media_bursts", "media_proxies", "media_share_tokens",
@@ -67,7 +67,7 @@ def test_migrate_creates_only_the_queues_tables_and_an_app_adds_its_own(
         check_schema(empty_dsn, media.registry)
     app = [*cli, "--app", "trioworker.media:registry"]
     out = subprocess.run(app, env=env, check=True, capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip() == "applied: 0001.media-library"
+    assert out.stdout.strip() == "applied 0001.media-library"
     assert tables(empty_dsn) == sorted(QUEUE_TABLES + MEDIA_TABLES)
     check_schema(empty_dsn, media.registry)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
+import attrs
 import psycopg
 
 from trioworker import ItemState, PostgresStore, Status
@@ -28,6 +30,19 @@ class MemoryHarness:
     def items(self) -> list[ItemState]:
         return self.store.items()
 
+    def age(self, id: int, seconds: float) -> None:
+        """Move a finished item's finished_at `seconds` into the past."""
+        row = self.store._rows[id]
+        assert row.finished_at is not None
+        row.finished_at -= dt.timedelta(seconds=seconds)
+
+    def backdate_schedule(self, name: str, seconds: float) -> None:
+        """Move a schedule's next due time `seconds` into the past."""
+        state = self.store._schedules[name]
+        self.store._schedules[name] = attrs.evolve(
+            state, next_due=state.next_due - dt.timedelta(seconds=seconds)
+        )
+
 
 class PostgresHarness:
     name = "postgres"
@@ -40,6 +55,20 @@ class PostgresHarness:
         self.pg.execute(
             "UPDATE work_items SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
             (id,),
+        )
+
+    def age(self, id: int, seconds: float) -> None:
+        self.pg.execute(
+            "UPDATE work_items SET finished_at = finished_at - make_interval(secs => %s)"
+            " WHERE id = %s",
+            (seconds, id),
+        )
+
+    def backdate_schedule(self, name: str, seconds: float) -> None:
+        self.pg.execute(
+            "UPDATE work_schedules SET next_due = next_due - make_interval(secs => %s)"
+            " WHERE name = %s",
+            (seconds, name),
         )
 
     def items(self) -> list[ItemState]:

@@ -13,6 +13,23 @@ VALUES (%(kind)s, %(scope)s, %(payload)s::jsonb, %(priority)s, %(dedup_key)s,
 ON CONFLICT (dedup_key) WHERE status = 'Queued' AND dedup_key IS NOT NULL DO NOTHING
 RETURNING id;
 
+-- name: enqueue_many
+-- Many rows in one statement (one round trip), in order; a row whose dedup key a
+-- Queued item (or an earlier row of the batch) holds is not inserted.
+INSERT INTO work_items (kind, scope, payload, priority, dedup_key, run_after)
+SELECT kind, scope, payload::jsonb, priority, dedup_key,
+       COALESCE(run_at, now() + make_interval(secs => delay))
+FROM unnest(%(kinds)s::text[], %(scopes)s::text[], %(payloads)s::text[],
+            %(priorities)s::integer[], %(dedup_keys)s::text[], %(run_ats)s::timestamptz[],
+            %(delays)s::float8[])
+     WITH ORDINALITY AS r (kind, scope, payload, priority, dedup_key, run_at, delay, n)
+ORDER BY n
+ON CONFLICT (dedup_key) WHERE status = 'Queued' AND dedup_key IS NOT NULL DO NOTHING
+RETURNING id, dedup_key;
+
+-- name: queued_with_dedup_keys
+SELECT id, dedup_key FROM work_items WHERE dedup_key = ANY(%(dedup_keys)s) AND status = 'Queued';
+
 -- name: queued_with_dedup_key
 SELECT id FROM work_items WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 
@@ -65,19 +82,87 @@ SELECT work_settle_noted(%(limit)s) AS settled;
 -- name: repair_heads
 SELECT scope, promoted FROM work_repair(%(limit)s);
 
+-- name: pause
+SELECT work_pause(%(kind)s, %(scope)s) AS changed;
+
+-- name: resume
+SELECT work_resume(%(kind)s, %(scope)s) AS changed;
+
+-- name: pauses
+SELECT kind, scope, paused_at FROM work_pauses ORDER BY paused_at;
+
+-- name: retry_items
+SELECT id FROM work_retry(%(ids)s) AS id;
+
+-- name: failed_items
+-- Failed items of a kind (all kinds when NULL) that finished since %(since)s, oldest first.
+SELECT id FROM work_items
+WHERE status = 'Failed' AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+  AND finished_at >= %(since)s
+ORDER BY finished_at, id;
+
+-- name: sync_schedule
+-- A Worker's schedule, written as it starts: a changed spec starts it afresh.
+INSERT INTO work_schedules AS s (name, kind, scope, payload, priority, spec, next_due)
+VALUES (%(name)s, %(kind)s, %(scope)s, %(payload)s::jsonb, %(priority)s, %(spec)s,
+        %(next_due)s)
+ON CONFLICT (name) DO UPDATE
+SET kind = excluded.kind, scope = excluded.scope, payload = excluded.payload,
+    priority = excluded.priority, spec = excluded.spec, updated_at = now(),
+    next_due = CASE WHEN s.spec = excluded.spec THEN s.next_due ELSE excluded.next_due END;
+
+-- name: due_schedules
+-- Those of the given schedules (names with the spec this Worker carries) that are due,
+-- locked: one another Worker is firing is passed over.
+SELECT name, next_due, now() AS now FROM work_schedules
+WHERE (name, spec) IN (SELECT * FROM unnest(%(names)s::text[], %(specs)s::text[]))
+  AND next_due <= now()
+ORDER BY next_due
+FOR UPDATE SKIP LOCKED;
+
+-- name: fired_schedule
+UPDATE work_schedules
+SET next_due = %(next_due)s, last_due = %(due)s, last_item = %(item)s, updated_at = now()
+WHERE name = %(name)s;
+
+-- name: next_schedule_due
+SELECT EXTRACT(EPOCH FROM min(next_due) - now())::float8 AS seconds FROM work_schedules
+WHERE (name, spec) IN (SELECT * FROM unnest(%(names)s::text[], %(specs)s::text[]));
+
+-- name: schedules
+SELECT name, kind, scope, spec, next_due, last_due, last_item FROM work_schedules
+ORDER BY next_due;
+
 -- name: status_of
 SELECT status FROM work_items WHERE id = %(id)s;
 
 -- name: delete_finished
+-- One bounded batch of retention: the oldest finished items of the given statuses
+-- from %(after)s on, read from the work_items_finished index in finished_at order (no
+-- scan of the table; the caller passes the last batch's latest finished_at, so rows
+-- of other statuses are walked once in all), rows another transaction holds left
+-- alone. Their attempt history goes with them (ON DELETE CASCADE).
 WITH doomed AS (
     SELECT id FROM work_items
-    WHERE status IN ('Succeeded', 'Failed', 'Cancelled')
+    WHERE status IN ('Succeeded', 'Failed', 'Cancelled') AND status = ANY(%(statuses)s)
+      AND finished_at >= %(after)s
       AND finished_at < now() - make_interval(secs => %(older_than)s)
     ORDER BY finished_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM work_items AS w USING doomed WHERE w.id = doomed.id;
+DELETE FROM work_items AS w USING doomed WHERE w.id = doomed.id
+RETURNING w.finished_at;
+
+-- name: scope_holder
+-- A scope's Running item (quiesce watches it), and whether any of its Queued items is
+-- still a head (none should be once the scope is paused).
+SELECT r.id, r.attempt, r.kind, r.worker_id, r.cancel_requested,
+       EXTRACT(EPOCH FROM r.lease_expires_at - now())::float8 AS lease_left,
+       EXISTS (SELECT 1 FROM work_items AS h
+               WHERE h.scope = %(scope)s AND h.status = 'Queued' AND h.is_head) AS heads
+FROM (SELECT 1) AS one
+LEFT JOIN work_items AS r ON r.scope = %(scope)s AND r.status = 'Running';
 
 -- name: get_item
 SELECT id, kind, scope, payload, priority, status, attempt, stalls, failures, worker_id,

@@ -1,0 +1,78 @@
+"""Quiesce a scope: wait until no attempt for it can still be writing.
+
+Pause the scope, ask its Running item to stop, and watch it until it has ended with
+its fenced write, or its lease has expired by the database's clock: an attempt cut
+off from the database stops itself at lease/2 after its last good heartbeat and
+fail-stops by lease/2 + stop grace, both before its lease ends (docs/design/quiesce.md
+has the argument and the assumption it rests on). The scope stays paused.
+"""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+from ._model import ScopeHolder
+from ._store import Store
+from ._validation import validate_scope
+
+#: How often the scope's Running item is looked at.
+QUIESCE_POLL = 0.1
+
+
+@attrs.frozen
+class QuiesceResult:
+    """`done`: nothing can be writing for the scope any more. `holder`: what held it
+    last (None: nothing was running), as text for people."""
+
+    done: bool
+    waited: float
+    holder: str | None
+
+
+def describe(holder: ScopeHolder) -> str:
+    state = "cancel requested" if holder.cancel_requested else "running"
+    lease = (
+        f"lease expires in {holder.lease_left:.1f}s"
+        if holder.lease_left > 0
+        else f"lease expired {-holder.lease_left:.1f}s ago"
+    )
+    return (
+        f"item {holder.id} ({holder.kind}) attempt {holder.attempt} on Worker"
+        f" {holder.worker_id}: {state}, {lease}"
+    )
+
+
+async def quiesce(
+    store: Store,
+    scope: str,
+    *,
+    timeout: float,  # noqa: ASYNC109  (on timeout it says what still holds the scope)
+    poll: float = QUIESCE_POLL,
+) -> QuiesceResult:
+    """Pause `scope` and wait (up to `timeout` seconds) until no attempt for it can be
+    writing; `done` False on timeout, with what still holds it."""
+    validate_scope(scope)
+    started = trio.current_time()
+    held_by: str | None = None
+    with trio.move_on_after(timeout):
+        await store.pause(scope=scope)
+        asked: set[tuple[int, int]] = set()
+        while True:
+            holder, heads = await store.scope_holder(scope)
+            if holder is not None:
+                held_by = describe(holder)
+                if holder.lease_left <= 0:
+                    return QuiesceResult(True, trio.current_time() - started, held_by)
+                if (holder.id, holder.attempt) not in asked:
+                    await store.request_cancel(holder.id)
+                    asked.add((holder.id, holder.attempt))
+            elif heads:
+                # A head outlived the pause's bounded wait (held in someone's own
+                # transaction): a claim in flight may hold another, so pause again.
+                held_by = "a queued item still a head (held by another transaction)"
+                await store.pause(scope=scope)
+            else:
+                return QuiesceResult(True, trio.current_time() - started, held_by)
+            await trio.sleep(poll)
+    return QuiesceResult(False, trio.current_time() - started, held_by)
