@@ -96,6 +96,37 @@ class EventSink(Protocol):
     def observe(self, event: str, kind: str, value: float | None = None) -> None: ...
 
 
+class AttemptTrace(Protocol):
+    """One attempt as a tracer sees it (`trioworker.otel`: a span, claim to write)."""
+
+    def event(self, name: str, detail: str | None = None) -> None:
+        """Something happened: "heartbeat_failed" (with why) or "self_stopped"."""
+
+    def end(self, outcome: str, error: BaseException | None) -> None:
+        """The attempt is over: `outcome` names its write ("complete", "retry", "fail",
+        "cancel", "release"), or why there was none ("succeeded-in-transaction",
+        "self_stopped", "lost", "fenced-out", "write-failed")."""
+
+
+class Tracer(Protocol):
+    """Starts an `AttemptTrace` for each attempt a Worker runs."""
+
+    def start(self, item: WorkItem) -> AttemptTrace: ...
+
+
+class _NoTrace:
+    def event(self, name: str, detail: str | None = None) -> None:
+        pass
+
+    def end(self, outcome: str, error: BaseException | None) -> None:
+        pass
+
+
+class _NoTracer:
+    def start(self, item: WorkItem) -> AttemptTrace:
+        return _NoTrace()
+
+
 class Executor:
     """Runs attempts for one Worker."""
 
@@ -108,6 +139,7 @@ class Executor:
         worker_id: str,
         fail_stop: FailStop,
         events: EventSink | None = None,
+        tracer: Tracer | None = None,
         on_deadline: Callable[[], None] | None = None,
         complete: Callable[[int, int], Awaitable[bool]] | None = None,
     ) -> None:
@@ -122,6 +154,7 @@ class Executor:
         self.fail_stop = fail_stop
         self.limiter = trio.CapacityLimiter(settings.max_concurrent_files)
         self.events = events
+        self.tracer = tracer or _NoTracer()
         self.running: dict[int, Attempt] = {}
         self._shutting_down = False
 
@@ -134,13 +167,15 @@ class Executor:
     async def run(self, item: WorkItem, claim_sent_at: float) -> Decision:
         """Run one claimed attempt to its end, and make its one write."""
         ilog = item_logger(log, item, self.worker_id)
+        trace = self.tracer.start(item)
         registration = self.registry.get(item.kind)
         if registration is None:
             # Claims take only the registry's kinds; an item of another kind here
             # means the store broke that, so the item goes back untouched.
             ilog.error("claimed an item of kind %r, which has no handler here", item.kind)
             decision = Decision(Action.RELEASE)
-            await self._write(item, decision, Attempt(item, claim_sent_at, self.settings), ilog)
+            attempt = Attempt(item, claim_sent_at, self.settings)
+            trace.end(await self._write(item, decision, attempt, ilog), None)
             return decision
 
         attempt = Attempt(item, claim_sent_at, self.settings, self.on_deadline)
@@ -152,7 +187,7 @@ class Executor:
         started = trio.current_time()
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._heartbeats, attempt, ilog)
+                nursery.start_soon(self._heartbeats, attempt, ilog, trace)
                 nursery.start_soon(self._watch_stop, attempt, ilog)
                 if registration.timeout is not None:
                     nursery.start_soon(self._time_out, attempt, started + registration.timeout)
@@ -172,10 +207,16 @@ class Executor:
             failures_before=item.failures,
             policy=registration.retry,
         )
-        if ctx.completed_in_transaction and decision.action is Action.COMPLETE:
+        in_transaction = ctx.completed_in_transaction and decision.action is Action.COMPLETE
+        if in_transaction:
             decision = Decision(Action.NOTHING)  # Succeeded, with the handler's writes
         self._log_end(ilog, reason, outcome, decision, attempt)
-        await self._write(item, decision, attempt, ilog)
+        if reason is CancelReason.SELF_STOP:
+            trace.event("self_stopped")
+        written = await self._write(item, decision, attempt, ilog)
+        if decision.action is Action.NOTHING:
+            written = "succeeded-in-transaction" if in_transaction else reason_name(reason)
+        trace.end(written, outcome.error)
         return decision
 
     def _deadlines_changed(self) -> None:
@@ -195,7 +236,9 @@ class Executor:
             return Outcome(error=exc)
         return Outcome()
 
-    async def _heartbeats(self, attempt: Attempt, ilog: logging.LoggerAdapter[Any]) -> None:
+    async def _heartbeats(
+        self, attempt: Attempt, ilog: logging.LoggerAdapter[Any], trace: AttemptTrace
+    ) -> None:
         """Renew the lease every interval, until the attempt has self-stopped or is lost:
         those write nothing, and a heartbeat is a write. After a cancel request or at
         shutdown they go on, so the lease holds until the fenced write that follows.
@@ -219,8 +262,10 @@ class Executor:
                         exc,
                         attempt.scope.deadline - trio.current_time(),
                     )
+                    trace.event("heartbeat_failed", str(exc))
                     continue
             if timeout.cancelled_caught:
+                trace.event("heartbeat_failed", f"no answer within {interval:g}s")
                 ilog.warning(
                     "heartbeat got no answer within %.1fs; self-stop in %.1fs unless one succeeds",
                     interval,
@@ -297,14 +342,15 @@ class Executor:
         decision: Decision,
         attempt: Attempt,
         ilog: logging.LoggerAdapter[Any],
-    ) -> None:
-        """Make the decided write, retrying through short outages.
+    ) -> str:
+        """Make the decided write, retrying through short outages; say what became of
+        it: the action's name, "fenced-out" or "write-failed" (or "" for no write).
 
         Gives up once the attempt's self-stop deadline has passed: from then on the
         item belongs to lease recovery, and the write would be fenced out anyway.
         """
         if decision.action is Action.NOTHING:
-            return
+            return ""
         backoff = Backoff(initial=0.2, maximum=2.0)
         while True:
             try:
@@ -317,18 +363,17 @@ class Executor:
                         decision.action.value,
                         exc,
                     )
-                    return
+                    return "write-failed"
                 ilog.warning("could not record %s (%s); retrying", decision.action.value, exc)
                 await trio.sleep(delay)
                 continue
             if applied:
-                self._observe(decision.action.value, item.kind)
-            else:
-                ilog.warning(
-                    "%s was fenced out: the attempt had lost the item", decision.action.value
-                )
-                self._observe("lost", item.kind)
-            return
+                done: str = decision.action.value
+                self._observe(done, item.kind)
+                return done
+            ilog.warning("%s was fenced out: the attempt had lost the item", decision.action.value)
+            self._observe("lost", item.kind)
+            return "fenced-out"
 
     async def _apply(self, item: WorkItem, decision: Decision) -> bool:
         store, id, attempt = self.store, item.id, item.attempt
@@ -354,6 +399,11 @@ class Executor:
     def _observe(self, event: str, kind: str, value: float | None = None) -> None:
         if self.events is not None:
             self.events.observe(event, kind, value)
+
+
+def reason_name(reason: CancelReason | None) -> str:
+    """An attempt that wrote nothing, for a trace: "self_stopped" or "lost"."""
+    return "self_stopped" if reason is CancelReason.SELF_STOP else "lost"
 
 
 def _exc_info(error: BaseException | None) -> Any:

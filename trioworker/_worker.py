@@ -25,7 +25,7 @@ import trio
 
 from ._batching import CompletionBatcher
 from ._errors import SchemaNotReady, StoreError
-from ._executor import EventSink, Executor, FailStop
+from ._executor import EventSink, Executor, FailStop, Tracer
 from ._model import Status, WorkerInfo, WorkItem
 from ._registry import Registry
 from ._retry import Backoff
@@ -69,10 +69,12 @@ class Worker:
         fail_stop: FailStop,
         watchdog: bool = False,
         metrics: EventSink | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         """`scopes`: serve only these scopes (None: all). `unscoped`: take unscoped
         items too (default: yes when serving all scopes, no when serving a list).
         `fail_stop` is called when a handler will not stop; it must end the process.
+        `tracer` traces each attempt (`trioworker.otel.OtelTracer`, say).
         """
         self.store = store
         self.registry = registry
@@ -92,6 +94,7 @@ class Worker:
             worker_id=self.worker_id,
             fail_stop=fail_stop,
             events=self,
+            tracer=tracer,
             on_deadline=self._publish_deadline if watchdog else None,
             complete=self._completions.complete,
         )
