@@ -1,5 +1,5 @@
 """`python -m trioworker`: run a Worker, migrate, enqueue, show, status, cancel, retry,
-prune, pause, resume, quiesce, demo.
+prune, pause, resume, quiesce, dashboard, demo.
 
 Exit codes: 0 done; 1 a runtime error (a bad --app, an unreachable database, an
 unmigrated schema); 2 a usage error (bad options or input, refused before anything
@@ -267,6 +267,7 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
     cancel.add_argument("id", type=ITEM_ID)
 
     _operating(command)
+    _dashboard(command)
 
     demo = command("demo", "the media-library demo, on a private PostgreSQL")
     demo.add_argument("--duration", type=SECONDS, default=40.0, help="seconds of load (40)")
@@ -310,6 +311,31 @@ def _operating(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
                          help="give up after this long (300)")  # fmt: skip
 
 
+def _dashboard(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """`dashboard`: the web dashboard (docs/dashboard.md); its extra is imported only
+    when it runs."""
+    dashboard = command(
+        "dashboard",
+        "serve the web dashboard (read-only unless --allow-actions); needs pip install"
+        " 'trioworker[dashboard]'",
+    )
+    dashboard.add_argument(
+        "--host", default="127.0.0.1", help="listen on this address (127.0.0.1: this machine)"
+    )
+    dashboard.add_argument(
+        "--port", type=number(integer=True, minimum=0, maximum=65535), default=8080,
+        metavar="PORT", help="0: any free one, logged (8080)",
+    )  # fmt: skip
+    dashboard.add_argument(
+        "--allow-actions", action="store_true",
+        help="offer retry, cancel, pause, resume and quiesce to whoever signs in with the token",
+    )  # fmt: skip
+    dashboard.add_argument(
+        "--token-file", metavar="PATH",
+        help="read the actions' token from this file (default: $TRIOWORKER_DASHBOARD_TOKEN)",
+    )  # fmt: skip
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "migrate": _commands.cmd_migrate,
     "enqueue": _commands.cmd_enqueue,
@@ -321,6 +347,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "pause": _commands.cmd_pause,
     "resume": _commands.cmd_resume,
     "quiesce": _commands.cmd_quiesce,
+    "dashboard": _commands.cmd_dashboard,
     "demo": _commands.cmd_demo,
 }
 

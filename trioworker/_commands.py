@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 from collections.abc import Collection, Iterable
+from functools import partial
 from typing import Any, NoReturn
 
 import trio
@@ -487,6 +488,46 @@ def wait_for_schema(dsn: str, timeout: float, registry: Registry) -> None:
                 raise DatabaseUnavailable(f"{exc} (gave up after {timeout:g}s)") from None
             log.warning("%s; retrying in %.1fs", exc, delay)
             time.sleep(delay)
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Serve the web dashboard until SIGTERM/SIGINT (docs/dashboard.md)."""
+    try:
+        from .dashboard import check_settings, read_token, serve
+    except ImportError as exc:  # the message names the extra to install
+        raise UsageError(str(exc)) from None
+    if args.token_file is not None and not args.allow_actions:
+        raise UsageError("--token-file goes with --allow-actions")
+    try:
+        token = read_token(args.token_file) if args.allow_actions else None
+        check_settings(allow_actions=args.allow_actions, token=token)
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
+    check_schema(args.dsn)
+
+    async def main() -> None:
+        async with (
+            open_store(
+                args.dsn, max_connections=4, application_name="trioworker dashboard"
+            ) as store,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(_stop_on_signals, nursery.cancel_scope)
+            await nursery.start(
+                partial(serve, store, host=args.host, port=args.port,
+                        allow_actions=args.allow_actions, token=token)
+            )  # fmt: skip
+
+    trio.run(main)
+    return EXIT_OK
+
+
+async def _stop_on_signals(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("%s: the dashboard stops", signal.Signals(signum).name)
+            scope.cancel()
+            return
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -1,0 +1,35 @@
+"""The web dashboard: `python -m trioworker dashboard` (docs/dashboard.md).
+
+A Starlette app served by Hypercorn's Trio worker, reading through a PostgresStore.
+Read-only unless started with actions allowed, which then need the operator's token.
+Needs the extra: `pip install 'trioworker[dashboard]'`.
+"""
+
+try:
+    import hypercorn  # noqa: F401
+    import jinja2  # noqa: F401
+    import starlette  # noqa: F401
+except ImportError as exc:  # pragma: no cover  (the test environment has the extra)
+    raise ImportError(
+        f"the dashboard needs its extra: pip install 'trioworker[dashboard]' ({exc})"
+    ) from exc
+
+from ._server import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    TOKEN_ENV,
+    check_settings,
+    create_app,
+    read_token,
+    serve,
+)
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "TOKEN_ENV",
+    "check_settings",
+    "create_app",
+    "read_token",
+    "serve",
+]

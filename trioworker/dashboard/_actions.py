@@ -1,0 +1,157 @@
+"""The dashboard's actions (retry, cancel, pause, resume, quiesce): what each reads
+from its form, which store call it makes, and what it reports.
+
+They run only on a dashboard started with --allow-actions, for a request that
+`_app.Dashboard.authorize` let through (docs/dashboard.md). Each one is logged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+
+from .._model import CancelOutcome
+from .._quiesce import quiesce as quiesce_scope
+from .._store import Store
+
+Form = dict[str, list[str]]
+#: The longest a quiesce action waits for a scope's Running item (a request is held
+#: that long), and its default.
+MAX_QUIESCE_SECONDS = 300.0
+DEFAULT_QUIESCE_SECONDS = 30.0
+MAX_RETRY_IDS = 1000
+MAX_NAME = 200
+
+
+class Refused(Exception):
+    """A request the dashboard will not carry out: its HTTP status and why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@attrs.frozen
+class Outcome:
+    """What an action did: its message, HTTP status and details for JSON clients."""
+
+    message: str
+    status: int = 200
+    details: dict[str, Any] = attrs.field(factory=dict)
+
+
+def _one(form: Form, field: str) -> str | None:
+    values = [v.strip() for v in form.get(field, []) if v.strip()]
+    if len(values) > 1:
+        raise Refused(400, f"give {field} once")
+    return values[0] if values else None
+
+
+def _id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise Refused(400, f"not an item id: {text[:40]!r}") from None
+    if not 1 <= value <= 2**63 - 1:
+        raise Refused(400, f"not an item id: {value}")
+    return value
+
+
+def _target(form: Form) -> tuple[str | None, str | None]:
+    kind, scope = _one(form, "kind"), _one(form, "scope")
+    if (kind is None) == (scope is None):
+        raise Refused(400, "give exactly one of kind and scope")
+    if len(kind or scope or "") > MAX_NAME:
+        raise Refused(400, f"a kind or scope is at most {MAX_NAME} characters")
+    return kind, scope
+
+
+def _named(kind: str | None, scope: str | None) -> str:
+    return f"kind {kind}" if kind is not None else f"scope {scope}"
+
+
+async def cancel(store: Store, form: Form) -> Outcome:
+    text = _one(form, "id")
+    if text is None:
+        raise Refused(400, "give the id of the item to cancel")
+    id = _id(text)
+    outcome = await store.request_cancel(id)
+    messages = {
+        CancelOutcome.CANCELLED: (200, f"item {id} cancelled (it had not started)"),
+        CancelOutcome.REQUESTED: (200, f"item {id} is running: asked it to stop"),
+        CancelOutcome.ALREADY_FINISHED: (409, f"item {id} had already finished"),
+        CancelOutcome.NOT_FOUND: (404, f"no item {id}"),
+    }
+    status, message = messages[outcome]
+    return Outcome(message, status, {"id": id, "outcome": outcome.value})
+
+
+async def retry(store: Store, form: Form) -> Outcome:
+    texts = [v.strip() for v in form.get("id", []) if v.strip()]
+    if not texts:
+        raise Refused(400, "give the ids of the items to retry")
+    if len(texts) > MAX_RETRY_IDS:
+        raise Refused(400, f"retry at most {MAX_RETRY_IDS} items at once")
+    ids = sorted({_id(t) for t in texts})
+    retried = await store.retry(ids)
+    if len(ids) == 1:
+        message = (
+            f"item {ids[0]} queued again"
+            if retried
+            else f"item {ids[0]} was not retried (not Failed or Cancelled, or a Queued item"
+            " holds its dedup key)"
+        )
+    else:
+        message = f"{len(retried)} of {len(ids)} items queued again"
+    return Outcome(message, 200 if retried else 409, {"asked": ids, "retried": list(retried)})
+
+
+async def pause(store: Store, form: Form) -> Outcome:
+    kind, scope = _target(form)
+    added = await store.pause(kind=kind, scope=scope)
+    named = _named(kind, scope)
+    message = f"{named} paused" if added else f"{named} was already paused"
+    return Outcome(message, 200, {"kind": kind, "scope": scope, "changed": added})
+
+
+async def resume(store: Store, form: Form) -> Outcome:
+    kind, scope = _target(form)
+    removed = await store.resume(kind=kind, scope=scope)
+    named = _named(kind, scope)
+    message = f"{named} resumed" if removed else f"{named} was not paused"
+    return Outcome(message, 200, {"kind": kind, "scope": scope, "changed": removed})
+
+
+async def quiesce(store: Store, form: Form) -> Outcome:
+    scope = _one(form, "scope")
+    if scope is None or len(scope) > MAX_NAME:
+        raise Refused(400, "give the scope to quiesce")
+    text = _one(form, "timeout")
+    try:
+        timeout = float(text) if text is not None else DEFAULT_QUIESCE_SECONDS
+    except ValueError:
+        raise Refused(400, f"timeout must be a number of seconds, not {text!r}") from None
+    if not 0 < timeout <= MAX_QUIESCE_SECONDS:
+        raise Refused(400, f"timeout must be above 0 and at most {MAX_QUIESCE_SECONDS:g} s")
+    result = await quiesce_scope(store, scope, timeout=timeout)
+    done, waited, holder = result.done, result.waited, result.holder
+    if done:
+        message = f"scope {scope} is quiet (waited {waited:.1f} s)"
+    else:
+        message = f"scope {scope} is still busy after {waited:.1f} s" + (
+            f" ({holder})" if holder else ""
+        )
+    details = {"scope": scope, "done": done, "waited": waited, "holder": holder}
+    return Outcome(message, 200 if done else 202, details)  # 202: paused, not yet quiet
+
+
+ACTIONS: dict[str, Callable[[Store, Form], Awaitable[Outcome]]] = {
+    "cancel": cancel,
+    "retry": retry,
+    "pause": pause,
+    "resume": resume,
+    "quiesce": quiesce,
+}

@@ -1,0 +1,41 @@
+"""The dashboard's reads: sql/dashboard.sql's statements, run through a store.
+
+A page's statements run together in one READ ONLY, REPEATABLE READ transaction (the
+store's own `transaction()`), so its numbers agree with each other: one snapshot, one
+now(). The store bounds each statement by its call timeout and turns driver errors into
+trioworker errors, as for every other statement; READ ONLY makes PostgreSQL itself
+refuse any write, whatever role the dashboard connects as.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+from .._postgres import PostgresStore
+from .._queries import parse
+
+QUERIES = parse(resources.files("trioworker").joinpath("sql/dashboard.sql").read_text())
+
+Rows = list[dict[str, Any]]
+
+
+class Reader:
+    """Runs the dashboard's named read queries on a PostgresStore."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self.store = store
+
+    async def snapshot(self, **statements: dict[str, Any]) -> dict[str, Rows]:
+        """{name: rows} for each named query (keyword: its parameters), all read in
+        one read-only snapshot."""
+        unknown = sorted(set(statements) - set(QUERIES))
+        if unknown:
+            raise KeyError(f"no dashboard query named {', '.join(unknown)}")
+        results: dict[str, Rows] = {}
+        async with self.store.transaction() as tx:
+            # The first statement of the transaction, so it may still set these.
+            await tx.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            for name, params in statements.items():
+                results[name] = await tx.rows(QUERIES[name], params)
+        return results

@@ -1,0 +1,111 @@
+"""Who may act, and from where: the token, sessions, CSRF tokens, Origin and Host.
+
+Pure: no I/O and no framework, so each rule is unit-tested on its own. The model
+(docs/dashboard.md): actions exist only with --allow-actions; a request acts only with
+the operator's token, either as `Authorization: Bearer TOKEN` (a header no browser sends
+by itself, so a page of another site cannot forge it) or through a session cookie from
+signing in with the token, in which case the form must also carry the session's CSRF
+token and the request must come from the dashboard's own origin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import secrets
+import time
+from collections.abc import Callable, Mapping
+
+#: A token shorter than this is refused at start: it could be guessed.
+MIN_TOKEN_LENGTH = 16
+#: How long a sign-in lasts (the process's restart also ends every session).
+SESSION_SECONDS = 12 * 3600.0
+#: How far ahead of this process's clock a session's issue time may be (a clock step).
+CLOCK_SLACK = 60.0
+#: Host names a dashboard bound to a loopback address answers to (DNS rebinding: a
+#: page of another site that resolves its own name to 127.0.0.1 is refused).
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` listens on this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def host_name(header: str) -> str:
+    """The name part of a Host header (`[::1]:8080` -> `::1`), lower case."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
+class Guard:
+    """The dashboard's secrets: the operator's token, and a random key of this process
+    that signs session cookies and derives their CSRF tokens."""
+
+    def __init__(
+        self,
+        token: str | None,
+        *,
+        key: bytes | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._key = key if key is not None else secrets.token_bytes(32)
+        self._token = self._mac("token", token) if token else None
+        self._clock = clock
+
+    def _mac(self, purpose: str, value: str) -> bytes:
+        return hmac.new(self._key, f"{purpose}\0{value}".encode(), hashlib.sha256).digest()
+
+    def token_matches(self, candidate: str | None) -> bool:
+        """Whether `candidate` is the token (compared as keyed digests of equal length,
+        in constant time, so neither its content nor its length leaks)."""
+        if self._token is None or not candidate:
+            return False
+        return hmac.compare_digest(self._mac("token", candidate), self._token)
+
+    def new_session(self) -> str:
+        """A session cookie's value: when it was issued, a nonce, and their signature."""
+        issued = f"{int(self._clock())}.{secrets.token_urlsafe(16)}"
+        return f"{issued}.{self._mac('session', issued).hex()}"
+
+    def session_valid(self, value: str | None) -> bool:
+        """Whether `value` is a session this process issued, not yet expired."""
+        if not value or value.count(".") != 2:  # noqa: PLR2004  issued.nonce.mac
+            return False
+        issued, _, mac = value.rpartition(".")
+        if not hmac.compare_digest(self._mac("session", issued).hex(), mac):
+            return False
+        try:
+            age = self._clock() - int(issued.partition(".")[0])
+        except ValueError:  # pragma: no cover  (signed by us, so it parses)
+            return False
+        return -CLOCK_SLACK <= age < SESSION_SECONDS
+
+    def csrf_token(self, session: str) -> str:
+        """The CSRF token of a session: what its forms carry."""
+        return self._mac("csrf", session).hex()
+
+    def csrf_valid(self, session: str, candidate: str | None) -> bool:
+        return bool(candidate) and hmac.compare_digest(self.csrf_token(session), str(candidate))
+
+
+def same_origin(headers: Mapping[str, str], scheme: str) -> bool:
+    """Whether a state-changing request comes from the dashboard's own pages (or from
+    no browser at all). A browser says where a request comes from in Sec-Fetch-Site
+    and Origin; either one naming another site refuses it."""
+    site = headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):
+        return False
+    origin = headers.get("origin")
+    if origin is None:
+        return True
+    host = headers.get("host", "")
+    return bool(host) and origin.lower() == f"{scheme}://{host}".lower()

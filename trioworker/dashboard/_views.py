@@ -1,0 +1,156 @@
+"""What each page shows: its reads (one snapshot each) and their shaping into values
+the templates lay out. The shaping functions are pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._model import Status
+from .._status import ALIVE_WITHIN
+from ._chart import minutes, throughput_svg
+from ._reader import Reader, Rows
+
+STATUSES = [s.value for s in Status]
+#: The chart's span: the last hour, a bar a minute.
+CHART_MINUTES = 60
+#: The most rows a list page shows (its total is still counted).
+PAGE_ROWS = 500
+FAILURES_PAGE = 50
+
+
+def counts_table(rows: Rows) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """({kind: {status: n}}, {status: total}) from (kind, status, n) rows; every status
+    present, zero where there is none."""
+    by_kind: dict[str, dict[str, int]] = {}
+    for row in rows:
+        by_kind.setdefault(row["kind"], dict.fromkeys(STATUSES, 0))[row["status"]] = row["n"]
+    totals = {s: sum(k[s] for k in by_kind.values()) for s in STATUSES}
+    return dict(sorted(by_kind.items())), totals
+
+
+def attempt_history(item: Mapping[str, Any], noted: Sequence[Mapping[str, Any]]) -> Rows:
+    """The item's attempts oldest first: those work_attempts noted, and its current one
+    (Running or Succeeded: the item's own row) when that is not among them."""
+    history = [dict(a) for a in noted]
+    current = item["attempt"]
+    if (
+        item["status"] in (Status.RUNNING.value, Status.SUCCEEDED.value)
+        and current > 0
+        and all(a["attempt"] != current for a in history)
+    ):
+        history.append({
+            "attempt": current,
+            "worker_id": item["worker_id"],
+            "started_at": item["started_at"],
+            "ended_at": item["finished_at"],
+            "outcome": "running" if item["status"] == Status.RUNNING.value else "succeeded",
+            "error": None,
+            "traceback": None,
+            "took": None,
+        })  # fmt: skip
+    return history
+
+
+async def overview(reader: Reader) -> dict[str, Any]:
+    got = await reader.snapshot(
+        clock={},
+        counts={},
+        queued={},
+        scope_summary={},
+        throughput={"minutes": CHART_MINUTES},
+        worker_summary={"alive_within": ALIVE_WITHIN},
+        unserved={"alive_within": ALIVE_WITHIN},
+    )
+    now = got["clock"][0]["now"]
+    by_kind, totals = counts_table(got["counts"])
+    buckets = minutes(got["throughput"], now=now, count=CHART_MINUTES)
+    finished = {s: sum(b.counts.get(s, 0) for b in buckets) for s in STATUSES}
+    return {
+        "now": now,
+        "statuses": STATUSES,
+        "by_kind": by_kind,
+        "totals": totals,
+        "all_items": sum(totals.values()),
+        "queued": got["queued"],
+        "due": sum(r["due"] for r in got["queued"]),
+        "delayed": sum(r["delayed"] for r in got["queued"]),
+        "scopes": got["scope_summary"][0],
+        "workers": got["worker_summary"][0],
+        "unserved": got["unserved"],
+        "chart": throughput_svg(buckets),
+        "finished_last_hour": finished,
+    }
+
+
+async def running(reader: Reader) -> dict[str, Any]:
+    got = await reader.snapshot(clock={}, running={"limit": PAGE_ROWS})
+    rows = got["running"]
+    return {"now": got["clock"][0]["now"], "rows": rows, "total": rows[0]["total"] if rows else 0}
+
+
+async def scopes(reader: Reader, search: str | None) -> dict[str, Any]:
+    got = await reader.snapshot(
+        clock={}, scopes={"limit": PAGE_ROWS, "search": search}, scope_summary={}
+    )
+    rows = got["scopes"]
+    return {
+        "now": got["clock"][0]["now"],
+        "rows": rows,
+        "total": rows[0]["total"] if rows else 0,
+        "search": search or "",
+        "summary": got["scope_summary"][0],
+    }
+
+
+async def failures(reader: Reader, kind: str | None, offset: int) -> dict[str, Any]:
+    got = await reader.snapshot(
+        clock={},
+        failures={"kind": kind, "limit": FAILURES_PAGE, "offset": offset},
+        failure_kinds={},
+    )
+    rows = got["failures"]
+    return {
+        "now": got["clock"][0]["now"],
+        "rows": rows,
+        "total": rows[0]["total"]
+        if rows
+        else sum(r["n"] for r in got["failure_kinds"] if kind is None or r["kind"] == kind),
+        "kind": kind,
+        "kinds": got["failure_kinds"],
+        "offset": offset,
+        "page_size": FAILURES_PAGE,
+    }
+
+
+async def item(reader: Reader, id: int) -> dict[str, Any] | None:
+    got = await reader.snapshot(clock={}, item={"id": id}, item_attempts={"id": id})
+    if not got["item"]:
+        return None
+    row = got["item"][0]
+    return {
+        "now": got["clock"][0]["now"],
+        "item": row,
+        "attempts": attempt_history(row, got["item_attempts"]),
+    }
+
+
+async def workers(reader: Reader) -> dict[str, Any]:
+    got = await reader.snapshot(clock={}, workers={"alive_within": ALIVE_WITHIN})
+    rows = got["workers"]
+    return {
+        "now": got["clock"][0]["now"],
+        "rows": rows,
+        "alive": sum(1 for r in rows if r["alive"]),
+        "alive_within": ALIVE_WITHIN,
+    }
+
+
+async def schedules(reader: Reader) -> dict[str, Any]:
+    got = await reader.snapshot(clock={}, schedules={})
+    return {"now": got["clock"][0]["now"], "rows": got["schedules"]}
+
+
+async def pauses(reader: Reader) -> dict[str, Any]:
+    got = await reader.snapshot(clock={}, pauses={})
+    return {"now": got["clock"][0]["now"], "rows": got["pauses"]}

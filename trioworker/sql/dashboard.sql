@@ -1,0 +1,163 @@
+-- The dashboard's read queries (trioworker/dashboard), each under a `-- name:` header.
+-- Only SELECTs: each page runs its statements together in one READ ONLY, REPEATABLE
+-- READ transaction, so every number on a page comes from the same snapshot and now().
+-- The read-only role of docs/dashboard.md may run all of them (SELECT on work_items,
+-- work_attempts, work_workers, work_schedules and work_pauses).
+
+-- name: clock
+SELECT now() AS now;
+
+-- name: counts
+SELECT kind, status, count(*) AS n FROM work_items GROUP BY kind, status ORDER BY kind, status;
+
+-- name: queued
+-- Queued items by kind: due now, or delayed (run_after in the future); how long the
+-- oldest due one has waited.
+SELECT kind,
+       count(*) FILTER (WHERE run_after <= now()) AS due,
+       count(*) FILTER (WHERE run_after > now()) AS delayed,
+       EXTRACT(EPOCH FROM now() - min(run_after) FILTER (WHERE run_after <= now()))::float8
+           AS oldest_due_age
+FROM work_items WHERE status = 'Queued'
+GROUP BY kind ORDER BY kind;
+
+-- name: scope_summary
+-- Busy scopes (a Running item each), the Queued items waiting behind them, scopes
+-- with anything Queued, and pauses.
+SELECT (SELECT count(*) FROM work_items WHERE status = 'Running' AND scope IS NOT NULL)
+           AS busy,
+       (SELECT count(*) FROM work_items AS q
+        WHERE q.status = 'Queued' AND q.scope IS NOT NULL
+          AND EXISTS (SELECT 1 FROM work_items AS r
+                      WHERE r.scope = q.scope AND r.status = 'Running')) AS held,
+       (SELECT count(DISTINCT scope) FROM work_items
+        WHERE status = 'Queued' AND scope IS NOT NULL) AS with_queued,
+       (SELECT count(*) FROM work_pauses) AS pauses;
+
+-- name: throughput
+-- Items finished in each of the last %(minutes)s whole minutes (the last one is the
+-- current, partial minute): bucket 0 is the oldest. Read from the work_items_finished
+-- index.
+SELECT floor(EXTRACT(EPOCH FROM finished_at - b.start) / 60)::int AS bucket, status,
+       count(*) AS n
+FROM work_items,
+     LATERAL (SELECT date_trunc('minute', now())
+                     - make_interval(mins => %(minutes)s - 1) AS start) AS b
+WHERE status IN ('Succeeded', 'Failed', 'Cancelled') AND finished_at >= b.start
+GROUP BY 1, 2 ORDER BY 1, 2;
+
+-- name: worker_summary
+SELECT count(*) FILTER (WHERE stopped_at IS NULL
+                          AND last_seen > now() - make_interval(secs => %(alive_within)s))
+           AS alive,
+       count(*) AS known
+FROM work_workers;
+
+-- name: unserved
+-- Kinds with Queued items that no Worker seen within %(alive_within)s seconds serves.
+SELECT q.kind, q.n
+FROM (SELECT kind, count(*) AS n FROM work_items WHERE status = 'Queued' GROUP BY kind) AS q
+WHERE NOT EXISTS (
+    SELECT 1 FROM work_workers AS w
+    WHERE q.kind = ANY(w.kinds) AND w.stopped_at IS NULL
+      AND w.last_seen > now() - make_interval(secs => %(alive_within)s))
+ORDER BY q.kind;
+
+-- name: running
+-- Running items, longest running first; `total` counts them all (beyond the limit).
+SELECT id, kind, scope, attempt, stalls, worker_id, started_at, cancel_requested,
+       EXTRACT(EPOCH FROM now() - started_at)::float8 AS running_for,
+       EXTRACT(EPOCH FROM lease_expires_at - now())::float8 AS lease_left,
+       EXTRACT(EPOCH FROM now() - heartbeat_at)::float8 AS heartbeat_age,
+       count(*) OVER () AS total
+FROM work_items WHERE status = 'Running'
+ORDER BY started_at, id
+LIMIT %(limit)s;
+
+-- name: scopes
+-- Every scope with a Running item, Queued items or a pause: busy ones first, then
+-- paused, then by how much waits. %(search)s (or NULL) keeps scopes containing it.
+WITH queued AS (
+    SELECT scope, count(*) AS waiting, count(*) FILTER (WHERE run_after <= now()) AS due,
+           EXTRACT(EPOCH FROM now() - min(run_after))::float8 AS oldest_age
+    FROM work_items WHERE status = 'Queued' AND scope IS NOT NULL
+    GROUP BY scope
+), running AS (
+    SELECT scope, id, kind, worker_id, attempt, cancel_requested,
+           EXTRACT(EPOCH FROM now() - started_at)::float8 AS running_for
+    FROM work_items WHERE status = 'Running' AND scope IS NOT NULL
+), paused AS (
+    SELECT scope, paused_at FROM work_pauses WHERE scope IS NOT NULL
+), scopes AS (
+    SELECT scope FROM queued UNION SELECT scope FROM running UNION SELECT scope FROM paused
+)
+SELECT s.scope, r.id AS running_id, r.kind AS running_kind, r.worker_id, r.attempt,
+       r.cancel_requested, r.running_for,
+       COALESCE(q.waiting, 0) AS waiting, COALESCE(q.due, 0) AS due, q.oldest_age,
+       p.paused_at, count(*) OVER () AS total
+FROM scopes AS s
+LEFT JOIN running AS r USING (scope)
+LEFT JOIN queued AS q USING (scope)
+LEFT JOIN paused AS p USING (scope)
+WHERE %(search)s::text IS NULL OR strpos(s.scope, %(search)s::text) > 0
+ORDER BY r.id IS NULL, p.paused_at IS NULL, COALESCE(q.waiting, 0) DESC, s.scope
+LIMIT %(limit)s;
+
+-- name: failures
+-- Failed items, most recent first (optionally of one kind), with why and where.
+SELECT id, kind, scope, attempt, failures, stalls, worker_id, finished_at, reason, error,
+       traceback, count(*) OVER () AS total
+FROM work_items
+WHERE status = 'Failed' AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+ORDER BY finished_at DESC, id DESC
+LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: failure_kinds
+SELECT kind, count(*) AS n FROM work_items WHERE status = 'Failed' GROUP BY kind ORDER BY kind;
+
+-- name: workers
+-- Every Worker the table knows, live ones first, with how many items each runs now.
+SELECT w.id, w.host, w.pid, w.started_at, w.last_seen, w.stopped_at, w.kinds, w.scopes,
+       w.unscoped, w.concurrency,
+       EXTRACT(EPOCH FROM now() - w.last_seen)::float8 AS seen_ago,
+       w.stopped_at IS NULL AND w.last_seen > now() - make_interval(secs => %(alive_within)s)
+           AS alive,
+       COALESCE(r.n, 0) AS running
+FROM work_workers AS w
+LEFT JOIN (SELECT worker_id, count(*) AS n FROM work_items
+           WHERE status = 'Running' GROUP BY worker_id) AS r ON r.worker_id = w.id
+ORDER BY alive DESC, w.last_seen DESC, w.id;
+
+-- name: schedules
+-- Each schedule, soonest due first, with the status of the item it last enqueued.
+SELECT s.name, s.kind, s.scope, s.spec, s.priority, s.next_due, s.last_due, s.last_item,
+       s.updated_at, EXTRACT(EPOCH FROM s.next_due - now())::float8 AS due_in,
+       i.status AS last_status
+FROM work_schedules AS s
+LEFT JOIN work_items AS i ON i.id = s.last_item
+ORDER BY s.next_due, s.name;
+
+-- name: pauses
+-- Each pause, with how many Queued items it holds back.
+SELECT p.kind, p.scope, p.paused_at,
+       EXTRACT(EPOCH FROM now() - p.paused_at)::float8 AS paused_for,
+       (SELECT count(*) FROM work_items AS w
+        WHERE w.status = 'Queued' AND (w.kind = p.kind OR w.scope = p.scope)) AS held
+FROM work_pauses AS p
+ORDER BY p.paused_at, p.id;
+
+-- name: item
+SELECT id, kind, scope, payload, priority, status, attempt, stalls, failures, worker_id,
+       requested_at, run_after, started_at, finished_at, heartbeat_at, lease_expires_at,
+       dedup_key, cancel_requested, reason, error, traceback,
+       EXTRACT(EPOCH FROM lease_expires_at - now())::float8 AS lease_left,
+       EXTRACT(EPOCH FROM now() - heartbeat_at)::float8 AS heartbeat_age
+FROM work_items WHERE id = %(id)s;
+
+-- name: item_attempts
+-- How each attempt of the item ended (work_attempts), oldest first; the current one,
+-- Running or Succeeded, is the item's own row (shown from `item`).
+SELECT attempt, worker_id, started_at, ended_at, outcome, error, traceback,
+       EXTRACT(EPOCH FROM ended_at - started_at)::float8 AS took
+FROM work_attempts WHERE item_id = %(id)s
+ORDER BY attempt;
