@@ -1,0 +1,304 @@
+"""Scheduling and operating, as operators meet them: Worker processes, the CLI, and
+PostgreSQL, in real time (lease 4 s, heartbeat 1 s, stop grace 1 s)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import itertools
+import json
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import trio
+import trio_asyncio
+
+from tests.integration.test_cli import trioworker
+from tests.support.populate import insert_finished
+from tests.support.processes import observed, wait_for, workers
+from trioworker import NewItem, Status, open_store
+
+FAST = ["--lease", "4", "--heartbeat", "1", "--poll", "1", "--stop-grace", "1"]
+APP = "tests.apps.operating:registry"
+Conn = psycopg.Connection[Any]
+
+
+class RolledBack(Exception):
+    pass
+
+
+def ticks(pg: Conn) -> list[dt.datetime]:
+    rows = pg.execute(
+        "SELECT run_after FROM work_items WHERE kind = 'Tick' ORDER BY run_after"
+    ).fetchall()
+    return [row[0] for row in rows]
+
+
+def gaps(due: list[dt.datetime]) -> list[float]:
+    return [round((b - a).total_seconds(), 3) for a, b in itertools.pairwise(due)]
+
+
+def test_three_workers_enqueue_each_due_time_once_and_one_catch_up_after_a_pause(
+    dsn: str, pg: Conn, tmp_path: Path
+) -> None:
+    """Three Worker processes carry `every=1`: one item per second (count within 1 of
+    the elapsed seconds), none twice, also while one is killed and restarted; after
+    all three are stopped for 5 s, one catch-up item, not five."""
+    with workers(tmp_path) as start:
+        procs = [start(dsn, *FAST, name=f"w{n}", app=APP) for n in range(3)]
+        wait_for(lambda: ticks(pg), 30, "the first Tick")
+        time.sleep(3)
+        procs[1].signal(signal.SIGKILL)
+        procs[1].wait(10)
+        time.sleep(2)
+        procs[1] = start(dsn, *FAST, name="w1-again", app=APP)
+        time.sleep(5)
+        for proc in procs:
+            proc.signal(signal.SIGSTOP)
+        (stopped_at,) = pg.execute("SELECT now()").fetchone() or ()
+        time.sleep(5)
+        (resumed_at,) = pg.execute("SELECT now()").fetchone() or ()
+        for proc in procs:
+            proc.signal(signal.SIGCONT)
+        time.sleep(3)
+        for proc in procs:
+            proc.signal(signal.SIGTERM)
+        for proc in procs:
+            assert proc.wait(30) == 0, proc.output()
+
+    due = ticks(pg)
+    before = [d for d in due if d <= stopped_at]
+    elapsed = (stopped_at - due[0]).total_seconds()
+    assert abs(len(before) - (int(elapsed) + 1)) <= 1, (len(before), elapsed)
+    assert len(set(due)) == len(due)  # no due time twice
+    spaced = gaps(due)
+    pause_gaps = [g for g in spaced if g != 1.0]
+    assert len(pause_gaps) == 1 and 3.0 <= pause_gaps[0] <= 7.0, spaced
+    # Of the due times that passed while all were stopped, at most one has an item (the
+    # latest, unless SIGCONT's lag made it the one just after), enqueued after the stop.
+    missed = [d for d in due if stopped_at < d <= resumed_at]
+    assert len(missed) <= 1, (missed, stopped_at, resumed_at)
+    catch_up = next(d for d in due if d > stopped_at)
+    assert catch_up <= resumed_at + dt.timedelta(seconds=0.5), (catch_up, resumed_at)
+    (enqueued_at,) = (
+        pg.execute(
+            "SELECT requested_at FROM work_items WHERE kind = 'Tick' AND run_after = %s", [catch_up]
+        ).fetchone()
+        or ()
+    )
+    assert enqueued_at >= resumed_at
+    # Each item ran once, by one Worker.
+    started = Counter(e["id"] for e in observed(tmp_path) if e["event"] == "start")
+    statuses = pg.execute("SELECT status, count(*) FROM work_items GROUP BY status").fetchall()
+    assert set(started.values()) == {1}
+    assert dict(statuses).get("Succeeded", 0) == len(started) >= len(due) - 1
+    status = trioworker("status", dsn=dsn)
+    assert "Tick" in status.stdout and "every 1s" in status.stdout, status.stdout
+
+
+def test_ten_thousand_items_in_one_transaction(dsn: str, pg: Conn) -> None:
+    """enqueue_many in the caller's transaction: all 10,000 or, rolled back, none."""
+    items = [NewItem("Bulk", scope=f"s{n % 50}", payload={"n": n}) for n in range(10_000)]
+
+    async def main() -> tuple[float, int]:
+        async with open_store(dsn, call_timeout=60) as store:
+            with contextlib.suppress(RolledBack):
+                async with store.transaction() as tx:
+                    await store.enqueue_many(items[:10], tx=tx)
+                    raise RolledBack
+            began = time.monotonic()
+            async with store.transaction() as tx:
+                enqueued = await store.enqueue_many(items, tx=tx)
+            return time.monotonic() - began, len({e.id for e in enqueued})
+
+    took, distinct = trio_asyncio.run(main)
+    print(f"enqueue_many: 10,000 items in one transaction in {took:.2f}s")
+    assert distinct == 10_000
+    (count,) = pg.execute("SELECT count(*) FROM work_items").fetchone() or ()
+    assert count == 10_000
+    heads = pg.execute("SELECT count(*) FROM work_items WHERE is_head").fetchone()
+    assert heads == (50,)  # one head per scope line: the batch settled its lines
+
+
+def test_enqueue_from_a_file_is_all_or_nothing_and_names_the_bad_line(
+    dsn: str, pg: Conn, tmp_path: Path
+) -> None:
+    lines = [json.dumps({"kind": "Crawl", "scope": "7", "payload": {"n": n}}) for n in range(5)]
+    path = tmp_path / "items.jsonl"
+    path.write_text("\n".join([*lines[:3], '{"kind": "Crawl", "delay": -1}', *lines[3:]]) + "\n")
+    bad = trioworker("enqueue", "--from", str(path), dsn=dsn)
+    assert bad.returncode == 2 and "line 4" in bad.stderr, bad.stderr
+    assert pg.execute("SELECT count(*) FROM work_items").fetchone() == (0,)
+    path.write_text("\n".join(lines) + "\n")
+    good = trioworker("enqueue", "--from", str(path), dsn=dsn)
+    assert good.returncode == 0, good.stderr
+    assert len(good.stdout.split()) == 5
+    assert pg.execute("SELECT count(*) FROM work_items").fetchone() == (5,)
+
+
+def test_retry_and_prune_on_a_populated_database(dsn: str, pg: Conn) -> None:
+    """retry --failed --kind brings failed items back with a fresh budget; prune deletes
+    old finished rows only."""
+    insert_finished(pg, 2_000, status="Succeeded", days_ago=10)
+    insert_finished(pg, 300, status="Failed", days_ago=10, kind="Crawl")
+    insert_finished(pg, 200, status="Failed", days_ago=1, kind="Purge")
+    pg.execute(
+        "INSERT INTO work_items (kind, scope)"
+        " SELECT 'Crawl', 's' || n FROM generate_series(1, 100) AS n"
+    )
+    retried = trioworker("retry", "--failed", "--kind", "Purge", dsn=dsn)
+    assert retried.returncode == 0 and retried.stdout.startswith("retried 200 item(s)"), retried
+    back = pg.execute(
+        "SELECT count(*), max(failures), min(attempt) FROM work_items"
+        " WHERE kind = 'Purge' AND status = 'Queued'"
+    ).fetchone()
+    assert back == (200, 0, 1)  # a fresh attempt budget; the attempt count goes on
+    pruned = trioworker("prune", "--older-than", "7d", "--batch", "500", dsn=dsn)
+    assert pruned.returncode == 0, pruned.stderr
+    assert pruned.stdout.startswith("deleted 2300 Succeeded/Failed/Cancelled item(s)"), pruned
+    left = dict(pg.execute("SELECT status, count(*) FROM work_items GROUP BY status").fetchall())
+    assert left == {"Queued": 300}
+
+
+def test_prune_holds_no_lock_for_long_and_leaves_queued_and_running_alone(
+    dsn: str, pg: Conn
+) -> None:
+    """200,000 old finished rows, pruned in batches of 1,000 while a Worker-like prober
+    enqueues, claims and completes: no batch holds its locks for a second, the prober
+    is never held up for a second, and Queued and Running rows stay."""
+    insert_finished(pg, 200_000, status="Succeeded", days_ago=30)
+    pg.execute("INSERT INTO work_items (kind) SELECT 'Keep' FROM generate_series(1, 50)")
+    pg.execute("ANALYZE work_items")
+
+    async def main() -> tuple[int, list[float], list[float]]:
+        batches: list[float] = []
+        probes: list[float] = []
+        async with open_store(dsn, call_timeout=30) as store:
+            running = await store.claim("prober", 60, kinds=["Keep"])
+            assert running is not None
+
+            async def probe(cancel_scope: trio.CancelScope) -> None:
+                while not cancel_scope.cancel_called:
+                    began = trio.current_time()
+                    item = await store.enqueue("Probe", scope="p")
+                    claimed = await store.claim("prober", 60, kinds=["Probe"])
+                    assert claimed is not None and claimed.id == item.id
+                    assert await store.complete(claimed.id, claimed.attempt)
+                    probes.append(trio.current_time() - began)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(probe, nursery.cancel_scope)
+                deleted = await store.delete_finished(
+                    dt.timedelta(days=7), batch=1000, on_batch=lambda _, s: batches.append(s)
+                )
+                nursery.cancel_scope.cancel()
+        return deleted, batches, probes
+
+    deleted, batches, probes = trio_asyncio.run(main)
+    print(
+        f"prune: {deleted} rows in {len(batches)} batches, longest {max(batches):.3f}s;"
+        f" prober rounds {len(probes)}, longest {max(probes):.3f}s"
+    )
+    assert deleted == 200_000
+    assert max(batches) < 1.0 and max(probes) < 1.0
+    kept = pg.execute(
+        "SELECT status, count(*) FROM work_items WHERE kind = 'Keep' GROUP BY status"
+    ).fetchall()
+    assert dict(kept) == {"Queued": 49, "Running": 1}
+    # The prober's own, finished just now (its last round may be cut off after its write).
+    (probed,) = (
+        pg.execute(
+            "SELECT count(*) FROM work_items WHERE kind = 'Probe' AND status = 'Succeeded'"
+        ).fetchone()
+        or ()
+    )
+    assert probed - len(probes) in (0, 1)
+
+
+def test_a_paused_scope_waits_while_others_run_and_resume_releases_it(
+    dsn: str, pg: Conn, tmp_path: Path
+) -> None:
+    assert trioworker("pause", "--scope", "disk-a", dsn=dsn).returncode == 0
+    for scope in ("disk-a", "disk-b"):
+        for _ in range(3):
+            trioworker(
+                "enqueue", "Hold", "--scope", scope, "--payload", '{"seconds": 0.05}', dsn=dsn
+            )
+    status = trioworker("status", dsn=dsn)
+    assert "Paused (not claimed; running items go on): scope disk-a" in status.stdout
+
+    def finished(scope: str) -> int:
+        row = pg.execute(
+            "SELECT count(*) FROM work_items WHERE scope = %s AND status = 'Succeeded'", [scope]
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    with workers(tmp_path) as start:
+        start(dsn, *FAST, name="w0", app=APP)
+        wait_for(lambda: finished("disk-b") == 3, 30, "disk-b's items")
+        time.sleep(1.5)  # more than a poll: disk-a is passed over, not merely not yet seen
+        assert finished("disk-a") == 0
+        assert trioworker("resume", "--scope", "disk-a", dsn=dsn).returncode == 0
+        wait_for(lambda: finished("disk-a") == 3, 30, "disk-a's items after resume")
+
+
+def quiesce(dsn: str, scope: str) -> tuple[Any, dt.datetime]:
+    result = trioworker("quiesce", "--scope", scope, "--timeout", "60", dsn=dsn, timeout=90)
+    with psycopg.connect(dsn) as conn:
+        (now,) = conn.execute("SELECT now()").fetchone() or ()
+    return result, now
+
+
+def test_quiesce_waits_for_the_lease_when_a_handler_ignores_its_cancel(
+    dsn: str, pg: Conn, tmp_path: Path
+) -> None:
+    """A handler shielded against its cancel: the Worker fail-stops after its stop
+    grace, and quiesce returns 0 only once the item's lease has expired."""
+    with workers(tmp_path) as start:
+        worker = start(dsn, *FAST, name="w0", app=APP)
+        trioworker("enqueue", "Stubborn", "--scope", "disk-a", dsn=dsn)
+        wait_for(lambda: [e for e in observed(tmp_path) if e["event"] == "start"], 30, "start")
+        began = time.monotonic()
+        result, returned_at = quiesce(dsn, "disk-a")
+        took = time.monotonic() - began
+        assert worker.wait(30) == 70, worker.output()  # the fail-stop
+    (lease_expired_at,) = (
+        pg.execute(
+            "SELECT lease_expires_at FROM work_items WHERE scope = 'disk-a' AND status = 'Running'"
+            " UNION ALL SELECT now() - interval '1 hour' LIMIT 1"
+        ).fetchone()
+        or ()
+    )
+    print(f"quiesce with a handler ignoring its cancel: exit {result.returncode} after {took:.1f}s")
+    assert result.returncode == 0, result.stderr
+    assert "is quiet" in result.stdout and "lease expired" in result.stdout, result.stdout
+    assert returned_at >= lease_expired_at
+    assert took >= 2.0  # at least the stop grace and a lease's remainder: not at once
+
+
+def test_quiesce_returns_once_the_cancelled_item_is_written(
+    dsn: str, pg: Conn, tmp_path: Path
+) -> None:
+    """A handler that stops when cancelled: quiesce returns right after its fenced
+    write (Cancelled), long before its lease would end; the scope stays paused."""
+    with workers(tmp_path) as start:
+        start(dsn, *FAST, name="w0", app=APP)
+        trioworker("enqueue", "Hold", "--scope", "disk-a", dsn=dsn)
+        trioworker("enqueue", "Hold", "--scope", "disk-a", dsn=dsn)
+        wait_for(lambda: [e for e in observed(tmp_path) if e["event"] == "start"], 30, "start")
+        began = time.monotonic()
+        result, returned_at = quiesce(dsn, "disk-a")
+        took = time.monotonic() - began
+        time.sleep(1.5)
+        rows = pg.execute(
+            "SELECT status, finished_at FROM work_items WHERE scope = 'disk-a' ORDER BY id"
+        ).fetchall()
+    print(f"quiesce with a handler that stops: exit {result.returncode} after {took:.1f}s")
+    assert result.returncode == 0, result.stderr
+    assert [r[0] for r in rows] == [Status.CANCELLED.value, Status.QUEUED.value]  # still paused
+    assert dt.timedelta(0) <= returned_at - rows[0][1] < dt.timedelta(seconds=1.5)
+    assert took < 4.0  # the lease is 4 s: the write came long before it would expire
