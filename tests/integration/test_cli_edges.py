@@ -141,6 +141,17 @@ def test_payloads_from_a_file_and_from_stdin_and_the_limit(
         )
 
 
+def test_a_payload_just_under_the_limit_is_stored(dsn: str, pg: Conn, tmp_path: Path) -> None:
+    """64,007 bytes of compact JSON are 96,006 as jsonb's text (a space after each
+    comma): the database's check must not refuse what the library accepts."""
+    path = tmp_path / "payload.json"
+    path.write_text(json.dumps({"n": [1] * 32_000}, separators=(",", ":")))
+    assert run("--dsn", dsn, "enqueue", "K", "--payload", f"@{path}").returncode == 0
+    assert pg.execute("SELECT jsonb_array_length(payload->'n') FROM work_items").fetchone() == (
+        32_000,
+    )
+
+
 def test_a_broken_pipe_is_quiet(dsn: str) -> None:
     """`status --json | head -c 10`: no traceback when the reader stops reading."""
     for _ in range(30):
@@ -177,7 +188,7 @@ def test_migrate_says_one_line_per_migration(databases: Any) -> None:
     assert first.returncode == 0 and first.stderr == ""
     assert first.stdout.splitlines() == [
         "applied 0001.work-items", "applied 0002.scope-lines", "applied 0003.workers",
-        "applied 0004.schedules-and-retries",
+        "applied 0004.schedules-and-retries", "applied 0005.trace-context",
     ]  # fmt: skip
     assert again.stdout == "schema is up to date\n"
 
