@@ -319,6 +319,7 @@ def _dashboard(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
         "serve the web dashboard (read-only unless --allow-actions); needs pip install"
         " 'trioworker[dashboard]'",
     )
+    dashboard.allow_abbrev = False  # `--token SECRET` must not pass for --token-file
     dashboard.add_argument(
         "--host", default="127.0.0.1", help="listen on this address (127.0.0.1: this machine)"
     )
