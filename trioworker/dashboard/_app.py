@@ -294,7 +294,7 @@ async def _carried_out(action: Awaitable[Outcome]) -> Outcome:
     except StoreError as exc:
         # The store names the driver's error class in its message; a role without the
         # privilege (the read-only role of docs/roles.md) is the case worth explaining.
-        if "InsufficientPrivilege" in str(exc):
+        if any(name in str(exc) for name in ("InsufficientPrivilege", "ReadOnlySqlTransaction")):
             raise Refused(403, "the dashboard's database role may not change the queue"
                           f" (a read-only role?): {exc}") from None  # fmt: skip
         raise Refused(500, f"the database refused it: {exc}") from None

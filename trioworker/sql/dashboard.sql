@@ -76,10 +76,12 @@ LIMIT %(limit)s;
 
 -- name: scopes
 -- Every scope with a Running item, Queued items or a pause: busy ones first, then
--- paused, then by how much waits. %(search)s (or NULL) keeps scopes containing it.
+-- paused, then by how much waits; oldest_age: how long its oldest due item has
+-- waited. %(search)s (or NULL) keeps scopes containing it.
 WITH queued AS (
     SELECT scope, count(*) AS waiting, count(*) FILTER (WHERE run_after <= now()) AS due,
-           EXTRACT(EPOCH FROM now() - min(run_after))::float8 AS oldest_age
+           EXTRACT(EPOCH FROM now() - min(run_after) FILTER (WHERE run_after <= now()))::float8
+               AS oldest_age
     FROM work_items WHERE status = 'Queued' AND scope IS NOT NULL
     GROUP BY scope
 ), running AS (
