@@ -4,6 +4,9 @@
 --   trioworker_migrator  owns the schema `trioworker`; runs `python -m trioworker migrate`.
 --   trioworker_worker    runs Workers (and enqueues): reads and writes rows, no DDL.
 --
+-- The dashboard's read-only role (trioworker_dashboard) comes after `migrate`, from
+-- docs/dashboard/readonly-role.sql (roles.md says why it is a script of its own).
+--
 -- Set their passwords afterwards (psql: \password trioworker_worker), then, as the
 -- migrator, run `migrate` and docs/grants.sql.
 
