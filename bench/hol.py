@@ -44,6 +44,9 @@ class Shape:
     #: Due items of a kind the Worker does not serve, older than any free item, half
     #: unscoped and half over free scopes of their own.
     other_kinds: int = 0
+    #: Paused scopes, each with `behind // paused_scopes` due items of the served kind,
+    #: older than any free item (`python -m trioworker pause --scope`).
+    paused_scopes: int = 0
 
     @property
     def rows(self) -> int:
@@ -57,6 +60,8 @@ SHAPES = {
               1, 990_000, 1000, 10_000),
         Shape("c", "100,000 due items of kinds this Worker does not serve, 1 free item",
               0, 0, 1, 1, other_kinds=100_000),
+        Shape("d", "1,000 paused scopes x 100 queued of the served kind, 1 free item",
+              0, 100_000, 1, 1, paused_scopes=1000),
     ],
     "quick": [
         Shape("a", "100 busy scopes x 100 queued, 1 free item", 100, 10_000, 1, 1),
@@ -64,13 +69,22 @@ SHAPES = {
               1, 99_000, 100, 1_000),
         Shape("c", "10,000 due items of kinds this Worker does not serve, 1 free item",
               0, 0, 1, 1, other_kinds=10_000),
+        Shape("d", "100 paused scopes x 100 queued of the served kind, 1 free item",
+              0, 10_000, 1, 1, paused_scopes=100),
     ],
 }  # fmt: skip
 
 
 def load(conn: psycopg.Connection[Any], shape: Shape | None) -> None:
     """The backlog of `shape` (None: just one free item), analysed and vacuumed."""
-    if shape is not None:
+    if shape is not None and shape.paused_scopes:
+        conn.execute(
+            QUERIES["insert_queued"],
+            {"kind": "Free", "prefix": "paused-", "scopes": shape.paused_scopes,
+             "n": shape.behind, "age": 3600},
+        )  # fmt: skip
+        conn.execute(QUERIES["pause_scopes"], {"prefix": "paused-", "scopes": shape.paused_scopes})
+    elif shape is not None:
         conn.execute(QUERIES["insert_running"], {"prefix": "busy-", "scopes": shape.busy_scopes})
         conn.execute(
             QUERIES["insert_queued"],

@@ -19,6 +19,11 @@ SELECT %(kind)s,
        now() - make_interval(secs => %(age)s)
 FROM generate_series(0, %(n)s - 1) AS g;
 
+-- name: pause_scopes
+-- Pause %(scopes)s scopes, as `python -m trioworker pause --scope` does, one by one.
+SELECT count(*) FILTER (WHERE work_pause(NULL, %(prefix)s || g)) AS paused
+FROM generate_series(0, %(scopes)s - 1) AS g;
+
 -- name: insert_mixed
 -- %(n)s Queued items, alternately unscoped and scoped (round robin over %(scopes)s).
 INSERT INTO work_items (kind, scope)
@@ -38,7 +43,7 @@ SELECT id, kind, scope, attempt FROM work_claim(%(worker_id)s, %(lease)s, 1, %(k
 
 -- name: plain_claim
 -- The baseline: a claim without scope lines, so it walks every Queued item of a busy
--- scope (and of kinds it does not serve) until it finds one it may take.
+-- or paused scope (and of kinds it does not serve) until it finds one it may take.
 WITH candidate AS (
     SELECT w.id
     FROM work_items AS w
@@ -48,6 +53,8 @@ WITH candidate AS (
       AND (w.scope IS NULL OR NOT EXISTS (
             SELECT 1 FROM work_items AS r
             WHERE r.scope = w.scope AND r.status = 'Running'))
+      AND NOT EXISTS (
+            SELECT 1 FROM work_pauses AS p WHERE p.scope = w.scope OR p.kind = w.kind)
     ORDER BY w.priority DESC, w.run_after, w.id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
