@@ -39,16 +39,18 @@ CREATE TABLE work_items (
     error text,
     traceback text,
     is_head boolean NOT NULL DEFAULT false,
+    trace_context jsonb,
     CONSTRAINT work_items_counters_sane CHECK (((attempt >= 0) AND (stalls >= 0) AND (failures >= 0))),
     CONSTRAINT work_items_dedup_key_sane CHECK (((dedup_key <> ''::text) AND (length(dedup_key) <= 200))),
     CONSTRAINT work_items_heads_are_queued_and_scoped CHECK (((NOT is_head) OR ((status = 'Queued'::text) AND (scope IS NOT NULL)))),
     CONSTRAINT work_items_kind_sane CHECK (((kind <> ''::text) AND (length(kind) <= 200))),
-    CONSTRAINT work_items_payload_fits CHECK ((octet_length((payload)::text) <= 65536)),
+    CONSTRAINT work_items_payload_fits CHECK ((octet_length((payload)::text) <= 131072)),
     CONSTRAINT work_items_pkey PRIMARY KEY (id),
     CONSTRAINT work_items_priority_sane CHECK (((priority >= '-1000'::integer) AND (priority <= 1000))),
     CONSTRAINT work_items_running_has_lease CHECK (((status = 'Running'::text) = (lease_expires_at IS NOT NULL))),
     CONSTRAINT work_items_scope_sane CHECK (((scope <> ''::text) AND (length(scope) <= 200))),
     CONSTRAINT work_items_status_known CHECK ((status = ANY (ARRAY['Queued'::text, 'Running'::text, 'Succeeded'::text, 'Failed'::text, 'Cancelled'::text]))),
+    CONSTRAINT work_items_trace_context_sane CHECK (((jsonb_typeof(trace_context) = 'object'::text) AND (NOT jsonb_path_exists(trace_context, '$.*?(@.type() != "string")'::jsonpath)) AND (octet_length((trace_context)::text) <= 8192))) NOT VALID,
     CONSTRAINT work_items_traceback_fits CHECK ((length(traceback) <= 20000))
 );
 

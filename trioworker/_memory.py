@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal, LiteralString
 
@@ -39,7 +39,7 @@ from ._model import (
     WorkItem,
 )
 from ._schedule import Schedule, first_due, plan, schedule_dedup_key
-from ._store import NotifyCallback
+from ._store import NotifyCallback, trace_context_or_current, with_current_trace
 from ._validation import EnqueueRequest, pause_target, validate_enqueue, validate_many
 
 Fault = Literal["fail", "hang"] | None
@@ -103,6 +103,7 @@ class _Row:
     reason: str | None = None
     error: str | None = None
     traceback: str | None = None
+    trace_context: dict[str, str] | None = None
 
     @property
     def key(self) -> tuple[int, dt.datetime, int]:
@@ -234,6 +235,7 @@ class MemoryStore:
         dedup_key: str | None = None,
         run_after: dt.datetime | dt.timedelta | None = None,
         priority: int = 0,
+        trace_context: Mapping[str, str] | None = None,
     ) -> Enqueued:
         now = self.now()
         request = validate_enqueue(
@@ -245,6 +247,7 @@ class MemoryStore:
             priority=priority,
             now=now,
             known_kinds=self.known_kinds,
+            trace_context=trace_context_or_current(trace_context),
         )
         await self._enter("enqueue")
         return self._insert(request, now)
@@ -263,6 +266,11 @@ class MemoryStore:
             requested_at=now,
             run_after=request.run_at or now + dt.timedelta(seconds=request.delay),
             priority=request.priority,
+            trace_context=(
+                None
+                if request.trace_context_json is None
+                else _json_roundtrip(request.trace_context_json)
+            ),
         )
         self._next_id += 1
         self._rows[row.id] = row
@@ -272,7 +280,7 @@ class MemoryStore:
 
     async def enqueue_many(self, items: Sequence[NewItem]) -> list[Enqueued]:
         now = self.now()
-        requests = validate_many(items, now=now, known_kinds=self.known_kinds)
+        requests = validate_many(with_current_trace(items), now=now, known_kinds=self.known_kinds)
         await self._enter("enqueue_many")
         return [self._insert(request, now) for request in requests]
 
@@ -350,6 +358,7 @@ class MemoryStore:
             requested_at=row.requested_at,
             dedup_key=row.dedup_key,
             priority=row.priority,
+            trace_context=copy.deepcopy(row.trace_context),
         )
 
     async def seconds_until_due(

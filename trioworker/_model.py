@@ -70,6 +70,9 @@ class WorkItem:
     requested_at: dt.datetime | None = None
     dedup_key: str | None = None
     priority: int = 0
+    #: The trace context it was enqueued in (a propagator's carrier: W3C traceparent
+    #: and tracestate), or None; `trioworker.otel` makes each attempt's span its child.
+    trace_context: Mapping[str, str] | None = None
 
 
 @attrs.frozen
@@ -119,6 +122,7 @@ class ItemState:
     reason: str | None
     error: str | None
     traceback: str | None = None  # the last failed attempt's (its tail)
+    trace_context: Mapping[str, str] | None = None  # as enqueued (WorkItem's)
 
 
 @attrs.frozen
@@ -171,6 +175,8 @@ class NewItem:
     dedup_key: str | None = None
     run_after: dt.datetime | dt.timedelta | None = None
     priority: int = 0
+    #: None: the current OpenTelemetry span's, if any (as `enqueue`); {}: none.
+    trace_context: Mapping[str, str] | None = None
 
 
 @attrs.frozen

@@ -11,7 +11,7 @@ import asyncio
 import datetime as dt
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, LiteralString, TypeVar
 
@@ -46,7 +46,7 @@ from ._model import (
 from ._queries import QUERIES
 from ._retry import Backoff
 from ._schedule import Schedule, first_due, plan, schedule_dedup_key
-from ._store import NotifyCallback
+from ._store import NotifyCallback, trace_context_or_current, with_current_trace
 from ._validation import EnqueueRequest, pause_target, validate_enqueue, validate_many
 
 log = logging.getLogger("trioworker.store")
@@ -260,9 +260,12 @@ class PostgresStore:
         dedup_key: str | None = None,
         run_after: dt.datetime | dt.timedelta | None = None,
         priority: int = 0,
+        trace_context: Mapping[str, str] | None = None,
         tx: Transaction | None = None,
     ) -> Enqueued:  # pragma: no mutate block
-        """Queue an item; with `tx`, only if the caller's transaction commits."""
+        """Queue an item; with `tx`, only if the caller's transaction commits.
+        `trace_context`: a propagator's carrier; None takes the current span's (if
+        the otel extra is installed), {} carries none."""
         request = validate_enqueue(
             kind,
             scope,
@@ -272,6 +275,7 @@ class PostgresStore:
             priority=priority,
             now=dt.datetime.now(dt.UTC),
             known_kinds=self.known_kinds,
+            trace_context=trace_context_or_current(trace_context),
         )
 
         async def op(conn: psycopg.AsyncConnection[Any]) -> Enqueued:
@@ -292,6 +296,7 @@ class PostgresStore:
             "dedup_key": request.dedup_key,
             "run_at": request.run_at,
             "delay": request.delay,
+            "trace_context": request.trace_context_json,
         }
         for _ in range(5):
             cur = await conn.execute(QUERIES["enqueue"], params)
@@ -313,7 +318,9 @@ class PostgresStore:
         checked first, and a bad one raises InvalidWorkItem naming its index. Results
         in order; an item whose dedup key a Queued item (or an earlier one of the
         batch) holds is merged onto it, as `enqueue` does."""
-        requests = validate_many(items, now=dt.datetime.now(dt.UTC), known_kinds=self.known_kinds)
+        requests = validate_many(
+            with_current_trace(items), now=dt.datetime.now(dt.UTC), known_kinds=self.known_kinds
+        )
         if not requests:
             return []
         params = {
@@ -324,6 +331,7 @@ class PostgresStore:
             "dedup_keys": [r.dedup_key for r in requests],
             "run_ats": [r.run_at for r in requests],
             "delays": [r.delay for r in requests],
+            "trace_contexts": [r.trace_context_json for r in requests],
         }
 
         async def op(conn: psycopg.AsyncConnection[Any]) -> list[Enqueued]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -21,6 +21,9 @@ MAX_RUN_AFTER_DISTANCE = dt.timedelta(days=366)
 #: Priorities run from MIN_PRIORITY to MAX_PRIORITY; higher is claimed sooner.
 MIN_PRIORITY = -1000
 MAX_PRIORITY = 1000
+#: Largest trace context accepted, as UTF-8 JSON: W3C traceparent and tracestate take
+#: well under 1 KiB; the rest is room for what else a propagator carries (baggage).
+MAX_TRACE_CONTEXT_BYTES = 4096
 
 
 @attrs.frozen
@@ -34,6 +37,7 @@ class EnqueueRequest:
     dedup_key: str | None
     run_at: dt.datetime | None  # absolute, when given as a datetime
     delay: float  # seconds from the database's now(), when given as a timedelta
+    trace_context_json: str | None = None  # a propagator's carrier, as JSON text
 
 
 def validate_enqueue(
@@ -46,6 +50,7 @@ def validate_enqueue(
     priority: object = 0,
     now: dt.datetime,
     known_kinds: Collection[str] | None = None,
+    trace_context: object = None,
 ) -> EnqueueRequest:
     """Return the request as the store writes it, or raise InvalidWorkItem."""
     _check_name("kind", kind, optional=False)  # pragma: no mutate
@@ -64,6 +69,7 @@ def validate_enqueue(
         dedup_key=dedup_key,  # type: ignore[arg-type]  # checked by _check_name
         run_at=run_at,
         delay=delay,
+        trace_context_json=_trace_context_json(trace_context),
     )
 
 
@@ -91,6 +97,7 @@ def validate_many(
                     priority=item.priority,
                     now=now,
                     known_kinds=known_kinds,
+                    trace_context=item.trace_context,
                 )
             )
         except InvalidWorkItem as exc:
@@ -147,6 +154,32 @@ def _payload_json(payload: Any) -> str:
     size = len(text.encode())
     if size > MAX_PAYLOAD_BYTES:
         raise InvalidWorkItem(f"payload is {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}")
+    return text
+
+
+def _trace_context_json(trace_context: object) -> str | None:
+    """A propagator's carrier (str to str) as JSON text; None for none or an empty one."""
+    if trace_context is None:
+        return None
+    if not isinstance(trace_context, Mapping):
+        raise InvalidWorkItem(
+            f"trace_context must be a mapping of str to str, not {type(trace_context).__name__}"
+        )
+    for key, value in trace_context.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise InvalidWorkItem(
+                f"trace_context maps str to str, not {type(key).__name__} to {type(value).__name__}"
+            )
+    if not trace_context:
+        return None
+    text = json.dumps(dict(trace_context), separators=(",", ":"))
+    if "\\u0000" in text:
+        raise InvalidWorkItem("trace_context must not contain NUL characters")
+    size = len(text.encode())
+    if size > MAX_TRACE_CONTEXT_BYTES:
+        raise InvalidWorkItem(
+            f"trace_context is {size} bytes as JSON; the limit is {MAX_TRACE_CONTEXT_BYTES}"
+        )
     return text
 
 

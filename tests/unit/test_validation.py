@@ -182,3 +182,115 @@ def test_a_priority_out_of_range_or_not_an_integer_is_refused(
     with pytest.raises(InvalidWorkItem) as raised:
         validate_enqueue("K", priority=priority, now=NOW)
     assert str(raised.value) == message
+
+
+# -- trace_context (docs/adr/0010-tracing.md) ------------------------------------------
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_a_trace_context_reaches_the_store_as_compact_json() -> None:
+    """A carrier of str to str (any mapping) is written as compact JSON text."""
+    import types
+
+    from trioworker._validation import MAX_TRACE_CONTEXT_BYTES
+
+    carrier = types.MappingProxyType({"traceparent": TRACEPARENT, "tracestate": "a=1,b=2"})
+    request = validate_enqueue("K", now=NOW, trace_context=carrier)
+    assert request.trace_context_json == (
+        '{"traceparent":"' + TRACEPARENT + '","tracestate":"a=1,b=2"}'
+    )
+    assert MAX_TRACE_CONTEXT_BYTES == 4096
+
+
+@pytest.mark.parametrize("carrier", [None, {}])
+def test_no_trace_context_or_an_empty_one_stores_none(carrier: object) -> None:
+    """None and {} both mean no trace context: nothing is written for it."""
+    assert validate_enqueue("K", now=NOW, trace_context=carrier).trace_context_json is None
+    assert validate_enqueue("K", now=NOW).trace_context_json is None
+
+
+def test_a_trace_context_of_exactly_the_limit_is_taken_and_one_byte_more_refused() -> None:
+    """The limit counts the compact JSON's UTF-8 bytes: 4096 pass, 4097 do not."""
+    from trioworker._validation import MAX_TRACE_CONTEXT_BYTES
+
+    overhead = len('{"k":""}')
+    fits = {"k": "x" * (MAX_TRACE_CONTEXT_BYTES - overhead)}
+    request = validate_enqueue("K", now=NOW, trace_context=fits)
+    assert request.trace_context_json is not None
+    assert len(request.trace_context_json.encode()) == MAX_TRACE_CONTEXT_BYTES
+    refused(
+        "trace_context is 4097 bytes as JSON; the limit is 4096",
+        trace_context={"k": "x" * (MAX_TRACE_CONTEXT_BYTES - overhead + 1)},
+    )
+
+
+@pytest.mark.parametrize(
+    ("carrier", "message"),
+    [
+        ([("traceparent", TRACEPARENT)], "trace_context must be a mapping of str to str, not list"),
+        (TRACEPARENT, "trace_context must be a mapping of str to str, not str"),
+        ({"traceparent": 1}, "trace_context maps str to str, not str to int"),
+        ({1: "x"}, "trace_context maps str to str, not int to str"),
+        ({"a": "b", "c": None}, "trace_context maps str to str, not str to NoneType"),
+        ({"traceparent": "a\x00b"}, "trace_context must not contain NUL characters"),
+    ],
+)
+def test_a_trace_context_not_of_str_to_str_is_refused(carrier: object, message: str) -> None:
+    """Only a mapping of str to str without NULs is a carrier."""
+    refused(message, trace_context=carrier)
+
+
+def test_enqueue_many_checks_each_items_trace_context() -> None:
+    """A NewItem's trace context is checked as enqueue's, and named by index."""
+    from trioworker import NewItem
+    from trioworker._validation import validate_many
+
+    good = NewItem("K", trace_context={"traceparent": TRACEPARENT})
+    requests = validate_many([good, NewItem("K")], now=NOW)
+    assert [r.trace_context_json for r in requests] == [
+        '{"traceparent":"' + TRACEPARENT + '"}',
+        None,
+    ]
+    with pytest.raises(
+        InvalidWorkItem, match=r"^item 1: trace_context maps str to str, not str to int$"
+    ):
+        validate_many([good, NewItem("K", trace_context={"a": 1})], now=NOW)  # type: ignore[dict-item]
+
+
+def test_enqueue_many_checks_every_field_as_enqueue_does() -> None:
+    """Each NewItem becomes the request enqueue would make of the same arguments (the
+    default priority is 0), and kinds are checked against the known ones."""
+    from trioworker import NewItem
+    from trioworker._validation import validate_many
+
+    run_at = NOW + dt.timedelta(hours=1)
+    item = NewItem("K", scope="s", payload={"n": 1}, dedup_key="d", run_after=run_at, priority=4)
+    assert validate_many([item, NewItem("K")], now=NOW, known_kinds={"K"}) == [
+        validate_enqueue("K", "s", {"n": 1}, "d", run_at, priority=4, now=NOW),
+        EnqueueRequest("K", None, "{}", 0, None, None, 0.0),
+    ]
+    assert validate_enqueue("K", now=NOW).priority == 0
+    with pytest.raises(InvalidWorkItem, match=r"^item 0: run_after .* days from now$"):
+        validate_many([NewItem("K", run_after=NOW + dt.timedelta(days=400))], now=NOW)
+    with pytest.raises(InvalidWorkItem, match=r"^item 0: unknown kind 'J' \(known kinds: K\)$"):
+        validate_many([NewItem("J")], now=NOW, known_kinds={"K"})
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        ("str", "enqueue_many takes a sequence of NewItem, not str"),
+        ("set", "enqueue_many takes a sequence of NewItem, not set"),
+        ("dict", "item 1: a NewItem, not dict"),
+    ],
+)
+def test_enqueue_many_takes_only_a_sequence_of_new_items(shape: str, message: str) -> None:
+    """A string, a set, or anything but NewItem in the batch is refused, naming it."""
+    from trioworker import NewItem
+    from trioworker._validation import validate_many
+
+    items = {"str": "KK", "set": {NewItem("K")}, "dict": [NewItem("K"), {"kind": "K"}]}[shape]
+    with pytest.raises(InvalidWorkItem) as raised:
+        validate_many(items, now=NOW)  # type: ignore[arg-type]
+    assert str(raised.value) == message

@@ -7,22 +7,24 @@
 -- name: enqueue
 -- One row, or none when a Queued item already holds the dedup key. The triggers
 -- place the item in its scope's line (migrations/0002).
-INSERT INTO work_items (kind, scope, payload, priority, dedup_key, run_after)
+INSERT INTO work_items (kind, scope, payload, priority, dedup_key, run_after, trace_context)
 VALUES (%(kind)s, %(scope)s, %(payload)s::jsonb, %(priority)s, %(dedup_key)s,
-        COALESCE(%(run_at)s, now() + make_interval(secs => %(delay)s)))
+        COALESCE(%(run_at)s, now() + make_interval(secs => %(delay)s)),
+        %(trace_context)s::jsonb)
 ON CONFLICT (dedup_key) WHERE status = 'Queued' AND dedup_key IS NOT NULL DO NOTHING
 RETURNING id;
 
 -- name: enqueue_many
 -- Many rows in one statement (one round trip), in order; a row whose dedup key a
 -- Queued item (or an earlier row of the batch) holds is not inserted.
-INSERT INTO work_items (kind, scope, payload, priority, dedup_key, run_after)
+INSERT INTO work_items (kind, scope, payload, priority, dedup_key, run_after, trace_context)
 SELECT kind, scope, payload::jsonb, priority, dedup_key,
-       COALESCE(run_at, now() + make_interval(secs => delay))
+       COALESCE(run_at, now() + make_interval(secs => delay)), trace_context::jsonb
 FROM unnest(%(kinds)s::text[], %(scopes)s::text[], %(payloads)s::text[],
             %(priorities)s::integer[], %(dedup_keys)s::text[], %(run_ats)s::timestamptz[],
-            %(delays)s::float8[])
-     WITH ORDINALITY AS r (kind, scope, payload, priority, dedup_key, run_at, delay, n)
+            %(delays)s::float8[], %(trace_contexts)s::text[])
+     WITH ORDINALITY AS r (kind, scope, payload, priority, dedup_key, run_at, delay,
+                           trace_context, n)
 ORDER BY n
 ON CONFLICT (dedup_key) WHERE status = 'Queued' AND dedup_key IS NOT NULL DO NOTHING
 RETURNING id, dedup_key;
@@ -37,7 +39,8 @@ SELECT id FROM work_items WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 -- Up to %(limit)s due items of the served kinds whose scopes are free, never two of
 -- one scope (work_claim: NOT EXISTS over Running items and a claim lock per scope;
 -- work_items_one_running_per_scope under both, whose name the store recognises).
-SELECT id, kind, scope, payload, priority, attempt, stalls, failures, requested_at, dedup_key
+SELECT id, kind, scope, payload, priority, attempt, stalls, failures, requested_at, dedup_key,
+       trace_context
 FROM work_claim(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s, %(scopes)s, %(unscoped)s);
 
 -- name: seconds_until_due
@@ -167,7 +170,7 @@ LEFT JOIN work_items AS r ON r.scope = %(scope)s AND r.status = 'Running';
 -- name: get_item
 SELECT id, kind, scope, payload, priority, status, attempt, stalls, failures, worker_id,
        requested_at, run_after, started_at, finished_at, heartbeat_at, lease_expires_at,
-       dedup_key, cancel_requested, reason, error, traceback
+       dedup_key, cancel_requested, reason, error, traceback, trace_context
 FROM work_items WHERE id = %(id)s;
 
 -- name: attempts
