@@ -220,6 +220,9 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
     run.add_argument("--metrics-port", type=number(integer=True, minimum=0, maximum=65535),
                      metavar="PORT", help="serve Prometheus metrics on this port (0: any free"
                      " one, logged); needs pip install 'trioworker[metrics]'")  # fmt: skip
+    run.add_argument("--otel", action="store_true",
+                     help="trace each attempt with OpenTelemetry, set up by the OTEL_*"
+                     " variables; needs pip install 'trioworker[otel]'")  # fmt: skip
 
     migrate = command("migrate", "apply database migrations (safe to run concurrently)")
     migrate.add_argument(

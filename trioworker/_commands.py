@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 import trio
 
 from ._errors import ConfigurationError, DatabaseUnavailable, InvalidWorkItem
+from ._executor import Tracer
 from ._migrate import check_schema, migrate
 from ._model import FINISHED, Enqueued, NewItem, Status
 from ._postgres import PostgresStore, open_store
@@ -400,10 +401,30 @@ def check_run_arguments(args: argparse.Namespace) -> None:
             raise ConfigurationError(
                 "--metrics-port needs the metrics extra: pip install 'trioworker[metrics]'"
             ) from None
+    if args.otel:
+        try:
+            import opentelemetry.sdk.trace  # noqa: F401
+        except ImportError:
+            raise UsageError(
+                "--otel needs the otel extra: pip install 'trioworker[otel]'"
+            ) from None
+
+
+def otel_tracer() -> Tracer:
+    """`run --otel`: an OtelTracer on an SDK provider the OTEL_* variables set up, made
+    the global provider too, so a handler's own spans go the same way."""
+    from opentelemetry import trace
+
+    from .otel import OtelTracer, provider_from_environment
+
+    provider = provider_from_environment()
+    trace.set_tracer_provider(provider)
+    return OtelTracer(provider)
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     check_run_arguments(args)
+    tracer = otel_tracer() if args.otel else None
     registry = load_registry(args.app)
     if args.retain is not None:
         registry.retention(args.retain)
@@ -434,6 +455,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
                 fail_stop=fail_stop,
                 watchdog=True,
                 metrics=metrics,
+                tracer=tracer,
             )
             if metrics is not None:
                 metrics.attach(worker)

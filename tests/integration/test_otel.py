@@ -1,0 +1,271 @@
+"""Tracing on real PostgreSQL: the trace context stored with an item (both stores),
+an attempt's span joined to the enqueuer's, and `run --otel`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from tests.support.harness import Harness
+from tests.support.processes import ROOT, wait_for
+from trioworker import (
+    Context,
+    NewItem,
+    PostgresStore,
+    Registry,
+    RetryPolicy,
+    Settings,
+    Worker,
+    WorkItem,
+)
+from trioworker.otel import OtelTracer, current_trace_context
+
+LEASE = 30.0
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+CARRIER = {"traceparent": TRACEPARENT, "tracestate": "vendor=opaque"}
+
+
+# -- the store contract: the trace context round-trips -----------------------------------
+
+
+async def test_a_trace_context_round_trips_to_the_claim_and_the_item(harness: Harness) -> None:
+    """What enqueue is given comes back on the claimed WorkItem and from get_item; an
+    item enqueued without one (outside any span), or with {}, has none."""
+    given = await harness.store.enqueue("A", trace_context=CARRIER)
+    none = await harness.store.enqueue("A", scope="s")
+    empty = await harness.store.enqueue("A", scope="t", trace_context={})
+    claimed = await harness.store.claim_batch("w1", LEASE, 3, kinds=["A"])
+    assert {i.id: i.trace_context for i in claimed} == {
+        given.id: CARRIER, none.id: None, empty.id: None,
+    }  # fmt: skip
+    state = await harness.store.get_item(given.id)
+    assert state is not None and state.trace_context == CARRIER
+    other = await harness.store.get_item(none.id)
+    assert other is not None and other.trace_context is None
+
+
+async def test_enqueue_many_stores_each_items_trace_context(harness: Harness) -> None:
+    """Each NewItem's trace context is its own, in one batch."""
+    await harness.store.enqueue_many(
+        [NewItem("A", scope="1", trace_context=CARRIER), NewItem("A", scope="2")]
+    )
+    claimed = await harness.store.claim_batch("w1", LEASE, 2, kinds=["A"])
+    assert [i.trace_context for i in sorted(claimed, key=lambda i: i.id)] == [CARRIER, None]
+
+
+async def test_an_enqueue_inside_a_span_carries_it(harness: Harness) -> None:
+    """Without trace_context=, an enqueue inside a span stores that span's context."""
+    spans = Spans()
+    with spans.tracer.start_as_current_span("request"):
+        expected = current_trace_context()
+        await harness.store.enqueue("A")
+        await harness.store.enqueue_many([NewItem("A")])
+    claimed = await harness.store.claim_batch("w1", LEASE, 2, kinds=["A"])
+    assert expected is not None and "traceparent" in expected
+    assert [i.trace_context for i in claimed] == [expected, expected]
+
+
+def test_the_database_refuses_a_trace_context_that_is_no_carrier(pg: Any) -> None:
+    """Plain SQL writers are held to the same shape: an object of strings, small."""
+    insert = "INSERT INTO work_items (kind, trace_context) VALUES ('A', %s::jsonb)"
+    pg.execute(insert, (json.dumps(CARRIER),))
+    for bad in ('["traceparent"]', '{"traceparent": 1}', json.dumps({"k": "x" * 9000})):
+        with pytest.raises(psycopg.errors.CheckViolation) as raised:
+            pg.execute(insert, (bad,))
+        assert raised.value.diag.constraint_name == "work_items_trace_context_sane"
+
+
+# -- a Worker's attempts, traced ----------------------------------------------------------
+
+
+class Spans(SpanProcessor):
+    """A TracerProvider of its own, exporting to memory; wakes a test waiting for spans."""
+
+    def __init__(self) -> None:
+        self.exporter = InMemorySpanExporter()
+        self.provider = TracerProvider(shutdown_on_exit=False)
+        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.provider.add_span_processor(self)
+        self.tracer = self.provider.get_tracer("tests")
+        self._ended = trio.Event()
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self._ended.set()
+
+    def attempts(self) -> list[ReadableSpan]:
+        spans = self.exporter.get_finished_spans()
+        return [s for s in spans if s.name.startswith("trioworker.attempt")]
+
+    async def wait_for(self, n: int) -> list[ReadableSpan]:
+        with trio.fail_after(30):
+            while len(self.attempts()) < n:
+                self._ended = trio.Event()
+                await self._ended.wait()
+        return self.attempts()
+
+
+def ignore_fail_stop(message: str) -> None:
+    pass
+
+
+async def run_until_traced(
+    store: PostgresStore, registry: Registry, spans: Spans, n: int
+) -> list[ReadableSpan]:
+    settings = Settings(poll=0.2)
+    worker = Worker(
+        store, registry, settings, fail_stop=ignore_fail_stop, tracer=OtelTracer(spans.provider)
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        traced = await spans.wait_for(n)
+        nursery.cancel_scope.cancel()
+    return traced
+
+
+async def test_an_attempts_span_is_a_child_of_the_span_that_enqueued_it(
+    store: PostgresStore,
+) -> None:
+    """Enqueued inside a request's span, the item's attempt is a CONSUMER span of the
+    same trace whose parent is that span, with the item's attributes and outcome."""
+    spans, registry = Spans(), Registry()
+
+    @registry.handler("Crawl")
+    async def crawl(item: WorkItem, ctx: Context) -> None:
+        pass
+
+    with spans.tracer.start_as_current_span("POST /folders/7/crawl") as request:
+        enqueued = await store.enqueue("Crawl", scope="cfg-7")
+    (span,) = await run_until_traced(store, registry, spans, 1)
+    requested = request.get_span_context()
+    assert span.name == "trioworker.attempt Crawl" and span.kind is SpanKind.CONSUMER
+    assert span.context.trace_id == requested.trace_id
+    assert span.parent is not None and span.parent.span_id == requested.span_id
+    attributes = dict(span.attributes or {})
+    assert {k: attributes[k] for k in attributes if k.startswith("trioworker.")} == {
+        "trioworker.item.id": enqueued.id,
+        "trioworker.item.kind": "Crawl",
+        "trioworker.item.scope": "cfg-7",
+        "trioworker.item.attempt": 1,
+        "trioworker.item.priority": 0,
+        "trioworker.outcome": "complete",
+    }
+    assert span.status.status_code is StatusCode.UNSET
+
+
+async def test_a_failing_handler_gives_error_spans_retry_then_fail(store: PostgresStore) -> None:
+    """Each attempt is a span of the enqueuer's trace: the first retried, the last
+    failed for good, both with status ERROR and the exception recorded."""
+    spans, registry = Spans(), Registry()
+
+    @registry.handler("Crawl", retry=RetryPolicy(max_attempts=2, initial_delay=0.0, max_delay=0.0))
+    async def broken(item: WorkItem, ctx: Context) -> None:
+        raise OSError(f"disk gone (attempt {item.attempt})")
+
+    with spans.tracer.start_as_current_span("request") as request:
+        await store.enqueue("Crawl")
+    first, second = await run_until_traced(store, registry, spans, 2)
+    trace_id = request.get_span_context().trace_id
+    assert [s.context.trace_id for s in (first, second)] == [trace_id, trace_id]
+    assert [(s.attributes or {})["trioworker.item.attempt"] for s in (first, second)] == [1, 2]
+    assert [(s.attributes or {})["trioworker.outcome"] for s in (first, second)] == [
+        "retry", "fail",
+    ]  # fmt: skip
+    assert [s.status.status_code for s in (first, second)] == [StatusCode.ERROR] * 2
+    assert first.status.description == "retry: OSError: disk gone (attempt 1)"
+    assert [e.name for e in first.events] == ["exception"]
+
+
+# -- run --otel -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_opentelemetry(tmp_path: Path) -> Iterator[str]:
+    """A PYTHONPATH under which `import opentelemetry` fails, as without the extra."""
+    package = tmp_path / "blocked" / "opentelemetry"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('opentelemetry is not installed')\n")
+    yield str(package.parent)
+
+
+def trioworker(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trioworker", *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_run_otel_without_the_extra_says_what_to_install(dsn: str, no_opentelemetry: str) -> None:
+    """`run --otel` without opentelemetry is a usage error naming the extra, before
+    anything connects."""
+    result = trioworker(
+        "--dsn", dsn, "run", "--app", "tests.apps.recording:registry", "--otel",
+        env={"PYTHONPATH": no_opentelemetry},
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "pip install 'trioworker[otel]'" in result.stderr
+
+
+def test_run_otel_with_an_exporter_not_installed_is_one_clear_line(dsn: str) -> None:
+    """An OTEL_TRACES_EXPORTER that names no installed exporter is refused at start."""
+    result = trioworker(
+        "--dsn", dsn, "run", "--app", "tests.apps.recording:registry", "--otel",
+        env={"OTEL_TRACES_EXPORTER": "otlp_absent"},
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "OTEL_TRACES_EXPORTER names 'otlp_absent', which is not installed" in result.stderr
+
+
+def test_run_otel_exports_each_attempt_as_the_environment_says(
+    dsn: str, pg: Any, tmp_path: Path
+) -> None:
+    """`run --otel` with OTEL_TRACES_EXPORTER=console: the attempt of an item enqueued
+    with a traceparent is printed as a span of that trace, named by the service."""
+    pg.execute(
+        "INSERT INTO work_items (kind, payload, trace_context) VALUES ('Record', '{}', %s)",
+        (json.dumps({"traceparent": TRACEPARENT}),),
+    )
+    out = tmp_path / "worker.out"
+    env = {
+        **os.environ,
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_SERVICE_NAME": "media-workers",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "TW_OBSERVER_LOG": str(tmp_path / "observer.jsonl"),
+    }
+    with out.open("w") as stdout:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trioworker", "--dsn", dsn, "run", "--otel",
+             "--app", "tests.apps.recording:registry", "--poll", "0.2"],
+            cwd=ROOT, env=env, stdout=stdout, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            wait_for(lambda: '"trioworker.outcome": "complete"' in out.read_text(), 30, "a span")
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    text = out.read_text()
+    assert '"name": "trioworker.attempt Record"' in text
+    assert '"trace_id": "0x0af7651916cd43dd8448eb211c80319c"' in text
+    assert '"parent_id": "0xb7ad6b7169203331"' in text
+    assert '"service.name": "media-workers"' in text
