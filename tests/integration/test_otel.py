@@ -269,3 +269,68 @@ def test_run_otel_exports_each_attempt_as_the_environment_says(
     assert '"trace_id": "0x0af7651916cd43dd8448eb211c80319c"' in text
     assert '"parent_id": "0xb7ad6b7169203331"' in text
     assert '"service.name": "media-workers"' in text
+
+
+APP_WITH_ITS_OWN_TRACING = """
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+
+from trioworker import Registry
+
+provider = TracerProvider(resource=Resource.create({"service.name": "from-the-app"}))
+provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+trace.set_tracer_provider(provider)
+tracer = trace.get_tracer(__name__)
+registry = Registry()
+
+
+@registry.handler("Render")
+async def render(item, ctx):
+    with tracer.start_as_current_span("render the thumbnail"):
+        pass
+"""
+
+
+def test_run_otel_uses_the_provider_the_app_set_up(dsn: str, pg: Any, tmp_path: Path) -> None:
+    """An --app module that sets up its own global TracerProvider gets the attempts'
+    spans there (the OTEL_* variables are not read), its handler's spans their children."""
+    (tmp_path / "tracedapp.py").write_text(APP_WITH_ITS_OWN_TRACING)
+    pg.execute("INSERT INTO work_items (kind) VALUES ('Render')")
+    out = tmp_path / "worker.out"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OTEL_TRACES_EXPORTER": "otlp_absent"}
+    with out.open("w") as stdout:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trioworker", "--dsn", dsn, "run", "--otel",
+             "--app", "tracedapp:registry", "--poll", "0.2"],
+            cwd=ROOT, env=env, stdout=stdout, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            wait_for(lambda: '"trioworker.outcome": "complete"' in out.read_text(), 30, "a span")
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    spans = parse_console_spans(out.read_text())
+    attempt, render = spans["trioworker.attempt Render"], spans["render the thumbnail"]
+    assert attempt["resource"]["attributes"]["service.name"] == "from-the-app"
+    assert render["parent_id"] == attempt["context"]["span_id"]
+    assert render["context"]["trace_id"] == attempt["context"]["trace_id"]
+
+
+def parse_console_spans(text: str) -> dict[str, dict[str, Any]]:
+    """The spans ConsoleSpanExporter printed (one JSON object each), by name."""
+    decoder, spans, at = json.JSONDecoder(), {}, 0
+    while (at := text.find("{", at)) != -1:
+        try:
+            span, end = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            at += 1
+            continue
+        if isinstance(span, dict) and "name" in span and "context" in span:
+            spans[span["name"]] = span
+        at = end
+    return spans
