@@ -411,12 +411,15 @@ def check_run_arguments(args: argparse.Namespace) -> None:
 
 
 def otel_tracer() -> Tracer:
-    """`run --otel`: an OtelTracer on an SDK provider the OTEL_* variables set up, made
-    the global provider too, so a handler's own spans go the same way."""
+    """`run --otel`: an OtelTracer on the application's global TracerProvider, if its
+    module (--app) set one up; else on an SDK provider the OTEL_* variables set up, made
+    the global one, so a handler's own spans go the same way."""
     from opentelemetry import trace
 
     from .otel import OtelTracer, provider_from_environment
 
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return OtelTracer()
     provider = provider_from_environment()
     trace.set_tracer_provider(provider)
     return OtelTracer(provider)
@@ -424,8 +427,8 @@ def otel_tracer() -> Tracer:
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     check_run_arguments(args)
-    tracer = otel_tracer() if args.otel else None
     registry = load_registry(args.app)
+    tracer = otel_tracer() if args.otel else None  # after --app, which may set one up
     if args.retain is not None:
         registry.retention(args.retain)
     if args.migrate:
