@@ -301,9 +301,19 @@ def cmd_prune(args: argparse.Namespace) -> int:
     )
     print(
         f"deleted {deleted} {'/'.join(s.value for s in statuses)} item(s) finished more than"
-        f" {args.older_than} ago, in {batches} batch(es) (longest {longest:.3f}s)"
+        f" {short_duration(args.older_than)} ago, in {batches} batch(es)"
+        f" (longest {longest:.3f}s)"
     )
     return EXIT_OK
+
+
+def short_duration(span: dt.timedelta) -> str:
+    """7d, 12h, 90m, 45s: the largest unit that divides it (seconds otherwise)."""
+    seconds = span.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def _target(args: argparse.Namespace) -> str:
