@@ -17,6 +17,7 @@ SCENARIOS = {
     "e2e": "end-to-end throughput of Worker processes against procrastinate, pgqueuer, pgbench",
     "pickup": "time from enqueue to handler start on an idle Worker",
     "bridge": "per-call cost of the store's trio-asyncio path against psycopg's sync API",
+    "prune": "retention of 1 M finished rows in batches, beside one DELETE, under a prober",
 }
 
 

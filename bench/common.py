@@ -30,6 +30,7 @@ from trioworker import migrate
 DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 ROOT = Path(__file__).parent.parent
 
+
 def parse(text: str) -> dict[str, LiteralString]:
     """Split a queries file on `-- name:` headers; each body runs to the next one."""
     parts = re.split(r"^-- name: (\w+)\s*$", text, flags=re.MULTILINE)

@@ -123,3 +123,22 @@ SELECT count(*) AS n FROM work_items WHERE status = 'Running' AND scope IS NOT N
 -- An enqueue as any application sends it: a plain INSERT.
 INSERT INTO work_items (kind, scope, payload) VALUES (%(kind)s, %(scope)s, %(payload)s::jsonb)
 RETURNING id;
+
+-- name: insert_finished
+-- %(n)s items that finished (Succeeded) %(days)s days ago, spread over an hour, over
+-- 1,000 scopes: what retention deletes.
+INSERT INTO work_items (kind, scope, status, attempt, requested_at, run_after,
+                        started_at, finished_at)
+SELECT 'Old', 'old-' || mod(g, 1000), 'Succeeded', 1, t, t, t, t
+FROM generate_series(0, %(n)s - 1) AS g,
+     LATERAL (SELECT now() - make_interval(secs => %(days)s * 86400 + mod(g, 3600))) AS at(t);
+
+-- name: delete_finished_at_once
+-- The naive retention: one statement, holding every deleted row's lock to its end.
+WITH deleted AS (
+    DELETE FROM work_items
+    WHERE status IN ('Succeeded', 'Failed', 'Cancelled')
+      AND finished_at < now() - make_interval(days => %(days)s)
+    RETURNING 1
+)
+SELECT count(*) FROM deleted;
