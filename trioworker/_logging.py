@@ -43,8 +43,9 @@ def _context(record: logging.LogRecord) -> dict[str, Any]:
 
 
 class TextFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        """The line with the item's fields after it, before any traceback."""
+        line = super().formatMessage(record)
         context = _context(record)
         if context:
             line += " [" + " ".join(f"{k}={v}" for k, v in context.items()) + "]"

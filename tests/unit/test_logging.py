@@ -79,6 +79,22 @@ def test_text_lines_end_with_the_item_fields() -> None:
     assert formatter.format(record()) == "WARNING hello there"
 
 
+def test_the_item_fields_come_before_a_traceback() -> None:
+    """A line with a traceback: the fields end its first line, not the traceback."""
+    try:
+        raise KeyError("path")
+    except KeyError:
+        exc_info = sys.exc_info()
+    failed = record(**FIELDS)
+    failed.exc_info = exc_info
+    lines = TextFormatter("%(levelname)s %(message)s").format(failed).splitlines()
+    assert lines[0] == (
+        "WARNING hello there [item_id=7 attempt=2 kind=Crawl scope=cfg-1 worker_id=w1]"
+    )
+    assert lines[1] == "Traceback (most recent call last):"
+    assert lines[-1] == "KeyError: 'path'"
+
+
 def test_json_lines_are_one_object_with_the_item_fields() -> None:
     """A JSON line holds the time (UTC, ISO), level, logger, message and item fields."""
     line = json.loads(JsonFormatter().format(record(**FIELDS)))
