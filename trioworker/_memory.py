@@ -80,6 +80,14 @@ class MemoryFencedTransaction:
         self.completes = True
 
 
+def _no_transactions(tx: object) -> None:
+    if tx is not None:
+        raise NotImplementedError(
+            "MemoryStore has no transactions to enqueue in: test enqueue(tx=...) against"
+            " PostgreSQL (docs/guide/testing.md)"
+        )
+
+
 @attrs.define
 class _Row:
     id: int
@@ -236,7 +244,9 @@ class MemoryStore:
         run_after: dt.datetime | dt.timedelta | None = None,
         priority: int = 0,
         trace_context: Mapping[str, str] | None = None,
+        tx: object = None,
     ) -> Enqueued:
+        _no_transactions(tx)
         now = self.now()
         request = validate_enqueue(
             kind,
@@ -278,7 +288,8 @@ class MemoryStore:
             self._notify(row.scope)
         return Enqueued(id=row.id, deduplicated=False)
 
-    async def enqueue_many(self, items: Sequence[NewItem]) -> list[Enqueued]:
+    async def enqueue_many(self, items: Sequence[NewItem], *, tx: object = None) -> list[Enqueued]:
+        _no_transactions(tx)
         now = self.now()
         requests = validate_many(with_current_trace(items), now=now, known_kinds=self.known_kinds)
         await self._enter("enqueue_many")

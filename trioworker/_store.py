@@ -67,7 +67,11 @@ class Store(Protocol):
         run_after: dt.datetime | dt.timedelta | None = None,
         priority: int = 0,
         trace_context: Mapping[str, str] | None = None,
-    ) -> Enqueued: ...
+        tx: Any = None,
+    ) -> Enqueued:
+        """`tx`: a transaction of this store's (`store.transaction()`, or a handler's
+        `ctx.transaction()`): the item exists only if it commits."""
+        ...
 
     async def claim(
         self,
@@ -137,7 +141,7 @@ class Store(Protocol):
 
     async def request_cancel(self, id: int) -> CancelOutcome: ...
 
-    async def enqueue_many(self, items: Sequence[NewItem]) -> list[Enqueued]: ...
+    async def enqueue_many(self, items: Sequence[NewItem], *, tx: Any = None) -> list[Enqueued]: ...
 
     async def delete_finished(
         self,

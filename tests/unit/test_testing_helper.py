@@ -47,3 +47,24 @@ async def test_a_handler_completing_in_its_transaction_is_written_once(
         state = await w.finished(item.id)
     assert state.status is Status.SUCCEEDED
     assert [write.op for write in w.store.writes if write.applied] == ["complete"]
+
+
+async def test_enqueueing_in_a_transaction_says_memory_has_none(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A handler that enqueues follow-up work in its fenced transaction fails with a
+    message saying why (the in-memory store has no transactions), not a TypeError."""
+    registry = Registry()
+
+    @registry.handler("Index", retry=RetryPolicy(max_attempts=1))
+    async def index(item: WorkItem, ctx: Context) -> None:
+        async with ctx.transaction() as tx:
+            await ctx.store.enqueue("Summarise", scope=item.scope, tx=tx)
+
+    async with worker(registry) as w:
+        item = await w.store.enqueue("Index", scope="notes")
+        state = await w.finished(item.id)
+    assert state.status is Status.FAILED
+    assert state.error is not None
+    assert state.error.startswith("NotImplementedError: MemoryStore has no transactions")
+    assert [i.kind for i in w.store.items()] == ["Index"]
