@@ -39,12 +39,12 @@ async def run(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop | No
     finally:
         if not task.done():
             task.cancel()
-            task.add_done_callback(_consume_result)
+            task.add_done_callback(consume_result)
 
 
-def _consume_result(task: asyncio.Task[object]) -> None:
-    # The abandoned task's outcome is not anyone's business any more; retrieving it
-    # keeps asyncio from logging "exception was never retrieved".
+def consume_result(task: asyncio.Task[Any]) -> None:
+    """A done callback for a task nobody awaits: retrieving its outcome keeps asyncio
+    from logging "exception was never retrieved"."""
     if not task.cancelled():
         task.exception()
 

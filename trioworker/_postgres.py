@@ -190,6 +190,11 @@ class PostgresStore:
         with trio.move_on_after(self.call_timeout):
             await self._run(self._pool.close(timeout=self.call_timeout))
 
+    def _in_background(self, coro: Coroutine[Any, Any, None]) -> None:  # pragma: no mutate block
+        """Start `coro` on the store's asyncio loop without waiting for it."""
+        assert self._loop is not None
+        self._loop.create_task(coro).add_done_callback(_bridge.consume_result)
+
     async def _call(
         self,
         name: str,
@@ -421,8 +426,10 @@ class PostgresStore:
             await self._call("commit", lambda c: finish(c, "COMMIT"), conn=conn)
         finally:
             if not ended:
-                with trio.CancelScope(shield=True), trio.move_on_after(self.call_timeout):
-                    await self._run(_quietly(finish(conn, "ROLLBACK")))
+                # In the background: a handler being cancelled (a self-stop, say) must not
+                # wait on a dead link for its ROLLBACK, which would outlast its stop grace.
+                # The connection goes back to the pool (or is discarded) once it is done.
+                self._in_background(_quietly(finish(conn, "ROLLBACK")))
 
     # -- claim and the fenced writes ---------------------------------------------
 
