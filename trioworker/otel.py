@@ -120,11 +120,10 @@ def current_trace_context() -> dict[str, str] | None:
     a context elsewhere (a plain SQL insert's `trace_context` column, say). A carrier
     over the store's limit loses its largest entries (baggage first) until it fits.
     """
-    current = otel_context.get_current()
-    if not trace.get_current_span(current).get_span_context().is_valid:
+    if not trace.get_current_span().get_span_context().is_valid:
         return None
     carrier: dict[str, str] = {}
-    propagate.inject(carrier, context=current)
+    propagate.inject(carrier)
     return _fit(carrier)
 
 

@@ -30,6 +30,7 @@ from trioworker import (
 from trioworker._validation import MAX_TRACE_CONTEXT_BYTES
 from trioworker.otel import (
     OtelTracer,
+    _exporters,
     attempt_attributes,
     current_trace_context,
     provider_from_environment,
@@ -339,6 +340,29 @@ def test_baggage_too_large_for_the_store_is_left_behind(spans: Spans) -> None:
     assert trimmed is not None and set(trimmed) == {"traceparent"}
 
 
+@pytest.mark.parametrize(("value", "kept"), [(4008, True), (4009, False)])
+def test_a_carrier_of_exactly_the_limit_keeps_its_baggage(
+    spans: Spans, value: int, kept: bool
+) -> None:
+    """traceparent (55 characters) and 4008 characters of baggage value make exactly
+    4096 bytes of compact JSON, which fit; one more and the baggage (the larger entry)
+    is left behind, the traceparent kept."""
+    with spans.tracer.start_as_current_span("request"):
+        token = otel_context.attach(baggage.set_baggage("k", "x" * value))
+        carrier = current_trace_context()
+        otel_context.detach(token)
+    assert carrier is not None
+    assert set(carrier) == ({"traceparent", "baggage"} if kept else {"traceparent"})
+
+
+def test_the_spans_come_from_the_trioworker_tracer(spans: Spans) -> None:
+    """The instrumentation scope of an attempt's span names the library."""
+    OtelTracer(spans.provider).start(WorkItem(1, "K", None, {}, 1)).end("complete", None)
+    (span,) = spans.finished()
+    assert span.instrumentation_scope is not None
+    assert span.instrumentation_scope.name == "trioworker"
+
+
 async def test_enqueue_many_gives_the_current_context_to_items_without_one(
     spans: Spans,
 ) -> None:
@@ -416,3 +440,29 @@ def test_an_exporter_that_is_not_installed_is_named(
     with pytest.raises(ConfigurationError) as raised:
         provider_from_environment()
     assert str(raised.value) == message
+
+
+def test_exporters_are_looked_up_by_name_among_span_exporters() -> None:
+    """Each name (blank and "none" skipped) is a span exporter's entry point: "console"
+    is the SDK's ConsoleSpanExporter, not its log or metric namesake."""
+    exporters = _exporters("none, console,")
+    assert [type(e).__name__ for e in exporters] == ["ConsoleSpanExporter"]
+
+
+def test_the_default_exporter_is_otlp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without OTEL_TRACES_EXPORTER the exporter is OTLP, as the specification says:
+    refused by name when opentelemetry-exporter-otlp is not installed."""
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    try:
+        exporters = _exporters_of(provider_from_environment())
+    except ConfigurationError as exc:
+        assert "names 'otlp', which is not installed" in str(exc)
+    else:
+        assert [type(e).__name__ for e in exporters] == ["OTLPSpanExporter"]
+
+
+def _exporters_of(provider: TracerProvider) -> list[object]:
+    processors = provider._active_span_processor._span_processors
+    exporters = [p._batch_processor._exporter for p in processors]  # type: ignore[attr-defined]
+    provider.shutdown()
+    return exporters
