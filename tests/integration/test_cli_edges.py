@@ -93,7 +93,10 @@ def test_global_options_work_after_the_command(dsn: str) -> None:
         (["run", "--app", APP, "--lease", "inf"], "--lease: must be above 0 and at most 604800"),
         (["run", "--app", APP, "--lease", "-1"], "--lease: must be above 0"),
         (["run", "--app", APP, "--concurrency", "0"], "--concurrency: must be at least 1"),
-        (["run", "--app", APP, "--metrics-port", "70000"], "--metrics-port: must be at least 0 and at most 65535"),
+        (
+            ["run", "--app", APP, "--metrics-port", "70000"],
+            "--metrics-port: must be at least 0 and at most 65535",
+        ),
         (["run", "--app", APP, "--lease", "10", "--heartbeat", "6"], "shorter than half the lease"),
         (["run", "--app", APP, "--no-unscoped"], "--no-unscoped needs --scope"),
         (["run", "--app", APP, "--scope", ""], "--scope '': scope must not be empty"),
@@ -136,7 +139,8 @@ def test_payloads_from_a_file_and_from_stdin_and_the_limit(
     assert too_big.returncode == 2 and "the limit is 65536" in too_big.stderr
     with pytest.raises(psycopg.errors.CheckViolation, match="work_items_payload_fits"):
         pg.execute(
-            "INSERT INTO work_items (kind, payload) VALUES ('K', jsonb_build_object('b', %s::text))",
+            "INSERT INTO work_items (kind, payload)"
+            " VALUES ('K', jsonb_build_object('b', %s::text))",
             ["x" * 10_000_000],
         )
 

@@ -57,5 +57,5 @@ def test_a_failing_handlers_traceback_is_kept_and_shown(dsn: str, pg: Conn, tmp_
     assert (
         "_look_up_the_path"
         in logged["ERROR", "handler failed for good: failed 2 of 2 attempts"]["exception"]
-    )  # noqa: E501
+    )
     assert trioworker("show", "999999", dsn=dsn).returncode == 1
