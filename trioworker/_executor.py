@@ -156,7 +156,7 @@ class Executor:
         self.events = events
         self.tracer = tracer or _NoTracer()
         self.running: dict[int, Attempt] = {}
-        self._shutting_down = False
+        self._shutting_down = False  # pragma: no mutate  (None is as false)
 
     def shut_down(self) -> None:
         """The shutdown grace period is over: cancel every attempt (they are released)."""
@@ -174,8 +174,8 @@ class Executor:
             # means the store broke that, so the item goes back untouched.
             ilog.error("claimed an item of kind %r, which has no handler here", item.kind)
             decision = Decision(Action.RELEASE)
-            attempt = Attempt(item, claim_sent_at, self.settings)
-            trace.end(await self._write(item, decision, attempt, ilog), None)
+            give_up_at = claim_sent_at + self.settings.self_stop_after
+            trace.end(await self._write(item, decision, give_up_at, ilog), None)
             return decision
 
         attempt = Attempt(item, claim_sent_at, self.settings, self.on_deadline)
@@ -213,9 +213,10 @@ class Executor:
         self._log_end(ilog, reason, outcome, decision, attempt)
         if reason is CancelReason.SELF_STOP:
             trace.event("self_stopped")
-        written = await self._write(item, decision, attempt, ilog)
         if decision.action is Action.NOTHING:
             written = "succeeded-in-transaction" if in_transaction else reason_name(reason)
+        else:
+            written = await self._write(item, decision, attempt.scope.deadline, ilog)
         trace.end(written, outcome.error)
         return decision
 
@@ -289,14 +290,14 @@ class Executor:
         """Fail-stop the process if the handler ignores its cancel past the grace period."""
         await attempt.wait_stop_requested()
         await trio.sleep(self.settings.stop_grace)
-        reason = attempt.reason.value if attempt.reason else "cancel"
+        reason = (attempt.reason or CancelReason.SELF_STOP).value  # never None here
         message = (
             f"handler of item {attempt.item.id} (attempt {attempt.item.attempt},"
             f" kind {attempt.item.kind}) did not stop within {self.settings.stop_grace:g}s"
             f" of being cancelled ({reason}); its file side effects cannot be trusted"
             " to stop, so the Worker stops"
         )
-        ilog.critical("%s", message)
+        ilog.critical(message)  # no arguments: logging leaves a % in it alone
         self.fail_stop(message)
 
     def _log_end(
@@ -324,14 +325,14 @@ class Executor:
                 "handler failed (%s); retrying in %.1fs",
                 decision.error,
                 decision.delay,
-                exc_info=_exc_info(outcome.error),
+                exc_info=outcome.error,
             )
         elif decision.action is Action.FAIL:
             ilog.error(
                 "handler failed for good: %s (%s)",
                 decision.reason,
                 decision.error,
-                exc_info=_exc_info(outcome.error),
+                exc_info=outcome.error,
             )
         if outcome.error is not None and reason is not None:
             ilog.info("after the cancel the handler raised %r; ignored", outcome.error)
@@ -340,24 +341,23 @@ class Executor:
         self,
         item: WorkItem,
         decision: Decision,
-        attempt: Attempt,
+        give_up_at: float,
         ilog: logging.LoggerAdapter[Any],
     ) -> str:
         """Make the decided write, retrying through short outages; say what became of
-        it: the action's name, "fenced-out" or "write-failed" (or "" for no write).
+        it: the action's name, "fenced-out" or "write-failed".
 
-        Gives up once the attempt's self-stop deadline has passed: from then on the
-        item belongs to lease recovery, and the write would be fenced out anyway.
+        Gives up rather than retry at or after `give_up_at`, the attempt's self-stop
+        deadline: from then on the item belongs to lease recovery, and the write would
+        be fenced out anyway.
         """
-        if decision.action is Action.NOTHING:
-            return ""
         backoff = Backoff(initial=0.2, maximum=2.0)
         while True:
             try:
                 applied = await self._apply(item, decision)
             except StoreError as exc:
                 delay = backoff.next()
-                if trio.current_time() + delay >= attempt.scope.deadline:
+                if too_late(trio.current_time(), delay, give_up_at):
                     ilog.error(
                         "could not record %s (%s); lease recovery will requeue the item",
                         decision.action.value,
@@ -394,18 +394,19 @@ class Executor:
                 return await store.cancel(id, attempt)
             case Action.RELEASE:
                 return await store.release(id, attempt)
-        raise AssertionError(f"no write for {decision.action}")  # pragma: no cover
+        raise AssertionError(f"no write for {decision.action}")  # pragma: no cover, no mutate
 
     def _observe(self, event: str, kind: str, value: float | None = None) -> None:
         if self.events is not None:
             self.events.observe(event, kind, value)
 
 
+def too_late(now: float, delay: float, give_up_at: float) -> bool:
+    """Whether a write retried `delay` seconds from `now` would come at or after
+    `give_up_at` (so the write gives up instead)."""
+    return now + delay >= give_up_at
+
+
 def reason_name(reason: CancelReason | None) -> str:
     """An attempt that wrote nothing, for a trace: "self_stopped" or "lost"."""
     return "self_stopped" if reason is CancelReason.SELF_STOP else "lost"
-
-
-def _exc_info(error: BaseException | None) -> Any:
-    """`exc_info` for a log line: the handler's error with its traceback, if any."""
-    return (type(error), error, error.__traceback__) if error is not None else None

@@ -95,7 +95,7 @@ class Worker:
             fail_stop=fail_stop,
             events=self,
             tracer=tracer,
-            on_deadline=self._publish_deadline if watchdog else None,
+            on_deadline=self._publish_deadline,  # a no-op without a watchdog
             complete=self._completions.complete,
         )
         self._watchdog = Watchdog(self.settings.stop_grace, fail_stop) if watchdog else None
@@ -362,7 +362,7 @@ class Worker:
         each due time is enqueued once, whichever of the Workers gets to it."""
         schedules = self.registry.schedules
         backoff = Backoff(initial=0.5, maximum=max(self.settings.poll * 2, 5.0))
-        synced = False
+        synced = False  # pragma: no mutate  (None is as false)
         while True:
             try:
                 if not synced:
@@ -406,7 +406,7 @@ class Worker:
     async def _presence_loop(self) -> None:
         """Advertise this Worker every recovery interval (the table's last_seen says it
         is alive); on the way out, record that it stopped."""
-        advertised = False
+        advertised = False  # pragma: no mutate  (None is as false)
         try:
             while True:
                 try:

@@ -1,0 +1,571 @@
+"""The executor on Trio's virtual clock, with a scripted in-memory store: what an
+operator sees of each attempt (its log lines, events, trace) and the write that follows.
+
+Defaults throughout: lease 60 s, heartbeat every 10 s, self-stop 30 s after the last
+heartbeat that succeeded (the claim counts as the first), stop grace 15 s. The claim and
+the handler's start are at virtual time 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import trio
+import trio.testing
+
+from tests.unit._fakes import (
+    Failstops,
+    ScriptedStore,
+    Sink,
+    Tracer,
+    gaps,
+    messages,
+    records,
+    running,
+    sleeping,
+)
+from trioworker import Context, Registry, RetryPolicy, Settings, Status, WorkItem
+from trioworker._executor import Executor, too_late
+from trioworker._policy import Action, Decision
+
+EXECUTOR = "trioworker.executor"
+NO_JITTER = RetryPolicy(max_attempts=2, initial_delay=10.0, jitter=0.0)
+
+
+def writes(store: ScriptedStore) -> list[tuple[str, bool]]:
+    return [(w.op, w.applied) for w in store.writes if w.op != "heartbeat"]
+
+
+async def test_failing_heartbeats_are_logged_and_traced_until_the_self_stop(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each failed heartbeat says how long until the self-stop; the self-stop at 30 s
+    is logged, counted and traced, and no heartbeat follows it."""
+    caplog.set_level(logging.INFO)
+    store, registry, tracer, sink = ScriptedStore(), Registry(), Tracer(), Sink()
+    registry.handler("Crawl")(sleeping())
+    store.script["heartbeat"] = ["fail"] * 10
+    item = await store.enqueue("Crawl", scope="7")
+    async with running(store, registry, tracer=tracer, metrics=sink) as worker:
+        await trio.sleep(40)
+    assert store.times["heartbeat"] == [10.0, 20.0]
+    assert messages(caplog, EXECUTOR) == [
+        "heartbeat failed (heartbeat: down); self-stop in 20.0s unless one succeeds",
+        "heartbeat failed (heartbeat: down); self-stop in 10.0s unless one succeeds",
+        "self-stopped: no heartbeat succeeded for 30.0s (half the lease);"
+        " writing nothing, lease recovery will requeue it",
+    ]
+    stopped = records(caplog, "self-stopped")[0]
+    assert (stopped.item_id, stopped.worker_id, stopped.kind) == (item.id, "w1", "Crawl")  # type: ignore[attr-defined]
+    (trace,) = tracer.traces
+    assert trace.item.id == item.id
+    assert trace.events == [
+        ("heartbeat_failed", "heartbeat: down"),
+        ("heartbeat_failed", "heartbeat: down"),
+        ("self_stopped", None),
+    ]
+    assert trace.ended == [("self_stopped", None)]
+    assert worker.statistics().events == {"claimed": 1, "self_stopped": 1}
+    assert ("self_stopped", "Crawl", None) in sink.seen
+    assert writes(store) == []
+
+
+async def test_a_heartbeat_without_an_answer_is_cut_off_and_the_next_one_still_runs(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The heartbeat sent at 10 s hangs: it is given up at 20 s (one interval), logged
+    and traced; the one sent at 20 s succeeds, so the handler (35 s long) completes."""
+    caplog.set_level(logging.INFO)
+    store, registry, tracer = ScriptedStore(), Registry(), Tracer()
+    registry.handler("Crawl")(sleeping(35))
+    store.script["heartbeat"] = ["hang"]
+    await store.enqueue("Crawl", scope="7")
+    async with running(store, registry, tracer=tracer):
+        await trio.sleep(40)
+    assert store.times["heartbeat"] == [10.0, 20.0, 30.0]
+    assert messages(caplog, EXECUTOR, logging.WARNING) == [
+        "heartbeat got no answer within 10.0s; self-stop in 10.0s unless one succeeds",
+    ]
+    (trace,) = tracer.traces
+    assert trace.events == [("heartbeat_failed", "no answer within 10s")]
+    assert trace.ended == [("complete", None)]
+    assert store.items()[0].status is Status.SUCCEEDED
+
+
+async def test_a_slow_heartbeat_reports_its_round_trip_and_counts_from_its_send_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A heartbeat answered after 4 s reports a 4 s round trip, and the self-stop
+    deadline runs from when it was sent (10 + 30 = 40 s), not from its answer."""
+    store, registry, sink = ScriptedStore(), Registry(), Sink()
+    cancelled: list[float] = []
+
+    @registry.handler("Crawl")
+    async def crawl(item: WorkItem, ctx: Context) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.append(trio.current_time())
+
+    store.script["heartbeat"] = [4.0, "fail", "fail", "fail"]
+    await store.enqueue("Crawl", scope="7")
+    async with running(store, registry, metrics=sink):
+        await trio.sleep(50)
+    assert sink.named("heartbeat_rtt") == [("heartbeat_rtt", "Crawl", 4.0)]
+    assert cancelled == [40.0]
+
+
+async def test_a_handler_that_will_not_stop_after_a_self_stop_fail_stops_the_process(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Self-stop at 30 s, stop grace 15 s: at 45 s the Worker fail-stops, saying why."""
+    store, registry, failstops = ScriptedStore(), Registry(), Failstops()
+
+    @registry.handler("Stubborn")
+    async def stubborn(item: WorkItem, ctx: Context) -> None:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(1000)
+
+    store.fault, store.fault_ops = "fail", frozenset({"heartbeat"})
+    await store.enqueue("Stubborn")
+    async with running(store, registry, fail_stop=failstops):
+        await trio.sleep(50)
+    message = (
+        "handler of item 1 (attempt 1, kind Stubborn) did not stop within 15s of being"
+        " cancelled (self-stop); its file side effects cannot be trusted to stop, so the"
+        " Worker stops"
+    )
+    assert failstops.calls == [(45.0, message)]
+    critical = [r for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert [r.getMessage() for r in critical] == [message]
+    assert critical[0].item_id == 1  # type: ignore[attr-defined]
+
+
+async def test_the_fail_stop_names_the_reason_of_the_cancel(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A cancel request reaches the handler at the 10 s heartbeat; a handler that
+    ignores it fail-stops the process at 10 + 15 s, naming the cancel request."""
+    store, registry, failstops = ScriptedStore(), Registry(), Failstops()
+
+    @registry.handler("Stubborn")
+    async def stubborn(item: WorkItem, ctx: Context) -> None:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(1000)
+
+    await store.enqueue("Stubborn")
+    async with running(store, registry, fail_stop=failstops):
+        await store.request_cancel(1)
+        await trio.sleep(30)
+    ((at, message),) = failstops.calls
+    assert at == 25.0
+    assert "did not stop within 15s of being cancelled (cancel-requested)" in message
+
+
+async def test_a_lost_attempt_is_logged_counted_and_traced_as_lost(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The heartbeat at 10 s finds another attempt owns the item: the handler is
+    cancelled, the attempt writes nothing and says it was lost."""
+    caplog.set_level(logging.INFO)
+    store, registry, tracer, sink = ScriptedStore(), Registry(), Tracer(), Sink()
+    registry.handler("Crawl")(sleeping())
+    await store.enqueue("Crawl", scope="7")
+    async with running(store, registry, tracer=tracer, metrics=sink) as worker:
+        store.expire_lease(1)
+        await store.recover_expired_leases(max_stalls=3)
+        assert await store.claim("other", 60.0, kinds=["Crawl"])
+        await trio.sleep(12)
+    assert messages(caplog, EXECUTOR) == [
+        "lost: another attempt owns the item now; writing nothing"
+    ]
+    assert tracer.traces[0].ended == [("lost", None)]
+    assert tracer.traces[0].events == []
+    assert worker.statistics().events == {"claimed": 1, "lost": 1}
+    assert ("lost", "Crawl", None) in sink.seen
+    assert writes(store) == []
+
+
+async def test_a_cancel_request_writes_cancelled_and_notes_what_the_handler_raised(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a cancel request the handler raising is noted (and ignored): the item is
+    Cancelled, and the trace ends "cancel" with the error."""
+    caplog.set_level(logging.INFO)
+    store, registry, tracer = ScriptedStore(), Registry(), Tracer()
+    oops = ValueError("oops")
+
+    @registry.handler("Crawl")
+    async def crawl(item: WorkItem, ctx: Context) -> None:
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            raise oops from None
+
+    await store.enqueue("Crawl")
+    async with running(store, registry, tracer=tracer) as worker:
+        await store.request_cancel(1)
+        await trio.sleep(12)
+    assert messages(caplog, EXECUTOR) == [
+        "stopped (cancel-requested)",
+        "after the cancel the handler raised ValueError('oops'); ignored",
+    ]
+    assert tracer.traces[0].ended == [("cancel", oops)]
+    assert worker.statistics().events == {"claimed": 1, "cancel": 1}
+    assert writes(store) == [("cancel", True)]
+
+
+async def test_a_failing_handler_is_retried_then_failed_with_its_traceback(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The retry and the final failure are logged with the handler's traceback, and the
+    item keeps it; the traces end "retry", then "fail", each with the error."""
+    caplog.set_level(logging.INFO)
+    store, registry, tracer = ScriptedStore(), Registry(), Tracer()
+    errors: list[OSError] = []
+    tracebacks: list[str | None] = []
+    kept: list[str | None] = []
+
+    @registry.handler("Flaky", retry=NO_JITTER)
+    async def flaky(item: WorkItem, ctx: Context) -> None:
+        state = await ctx.store.get_item(item.id)
+        assert state is not None
+        tracebacks.append(state.traceback)
+        kept.append(state.error)
+        errors.append(OSError("disk on fire"))
+        raise errors[-1]
+
+    await store.enqueue("Flaky")
+    async with running(store, registry, tracer=tracer) as worker:
+        await trio.sleep(20)
+    assert messages(caplog, EXECUTOR) == [
+        "handler failed (OSError: disk on fire); retrying in 10.0s",
+        "handler failed for good: failed 2 of 2 attempts (OSError: disk on fire)",
+    ]
+    retried, failed = records(caplog, "handler failed")
+    assert (retried.levelno, failed.levelno) == (logging.WARNING, logging.ERROR)
+    assert retried.exc_info is not None and retried.exc_info[1] is errors[0]
+    assert failed.exc_info is not None and failed.exc_info[1] is errors[1]
+    assert [t.ended for t in tracer.traces] == [[("retry", errors[0])], [("fail", errors[1])]]
+    assert tracebacks[0] is None
+    assert kept == [None, "OSError: disk on fire"]
+    assert tracebacks[1] is not None and "OSError: disk on fire" in tracebacks[1]
+    state = store.items()[0]
+    assert (state.status, state.reason) == (Status.FAILED, "failed 2 of 2 attempts")
+    assert state.traceback is not None and state.traceback.startswith("Traceback")
+    assert worker.statistics().events == {"claimed": 2, "retry": 1, "fail": 1}
+
+
+async def test_a_kinds_timeout_cancels_the_handler_and_counts_as_a_failure(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """timeout=25: the handler is cancelled 25 s after it started (heartbeats went
+    well), and the attempt is a handler failure, retried by the kind's policy, then
+    failed."""
+    caplog.set_level(logging.INFO)
+    store, registry, tracer = ScriptedStore(), Registry(), Tracer()
+    cancelled: list[float] = []
+    started: list[float] = []
+
+    @registry.handler("Slow", retry=NO_JITTER, timeout=25)
+    async def slow(item: WorkItem, ctx: Context) -> None:
+        started.append(trio.current_time())
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.append(trio.current_time())
+
+    await store.enqueue("Slow")
+    async with running(store, registry, tracer=tracer):
+        await trio.sleep(70)
+    assert started == [0.0, 35.0]
+    assert cancelled == [25.0, 60.0]
+    assert messages(caplog, EXECUTOR) == [
+        "handler failed (HandlerTimeout: timed out after 25s); retrying in 10.0s",
+        "handler failed for good: failed 2 of 2 attempts (HandlerTimeout: timed out after 25s)",
+    ]
+    assert tracer.outcomes() == ["retry", "fail"]
+    state = store.items()[0]
+    assert (state.status, state.error) == (Status.FAILED, "HandlerTimeout: timed out after 25s")
+
+
+async def test_a_handler_within_its_timeout_completes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A handler that finishes inside its timeout is neither cancelled nor failed."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("Quick", timeout=5)(sleeping(4))
+    await store.enqueue("Quick")
+    async with running(store, registry):
+        await trio.sleep(10)
+    assert store.items()[0].status is Status.SUCCEEDED
+
+
+async def test_the_handler_gets_its_item_and_the_workers_context(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The handler sees its claimed item, the Worker's id, the attempt's cancel scope,
+    the file limiter, a logger carrying the item's fields, and the store."""
+    store, registry = ScriptedStore(), Registry()
+    seen: list[object] = []
+
+    @registry.handler("Crawl")
+    async def crawl(item: WorkItem, ctx: Context) -> None:
+        seen.extend([item.id, item.attempt, item.kind, ctx.item.id, ctx.worker_id])
+        seen.extend([ctx.stopping, ctx.limiter.total_tokens, ctx.store is store])
+        seen.append(ctx.log.extra)
+        ctx.cancel_scope.cancel()
+        seen.append(ctx.stopping)
+
+    await store.enqueue("Crawl", scope="7")
+    async with running(store, registry, Settings(max_concurrent_files=3)):
+        await trio.sleep(1)
+    assert seen == [
+        1, 1, "Crawl", 1, "w1", False, 3, True,
+        {"item_id": 1, "attempt": 1, "kind": "Crawl", "scope": "7", "worker_id": "w1"},
+        True,
+    ]  # fmt: skip
+
+
+async def test_a_completion_goes_through_the_workers_batcher(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Worker's completions are batched (one complete_batch call), and retried with
+    a short, capped backoff through an outage: 0.2 s, doubling, at most 2 s (+/- 20%)."""
+    caplog.set_level(logging.INFO)
+    store, registry, tracer, sink = ScriptedStore(), Registry(), Tracer(), Sink()
+    registry.handler("Crawl")(sleeping(1))
+    store.script["complete_batch"] = ["fail"] * 6
+    await store.enqueue("Crawl")
+    async with running(store, registry, tracer=tracer, metrics=sink) as worker:
+        await trio.sleep(20)
+    assert "complete" not in store.calls
+    times = store.times["complete_batch"]
+    assert times[0] == 1.0 and len(times) == 7
+    for gap, base in zip(gaps(times), [0.2, 0.4, 0.8, 1.6, 2.0, 2.0], strict=True):
+        assert base * 0.8 - 1e-9 <= gap <= base * 1.2 + 1e-9
+    assert (
+        messages(caplog, EXECUTOR)
+        == ["could not record complete (complete_batch: down); retrying"] * 6
+    )
+    assert tracer.outcomes() == ["complete"]
+    assert worker.statistics().events == {"claimed": 1, "complete": 1}
+    assert ("complete", "Crawl", None) in sink.seen
+    assert ("handler_duration", "Crawl", 1.0) in sink.seen
+
+
+async def test_a_write_that_keeps_failing_gives_up_at_the_self_stop_deadline(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cancel request stops the handler at the 10 s heartbeat (which moved the
+    deadline to 40 s); the Cancelled write fails until then: the last try is before
+    the deadline, the next would be at or after it, so the write gives up, leaving the
+    item to lease recovery."""
+    caplog.set_level(logging.INFO)
+    store, registry, tracer = ScriptedStore(), Registry(), Tracer()
+    registry.handler("Crawl")(sleeping())
+    await store.enqueue("Crawl")
+    store.fault, store.fault_ops = "fail", frozenset({"cancel"})
+    async with running(store, registry, tracer=tracer):
+        await store.request_cancel(1)
+        await trio.sleep(50)
+    times = store.times["cancel"]
+    assert times[0] == 10.0
+    assert 40.0 - 2.4 <= times[-1] < 40.0
+    tries = messages(caplog, EXECUTOR, logging.WARNING)
+    assert tries[:-1] == [
+        "could not record cancel (cancel: connection refused (simulated outage)); retrying"
+    ] * (len(times) - 1)
+    assert tries[-1] == (
+        "could not record cancel (cancel: connection refused (simulated outage));"
+        " lease recovery will requeue the item"
+    )
+    assert records(caplog, "could not record")[-1].levelno == logging.ERROR
+    assert tracer.outcomes() == ["write-failed"]
+    assert store.items()[0].status is Status.RUNNING
+
+
+def test_a_retry_at_or_after_the_deadline_is_too_late() -> None:
+    """The write gives up when its next try would come at or after the deadline."""
+    assert too_late(10.0, 5.0, 15.0)
+    assert too_late(10.0, 5.5, 15.0)
+    assert not too_late(10.0, 4.5, 15.0)
+    assert not too_late(0.0, 1.0, 15.0)
+
+
+async def test_a_write_fenced_out_is_logged_and_counted_as_lost(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The item is taken over while the handler runs (no heartbeat noticed): the
+    completion is fenced out, logged, and counted as lost."""
+    caplog.set_level(logging.INFO)
+    store, registry, tracer, sink = ScriptedStore(), Registry(), Tracer(), Sink()
+
+    @registry.handler("Crawl")
+    async def crawl(item: WorkItem, ctx: Context) -> None:
+        store.expire_lease(item.id)
+        await store.recover_expired_leases(max_stalls=3)
+        assert await store.claim("other", 60.0, kinds=["Crawl"])
+
+    await store.enqueue("Crawl")
+    async with running(store, registry, tracer=tracer, metrics=sink) as worker:
+        await trio.sleep(5)
+    assert messages(caplog, EXECUTOR) == ["complete was fenced out: the attempt had lost the item"]
+    assert tracer.outcomes() == ["fenced-out"]
+    assert worker.statistics().events == {"claimed": 1, "lost": 1}
+    assert ("lost", "Crawl", None) in sink.seen
+
+
+async def test_a_completion_inside_the_handlers_transaction_writes_nothing_more(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """tx.complete() commits Succeeded with the handler's writes: no separate
+    completion follows, and the trace says so."""
+    store, registry, tracer = ScriptedStore(), Registry(), Tracer()
+
+    @registry.handler("Crawl")
+    async def crawl(item: WorkItem, ctx: Context) -> None:
+        async with ctx.transaction() as tx:
+            tx.complete()
+
+    await store.enqueue("Crawl")
+    async with running(store, registry, tracer=tracer) as worker:
+        await trio.sleep(5)
+    assert tracer.outcomes() == ["succeeded-in-transaction"]
+    assert "complete_batch" not in store.calls
+    assert worker.statistics().events == {"claimed": 1}
+    assert store.items()[0].status is Status.SUCCEEDED
+
+
+# -- the executor on its own ---------------------------------------------------------
+
+
+async def claimed(store: ScriptedStore, kind: str) -> WorkItem:
+    await store.enqueue(kind)
+    (item,) = await store.claim_batch("w1", 60.0, 1, kinds=[kind])
+    return item
+
+
+async def test_an_item_of_a_kind_without_a_handler_is_released(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A claimed item the registry has no handler for goes back, untouched."""
+    store, tracer = ScriptedStore(), Tracer()
+    item = await claimed(store, "Mystery")
+    executor = Executor(
+        store, Registry(), Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer
+    )
+    with trio.fail_after(100):
+        assert await executor.run(item, 0.0) == Decision(Action.RELEASE)
+    assert messages(caplog, EXECUTOR) == [
+        "claimed an item of kind 'Mystery', which has no handler here"
+    ]
+    assert records(caplog, "claimed an item")[0].worker_id == "w1"  # type: ignore[attr-defined]
+    assert tracer.traces[0].item == item
+    assert tracer.traces[0].ended == [("release", None)]
+    assert writes(store) == [("release", True)]
+
+
+async def test_releasing_an_unknown_kind_gives_up_at_the_deadline(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """That release, too, is retried until half a lease after the claim (sent at 2 s)."""
+    store, tracer = ScriptedStore(), Tracer()
+    await trio.sleep(2)
+    item = await claimed(store, "Mystery")
+    store.fault, store.fault_ops = "fail", frozenset({"release"})
+    executor = Executor(
+        store, Registry(), Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer
+    )
+    with trio.fail_after(100):
+        await executor.run(item, 2.0)
+    assert 32.0 - 2.4 <= store.times["release"][-1] < 32.0 <= trio.current_time() + 2.4
+    assert tracer.outcomes() == ["write-failed"]
+
+
+async def test_without_a_batcher_the_executor_completes_through_the_store(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """No `complete=` and no event sink: the store's own complete, and nothing else."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("Crawl")(sleeping(1))
+    item = await claimed(store, "Crawl")
+    executor = Executor(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
+    with trio.fail_after(100):
+        assert await executor.run(item, 0.0) == Decision(Action.COMPLETE)
+    assert writes(store) == [("complete", True)]
+    assert store.times["complete"] == [1.0]
+
+
+async def test_the_earliest_deadline_is_published_as_it_moves(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """`on_deadline` is called when the attempt starts, at each heartbeat that moves
+    its self-stop deadline, and when it ends; `earliest_deadline` then reads it."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("Crawl")(sleeping(25))
+    item = await claimed(store, "Crawl")
+    seen: list[float] = []
+    executor: Executor
+
+    def published() -> None:
+        seen.append(executor.earliest_deadline())
+
+    executor = Executor(
+        store, registry, Settings(), worker_id="w1", fail_stop=Failstops(), on_deadline=published
+    )
+    assert executor.earliest_deadline() == math.inf
+    with trio.fail_after(100):
+        await executor.run(item, 0.0)
+    assert seen == [30.0, 40.0, 50.0, math.inf]
+
+
+async def test_after_shutdown_a_starting_attempt_is_released_at_once(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An attempt that starts once the shutdown grace is over is cancelled and released."""
+    caplog.set_level(logging.INFO)
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("Crawl")(sleeping())
+    item = await claimed(store, "Crawl")
+    executor = Executor(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
+    executor.shut_down()
+    with trio.fail_after(100):
+        assert await executor.run(item, 0.0) == Decision(Action.RELEASE)
+    assert trio.current_time() == 0.0
+    assert messages(caplog, EXECUTOR) == ["stopped (shutdown)"]
+    assert writes(store) == [("release", True)]
+
+
+async def test_a_shutdown_during_a_self_stopped_handlers_cleanup_writes_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Self-stop at 30 s; the handler cleans up for 5 s; the shutdown's cancel at 31 s
+    does not turn the self-stop into a release: the attempt still writes nothing."""
+    store, registry = ScriptedStore(), Registry()
+
+    @registry.handler("Crawl")
+    async def crawl(item: WorkItem, ctx: Context) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(5)
+
+    item = await claimed(store, "Crawl")
+    store.fault, store.fault_ops = "fail", frozenset({"heartbeat"})
+    executor = Executor(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
+    decisions: list[Decision] = []
+
+    async def run() -> None:
+        decisions.append(await executor.run(item, 0.0))
+
+    with trio.fail_after(100):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            await trio.sleep(31)
+            executor.shut_down()
+    assert decisions == [Decision(Action.NOTHING)]
+    assert writes(store) == []

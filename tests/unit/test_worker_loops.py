@@ -1,0 +1,694 @@
+"""The Worker's loops on Trio's virtual clock, with a scripted in-memory store: what it
+claims and when, how it backs off, its lease recovery, settling, schedules, presence,
+statistics, its log lines, and the watchdog it feeds. The Worker starts at time 0.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import os
+import re
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from tests.unit._fakes import (
+    Failstops,
+    ScriptedStore,
+    Sink,
+    gaps,
+    messages,
+    records,
+    running,
+    sleeping,
+)
+from trioworker import Context, Registry, Settings, Worker, WorkItem
+from trioworker._model import Fired, WorkerInfo
+
+WORKER = "trioworker.worker"
+
+
+def within(gap: float, base: float) -> bool:
+    """A backoff delay: `base` spread by +/- 20%."""
+    return base * 0.8 - 1e-9 <= gap <= base * 1.2 + 1e-9
+
+
+# -- start, stop, what it says ---------------------------------------------------------
+
+
+async def test_the_worker_says_what_it_serves_when_it_starts_and_stops(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Starting, ready, stopping (with what is running) and stopped are logged."""
+    caplog.set_level(logging.INFO)
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping(2))
+    registry.handler("B")(sleeping())
+    await store.enqueue("A")
+    worker = Worker(
+        store, registry, Settings(concurrency=2, poll=3), worker_id="w1", fail_stop=Failstops()
+    )
+    with trio.fail_after(100):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await trio.sleep(1)
+            worker.stop()
+            assert messages(caplog, WORKER)[-1] == (
+                "stopping: no new claims; 1 running item(s) get 30s to finish"
+            )
+            worker.stop()  # said once
+    assert messages(caplog, WORKER) == [
+        "worker w1 starting: kinds A, B; all scopes and unscoped items, concurrency 2,"
+        " lease 60s, heartbeat 10s, poll 3s",
+        "worker w1 ready",
+        "stopping: no new claims; 1 running item(s) get 30s to finish",
+        "worker w1 stopped",
+    ]
+    assert trio.current_time() == 2.0
+
+
+@pytest.mark.parametrize(
+    ("scopes", "unscoped", "served"),
+    [
+        (["b", "a", "b"], None, "scopes a, b only"),
+        (["b", "a"], True, "scopes a, b and unscoped items"),
+    ],
+)
+async def test_the_start_line_lists_the_scopes_served(
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+    scopes: list[str],
+    unscoped: bool | None,
+    served: str,
+) -> None:
+    """Scopes are listed sorted, once; a Worker without handlers serves kinds "none"."""
+    caplog.set_level(logging.INFO)
+    async with running(ScriptedStore(), Registry(), scopes=scopes, unscoped=unscoped):
+        pass
+    assert messages(caplog, WORKER)[0] == (
+        f"worker w1 starting: kinds none; {served}, concurrency 1,"
+        " lease 60s, heartbeat 10s, poll 5s"
+    )
+
+
+async def test_a_worker_stopped_before_it_runs_returns_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """stop() before run(): run() claims nothing and returns."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping())
+    await store.enqueue("A")
+    worker = Worker(store, registry, worker_id="w1", fail_stop=Failstops())
+    worker.stop()
+    with trio.fail_after(100):
+        await worker.run()
+    assert trio.current_time() == 0.0
+    assert "claim" not in store.calls
+
+
+async def test_the_shutdown_grace_ends_in_a_release_it_logs(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Items still running when the grace period is over are cancelled, released, and
+    counted in a warning."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping())
+    await store.enqueue("A", scope="x")
+    await store.enqueue("A", scope="y")
+    worker = Worker(store, registry, Settings(concurrency=2), worker_id="w1", fail_stop=Failstops())
+    with trio.fail_after(100):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await trio.testing.wait_all_tasks_blocked()
+            assert worker.statistics().running == 2
+            worker.stop()
+    assert trio.current_time() == 30.0
+    assert records(caplog, "shutdown grace")[0].getMessage() == (
+        "shutdown grace period over: cancelling and releasing 2 item(s)"
+    )
+    assert worker.statistics().events["release"] == 2
+
+
+# -- statistics and events ---------------------------------------------------------------
+
+
+async def test_statistics_count_the_events_and_metrics_see_every_observation(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Counted events (not timings) in statistics(), every observation in the sink."""
+    store, registry, sink = ScriptedStore(), Registry(), Sink()
+    registry.handler("A")(sleeping(12))
+    for _ in range(3):
+        await store.enqueue("A", scope="same")
+    async with running(store, registry, metrics=sink) as worker:
+        assert worker.statistics().running == 1
+        assert worker.statistics().claimed == 1
+        await trio.sleep(30)
+        statistics = worker.statistics()
+    assert (statistics.claimed, statistics.running) == (3, 1)
+    assert statistics.events == {"claimed": 3, "complete": 2}
+    assert sink.named("claimed") == [("claimed", "A", None)] * 3
+    assert sink.named("heartbeat_rtt") == [("heartbeat_rtt", "A", 0.0)] * 2
+    assert sink.named("handler_duration") == [("handler_duration", "A", 12.0)] * 2
+
+
+async def test_a_fresh_worker_has_nothing_running(autojump_clock: trio.testing.MockClock) -> None:
+    """Before it claims anything, a Worker's statistics are all zero."""
+    worker = Worker(ScriptedStore(), Registry(), worker_id="w1", fail_stop=Failstops())
+    assert (worker.statistics().claimed, worker.statistics().running) == (0, 0)
+    assert worker.statistics().events == {}
+
+
+# -- claiming -----------------------------------------------------------------------
+
+
+async def test_one_claim_fills_every_free_slot(autojump_clock: trio.testing.MockClock) -> None:
+    """Concurrency 3, six items in six scopes: two claims of three each, not six."""
+    store, registry = ScriptedStore(), Registry()
+    started: list[float] = []
+
+    @registry.handler("A")
+    async def a(item: WorkItem, ctx: Context) -> None:
+        started.append(trio.current_time())
+        await trio.sleep(1)
+
+    for scope in "uvwxyz":
+        await store.enqueue("A", scope=scope)
+    async with running(store, registry, Settings(concurrency=3, poll=1000)):
+        await trio.sleep(1.5)
+        assert store.times["claim"][:2] == [0.0, 1.0]
+        assert started == [0.0] * 3 + [1.0] * 3
+        await trio.sleep(10)
+    assert all(i.worker_id == "w1" for i in store.items())
+
+
+async def test_a_claim_never_takes_more_than_the_free_slots(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Concurrency 2 and three items waiting: two run, the third waits for a slot."""
+    store, registry = ScriptedStore(), Registry()
+    started: list[float] = []
+
+    @registry.handler("A")
+    async def a(item: WorkItem, ctx: Context) -> None:
+        started.append(trio.current_time())
+        await trio.sleep(1)
+
+    for scope in "xyz":
+        await store.enqueue("A", scope=scope)
+    async with running(store, registry, Settings(concurrency=2, poll=1000)):
+        await trio.sleep(5)
+    assert started == [0.0, 0.0, 1.0]
+
+
+async def test_a_worker_claims_and_is_woken_only_for_what_it_serves(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Serving scope "a" only: enqueues in other scopes or unscoped neither wake it nor
+    are claimed; one in "a" wakes it at once."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping(0))
+    async with running(store, registry, Settings(poll=1000), scopes=["a"]):
+        await trio.sleep(1)
+        await store.enqueue("A", scope="b")
+        await store.enqueue("A")
+        await trio.sleep(1)
+        assert store.times["claim"] == [0.0]
+        await store.enqueue("A", scope="a")
+        await trio.sleep(1)
+        assert store.times["claim"] == [0.0, 2.0, 2.0]
+        assert store.on_notify is not None
+        store.on_notify(None)  # a NOTIFY without a scope wakes everyone
+        await trio.sleep(0.5)
+        assert store.times["claim"] == [0.0, 2.0, 2.0, 3.0]
+    assert [i.status.value for i in store.items()] == ["Queued", "Queued", "Succeeded"]
+
+
+async def test_a_worker_of_listed_scopes_and_unscoped_items_is_woken_for_both(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Scopes ["a"] and unscoped=True: an unscoped enqueue wakes it and is claimed."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping(1))
+    async with running(store, registry, Settings(poll=1000), scopes=["a"], unscoped=True):
+        await trio.sleep(1)
+        await store.enqueue("A")
+        await trio.sleep(0.5)
+        assert store.times["claim"] == [0.0, 1.0]
+    assert store.items()[0].worker_id == "w1"
+
+
+async def test_an_idle_worker_wakes_when_a_delayed_item_falls_due(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An item due in 0.5 s is claimed at 0.51 s, long before the poll."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping(0))
+    await store.enqueue("A", run_after=dt.timedelta(seconds=0.5))
+    async with running(store, registry, Settings(poll=1000)):
+        await trio.sleep(1)
+    assert store.times["claim"][:2] == [0.0, pytest.approx(0.51)]
+
+
+@pytest.mark.parametrize(("scopes", "unscoped"), [(["a"], False), (["a"], True)])
+async def test_delayed_items_the_worker_does_not_serve_do_not_wake_it(
+    autojump_clock: trio.testing.MockClock, scopes: list[str], unscoped: bool
+) -> None:
+    """Only items the Worker would claim count towards when it next looks."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping(0))
+    await store.enqueue("A", scope="b", run_after=dt.timedelta(seconds=2))
+    if not unscoped:
+        await store.enqueue("A", run_after=dt.timedelta(seconds=2))
+    await store.enqueue("A", scope="a", run_after=dt.timedelta(seconds=7))
+    if unscoped:
+        await store.enqueue("A", run_after=dt.timedelta(seconds=4))
+    async with running(store, registry, Settings(poll=1000), scopes=scopes, unscoped=unscoped):
+        await trio.sleep(10)
+    assert store.times["claim"][:2] == [0.0, pytest.approx(4.01 if unscoped else 7.01)]
+
+
+async def test_when_the_due_time_cannot_be_read_the_worker_polls(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """seconds_until_due failing: the next claim comes after the poll interval."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping(0))
+    store.script["seconds_until_due"] = ["fail"]
+    async with running(store, registry, Settings(poll=3)):
+        await trio.sleep(4)
+    assert store.times["claim"][:2] == [0.0, 3.0]
+
+
+@pytest.mark.parametrize(("poll", "cap"), [(1.0, 5.0), (10.0, 20.0)])
+async def test_claims_back_off_through_an_outage_and_say_so(
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+    poll: float,
+    cap: float,
+) -> None:
+    """While claims fail, the Worker retries after 0.5 s, doubling up to twice the
+    poll interval (at least 5 s), +/- 20%, logging each failure; once PostgreSQL
+    answers it says so, and a later outage starts again from 0.5 s."""
+    caplog.set_level(logging.INFO)
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping(0))
+    store.fault, store.fault_ops = "fail", frozenset({"claim"})
+    async with running(store, registry, Settings(poll=poll)):
+        await trio.sleep(200)
+        store.fault = None
+        failures = len(store.times["claim"])
+        await trio.sleep(cap * 1.2 + 1)
+        store.fault = "fail"
+        await store.enqueue("A")  # wakes it: that claim fails, and is retried
+        await trio.sleep(0.5 * 1.2 + 0.01)
+        store.fault = None
+        await trio.sleep(5)
+    times = store.times["claim"][:failures]
+    for n, gap in enumerate(gaps(times)):
+        assert within(gap, min(cap, 0.5 * 2**n)), (n, gap)
+    assert any(gap > cap * 0.9 for gap in gaps(times))
+    logged = [r.getMessage() for r in records(caplog, "cannot claim")]
+    for n, (message, gap) in enumerate(zip(logged, gaps(times), strict=False), start=1):
+        assert message == (
+            f"cannot claim: claim: connection refused (simulated outage) (failure {n});"
+            f" retrying in {gap:.1f}s"
+        )
+    assert [m for m in messages(caplog, WORKER) if "answers" in m] == [
+        "PostgreSQL answers again; claiming"
+    ] * 2
+    second = records(caplog, "cannot claim")[failures]
+    assert "(failure 1)" in second.getMessage()
+
+
+# -- lease recovery ---------------------------------------------------------------------
+
+
+async def ghost_claims(store: ScriptedStore, n: int = 1, *, scope: str = "g") -> None:
+    """Items of a kind the Worker does not serve, claimed by a Worker that vanished."""
+    for _ in range(n):
+        await store.enqueue("Orphan", scope=scope)
+        assert await store.claim("ghost", 1.0, kinds=["Orphan"])
+
+
+async def test_lease_recovery_runs_every_recovery_interval_and_logs_each_stall(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Recovery at 0, 15, 30 s; the vanished Worker's item is requeued at 15 s with the
+    stall logged, its fields attached, counted and observed."""
+    store, registry, sink = ScriptedStore(), Registry(), Sink()
+    await ghost_claims(store)
+    async with running(store, registry, metrics=sink) as worker:
+        await trio.sleep(31)
+    assert store.times["recover_expired_leases"] == [0.0, 15.0, 30.0]
+    (record,) = records(caplog, "lease expired")
+    assert (record.getMessage(), record.levelno) == (
+        "lease expired; stall 1 of 3: requeued",
+        logging.WARNING,
+    )
+    fields = {f: getattr(record, f) for f in ("item_id", "attempt", "kind", "scope", "worker_id")}
+    assert fields == {"item_id": 1, "attempt": 1, "kind": "Orphan", "scope": "g", "worker_id": "w1"}
+    assert worker.statistics().events == {"stall_recovered": 1}
+    assert sink.seen == [("stall_recovered", "Orphan", None)]
+
+
+async def test_a_last_stall_fails_the_item_and_a_cancel_requested_one_is_cancelled(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """max_stalls=1: the stalled item fails (an error); one whose cancel was requested
+    is logged with its status and reason."""
+    store, registry = ScriptedStore(), Registry()
+    await ghost_claims(store, scope="f")
+    async with running(store, registry, Settings(max_stalls=1)):
+        await trio.sleep(16)
+    (failed,) = records(caplog, "lease expired")
+    assert (failed.getMessage(), failed.levelno) == (
+        "lease expired; stall 1 of 1: failed as stalled", logging.ERROR,
+    )  # fmt: skip
+    assert failed.item_id == 1  # type: ignore[attr-defined]
+    caplog.clear()
+    store = ScriptedStore()
+    await ghost_claims(store)
+    await store.request_cancel(1)
+    async with running(store, registry):
+        await trio.sleep(16)
+    (cancelled,) = records(caplog, "lease expired")
+    assert (cancelled.getMessage(), cancelled.levelno) == (
+        "lease expired; stall 1: Cancelled (cancel requested)", logging.WARNING,
+    )  # fmt: skip
+    assert cancelled.item_id == 1  # type: ignore[attr-defined]
+
+
+class WedgedStore(ScriptedStore):
+    """Its first head repair finds a wedged scope."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wedged = ["s1"]
+
+    async def repair_heads(self) -> list[str]:
+        await super().repair_heads()
+        wedged, self.wedged = self.wedged, []
+        return wedged
+
+
+async def test_a_repaired_scope_is_reported_as_a_bug(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A scope the repair had to fix is an error in the log, counted once."""
+    store, sink = WedgedStore(), Sink()
+    async with running(store, Registry(), metrics=sink) as worker:
+        await trio.sleep(20)
+    assert messages(caplog, WORKER, logging.ERROR) == [
+        "scope 's1' was wedged (due work no claim could take) and is repaired:"
+        " this is a bug in trioworker, please report it"
+    ]
+    assert worker.statistics().events == {"heads_repaired": 1}
+    assert sink.seen == [("heads_repaired", "", None)]
+
+
+async def test_a_failed_recovery_is_logged_and_tried_again(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Recovery failing at 0 s is logged, and the next try (15 s) recovers."""
+    store = ScriptedStore()
+    store.script["repair_heads"] = ["fail"]
+    await ghost_claims(store)
+    async with running(store, Registry()):
+        await trio.sleep(16)
+    assert messages(caplog, WORKER, logging.WARNING) == [
+        "lease recovery failed: repair_heads: down; next try in 15s",
+        "lease expired; stall 1 of 3: requeued",
+    ]
+
+
+# -- settling -------------------------------------------------------------------------
+
+
+async def test_scopes_are_settled_every_poll_and_at_once_when_announced(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every poll interval (5 s), and at once on an announcement; a failure is logged
+    and the loop goes on."""
+    store = ScriptedStore()
+    store.script["settle_noted_scopes"] = ["ok", "fail"]
+    async with running(store, Registry()):
+        await trio.sleep(12)
+        assert store.on_settle is not None
+        store.on_settle("x")
+        await trio.sleep(1)
+    assert store.times["settle_noted_scopes"] == [5.0, 10.0, 12.0]
+    assert messages(caplog, WORKER, logging.WARNING) == [
+        "settling scopes failed: settle_noted_scopes: down; next try in 5s"
+    ]
+
+
+# -- schedules ------------------------------------------------------------------------
+
+
+async def test_a_schedule_fires_on_time_and_each_firing_is_logged(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """every=2 s: synced once, fired at 0, 2, 4, 6 s (each a moment after its due time,
+    sooner than the poll); a due time whose previous item still waits is merged onto it."""
+    caplog.set_level(logging.INFO)
+    store, registry, sink = ScriptedStore(), Registry(), Sink()
+    registry.handler("Tick")(sleeping(100))
+    registry.periodic("Tick", every=2, scope="s")
+    async with running(store, registry, metrics=sink) as worker:
+        await trio.sleep(5)
+    assert store.times["sync_schedules"] == [0.0]
+    assert store.times["fire_schedules"] == [0.0, pytest.approx(2.01), pytest.approx(4.01)]
+    fired = [r.getMessage() for r in records(caplog, "schedule ")]
+    assert fired == [
+        "schedule Tick@s: due 2026-01-01T00:00:00+00:00, enqueued item 1",
+        "schedule Tick@s: due 2026-01-01T00:00:02+00:00, enqueued item 2",
+        "schedule Tick@s: due 2026-01-01T00:00:04+00:00, merged onto its still queued item 2",
+    ]
+    assert worker.statistics().events["scheduled"] == 3
+    assert sink.named("scheduled") == [("scheduled", "Tick@s", None)] * 3
+
+
+async def test_a_schedule_further_off_than_the_poll_is_looked_at_every_poll(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """every=60 s: between firings the Worker looks every poll interval (another Worker
+    may have changed the schedule)."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("Tick")(sleeping(0))
+    registry.periodic("Tick", every=60)
+    async with running(store, registry, Settings(poll=4)):
+        await trio.sleep(9)
+    assert store.times["fire_schedules"] == [0.0, pytest.approx(4.01), pytest.approx(8.02)]
+
+
+class NoScheduleStore(ScriptedStore):
+    """Fires nothing and knows no next due time."""
+
+    async def fire_schedules(self, schedules: Any) -> tuple[list[Fired], float | None]:
+        await self._enter("fire_schedules")
+        self.fired_with = list(schedules)
+        return [], None
+
+
+async def test_without_a_next_due_time_the_worker_looks_every_poll(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """No due time known: the schedules are looked at every poll interval."""
+    store, registry = NoScheduleStore(), Registry()
+    schedule = registry.periodic("Tick", every=60)
+    async with running(store, registry, Settings(poll=4)):
+        await trio.sleep(9)
+    assert store.times["fire_schedules"] == [0.0, pytest.approx(4.01), pytest.approx(8.02)]
+    assert store.fired_with == [schedule]
+
+
+@pytest.mark.parametrize(("poll", "cap"), [(1.0, 5.0), (10.0, 20.0)])
+async def test_schedules_back_off_through_an_outage_and_say_so(
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+    poll: float,
+    cap: float,
+) -> None:
+    """Syncing, then firing, failing: retried after 0.5 s, doubling up to twice the
+    poll (at least 5 s), +/- 20%, each failure logged; synced once it succeeds, and
+    the backoff starts again after a success."""
+    caplog.set_level(logging.INFO)
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("Tick")(sleeping(0))
+    registry.periodic("Tick", every=1000)
+    store.script["sync_schedules"] = ["fail"] * 3
+    store.script["fire_schedules"] = ["fail"] * 12
+    async with running(store, registry, Settings(poll=poll)):
+        await trio.sleep(300)
+        before = len(store.times["fire_schedules"])
+        store.script["fire_schedules"] = ["fail"]
+        await trio.sleep(poll + 1)
+    syncs, fires = store.times["sync_schedules"], store.times["fire_schedules"]
+    assert len(syncs) == 4
+    assert fires[0] == syncs[3]  # synced, then fired at once
+    tries = syncs[:3] + fires[:13]
+    for n, gap in enumerate(gaps(tries)):
+        assert within(gap, min(cap, 0.5 * 2**n)), (n, gap)
+    assert any(gap > cap * 0.9 for gap in gaps(tries))
+    logged = messages(caplog, WORKER, logging.WARNING)
+    assert len(logged) == 16
+    for message, gap in zip(logged, gaps(tries), strict=False):
+        assert re.fullmatch(
+            r"cannot fire schedules: (sync|fire)_schedules: down; retrying in [\d.]+s", message
+        )
+        assert message.endswith(f" {gap:.1f}s")
+    again = fires[before + 1] - fires[before]
+    assert logged[-1] == f"cannot fire schedules: fire_schedules: down; retrying in {again:.1f}s"
+    assert within(again, 0.5)
+    assert len(store.items()) == 1
+
+
+# -- presence -------------------------------------------------------------------------
+
+
+async def test_the_worker_advertises_itself_and_records_when_it_stops(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Advertised at 0, 15, 30 s with what it serves; cancelled, it still records that
+    it stopped (the store's Workers table forgets it)."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping())
+    async with running(store, registry, Settings(concurrency=2), scopes=["b", "a"]):
+        await trio.sleep(31)
+        assert store.workers["w1"] == WorkerInfo(
+            id="w1",
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            kinds=("A",),
+            scopes=("a", "b"),
+            unscoped=False,
+            concurrency=2,
+        )
+    assert store.times["advertise"] == [0.0, 15.0, 30.0]
+    assert store.times["worker_stopped"] == [31.0]
+    assert store.workers == {}
+
+
+async def test_a_worker_serving_every_scope_advertises_none(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """scopes=None in the Workers table: every scope, and unscoped items."""
+    store = ScriptedStore()
+    async with running(store, Registry()):
+        info = store.workers["w1"]
+    assert (info.scopes, info.unscoped, info.kinds) == (None, True, ())
+
+
+async def test_presence_failures_are_logged(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failed advertisement is logged and retried; a Worker never advertised records
+    no stop; a failed stop record is logged."""
+    store = ScriptedStore()
+    store.fault, store.fault_ops = "fail", frozenset({"advertise"})
+    async with running(store, Registry()):
+        await trio.sleep(20)
+    assert (
+        messages(caplog, WORKER, logging.WARNING)
+        == ["could not advertise this Worker: advertise: connection refused (simulated outage)"] * 2
+    )
+    assert store.times["worker_stopped"] == []
+    caplog.clear()
+    store = ScriptedStore()
+    store.script["advertise"] = ["fail"]
+    store.script["worker_stopped"] = ["fail"]
+    async with running(store, Registry()):
+        await trio.sleep(20)
+    assert messages(caplog, WORKER, logging.WARNING) == [
+        "could not advertise this Worker: advertise: down",
+        "could not record that this Worker stopped: worker_stopped: down",
+    ]
+
+
+async def test_recording_the_stop_is_bounded_by_the_poll_interval(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A stop record that gets no answer is given up after the poll interval."""
+    store = ScriptedStore()
+    store.script["worker_stopped"] = ["hang"]
+    async with running(store, Registry(), Settings(poll=3)):
+        await trio.sleep(1)
+    assert trio.current_time() == 4.0
+
+
+# -- the watchdog thread ------------------------------------------------------------
+
+
+class FakeWatchdog:
+    """Stands in for the watchdog thread: records what the loop tells it."""
+
+    made: list[FakeWatchdog] = []  # noqa: RUF012  (a test's registry of instances)
+
+    def __init__(self, stop_grace: float, fail_stop: Any) -> None:
+        self.args = (stop_grace, fail_stop)
+        self.ticks: list[float] = []
+        self.deadlines: list[tuple[float, float, float]] = []  # (published, monotonic, trio)
+        self.started = self.stopped = False
+        FakeWatchdog.made.append(self)
+
+    def start(self) -> None:
+        self.started = True
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def tick(self) -> None:
+        self.ticks.append(trio.current_time())
+
+    def set_deadline(self, earliest: float) -> None:
+        self.deadlines.append((earliest, time.monotonic(), trio.current_time()))
+
+
+@pytest.fixture
+def fake_watchdog(monkeypatch: pytest.MonkeyPatch) -> type[FakeWatchdog]:
+    FakeWatchdog.made = []
+    monkeypatch.setattr("trioworker._worker.Watchdog", FakeWatchdog)
+    return FakeWatchdog
+
+
+async def test_the_loop_ticks_the_watchdog_and_publishes_deadlines_in_its_time(
+    autojump_clock: trio.testing.MockClock, fake_watchdog: type[FakeWatchdog]
+) -> None:
+    """watchdog=True: started and stopped with the Worker, ticked every 0.2 s, and told
+    each self-stop deadline change in `time.monotonic()` terms (inf: none running)."""
+    store, registry, failstops = ScriptedStore(), Registry(), Failstops()
+    registry.handler("A")(sleeping(15))
+    await store.enqueue("A")
+    async with running(store, registry, fail_stop=failstops, watchdog=True):
+        await trio.sleep(20)
+    (watchdog,) = fake_watchdog.made
+    assert watchdog.args == (15.0, failstops)
+    assert watchdog.started and watchdog.stopped
+    assert watchdog.ticks[:6] == [pytest.approx(0.2 * n) for n in range(6)]
+    assert len(watchdog.ticks) >= 100
+    published = [(at, earliest - mono) for earliest, mono, at in watchdog.deadlines]
+    assert [at for at, _ in published] == [0.0, 10.0, 15.0]
+    assert published[0][1] == pytest.approx(30.0, abs=0.5)
+    assert published[1][1] == pytest.approx(30.0, abs=0.5)
+    assert published[2][1] == math.inf
+
+
+async def test_without_a_watchdog_no_thread_is_started(
+    autojump_clock: trio.testing.MockClock, fake_watchdog: type[FakeWatchdog]
+) -> None:
+    """The default: no watchdog (the CLI turns it on)."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping(15))
+    await store.enqueue("A")
+    async with running(store, registry):
+        await trio.sleep(20)
+    assert fake_watchdog.made == []
+    assert not any(t.name == "trioworker-watchdog" for t in threading.enumerate())
