@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
+from ._executor import Tracer
 from ._memory import MemoryFencedTransaction, MemoryStore, Write
 from ._model import ItemState
 from ._pgserver import PrivateCluster
@@ -73,18 +74,26 @@ async def worker(
     store: MemoryStore | None = None,
     scopes: Sequence[str] | None = None,
     worker_id: str = "test-worker",
+    tracer: Tracer | None = None,
 ) -> AsyncIterator[TestWorker]:
     """Run a Worker for `registry` over an in-memory store until the block ends.
 
     The Worker is the real one (claims by kind, heartbeats, retries, self-stop), so a
     handler sees exactly the `Context` it gets in production; only the database is
     replaced. Use it on Trio's virtual clock to test timeouts, retries and backoff
-    without waiting for them.
+    without waiting for them. `tracer`: traces each attempt, as `Worker(tracer=)` does
+    (`trioworker.otel.OtelTracer` with an in-memory exporter, say).
     """
     store = store if store is not None else MemoryStore()
     fail_stops: list[str] = []
     running = Worker(
-        store, registry, settings, worker_id=worker_id, scopes=scopes, fail_stop=fail_stops.append
+        store,
+        registry,
+        settings,
+        worker_id=worker_id,
+        scopes=scopes,
+        fail_stop=fail_stops.append,
+        tracer=tracer,
     )
     harness = TestWorker(store, running, fail_stops)
     async with trio.open_nursery() as nursery:

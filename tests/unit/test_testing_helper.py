@@ -68,3 +68,34 @@ async def test_enqueueing_in_a_transaction_says_memory_has_none(
     assert state.error is not None
     assert state.error.startswith("NotImplementedError: MemoryStore has no transactions")
     assert [i.kind for i in w.store.items()] == ["Index"]
+
+
+async def test_the_helper_passes_a_tracer_to_the_worker(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """`worker(tracer=...)`: each attempt is traced, with the outcome of its write."""
+    registry = Registry()
+    ended: list[tuple[int, str]] = []
+
+    class Trace:
+        def __init__(self, item: WorkItem) -> None:
+            self.item = item
+
+        def event(self, name: str, detail: str | None = None) -> None:
+            pass
+
+        def end(self, outcome: str, error: BaseException | None) -> None:
+            ended.append((self.item.id, outcome))
+
+    class Tracer:
+        def start(self, item: WorkItem) -> Trace:
+            return Trace(item)
+
+    @registry.handler("Noop")
+    async def noop(item: WorkItem, ctx: Context) -> None:
+        pass
+
+    async with worker(registry, tracer=Tracer()) as w:
+        item = await w.store.enqueue("Noop")
+        await w.finished(item.id)
+    assert ended == [(item.id, "complete")]
