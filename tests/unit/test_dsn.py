@@ -38,3 +38,35 @@ def test_redact_dsn_shows_what_libpq_would_use() -> None:
     assert redact_dsn("host=db") == "host=db"
     assert redact_dsn("") == "<libpq defaults>"
     assert redact_dsn("host=db password=s3cr3t port") == "<unparseable DSN>"
+
+
+def test_without_a_dsn_libpq_s_choice_is_spelled_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An empty DSN is never a silent choice: the PG* variables libpq would use."""
+    from trioworker._dsn import describe_defaults
+
+    for name, value in [
+        ("PGUSER", "alice"), ("PGHOST", "db.example"), ("PGDATABASE", "media"), ("PGPORT", "6543"),
+    ]:  # fmt: skip
+        monkeypatch.setenv(name, value)
+    assert describe_defaults() == (
+        "libpq connects as user alice to database media on db.example, port 6543"
+    )
+
+
+def test_libpq_defaults_it_does_not_know_are_described(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where libpq has no value (no PG* variable, no compiled-in default), the text
+    says what libpq falls back to."""
+    import psycopg
+
+    from trioworker._dsn import describe_defaults
+
+    class Option:
+        def __init__(self, keyword: bytes) -> None:
+            self.keyword, self.val = keyword, None
+
+    unknown = [Option(k) for k in (b"user", b"host", b"dbname", b"port")]
+    monkeypatch.setattr(psycopg.pq.Conninfo, "get_defaults", staticmethod(lambda: unknown))
+    assert describe_defaults() == (
+        "libpq connects as user (the OS user) to database (the OS user) (the user's name)"
+        " on the local socket, port 5432"
+    )

@@ -23,6 +23,7 @@ async def test_an_idle_scope_is_quiet_at_once_and_stays_paused(
 ) -> None:
     """Nothing running: done at once, and the scope is paused."""
     store = ScriptedStore()
+    await trio.sleep(10)  # the wait is counted from the call, not from time 0
     assert await quiesce(store, "s", timeout=10) == QuiesceResult(True, 0.0, None)
     assert [p.scope for p in await store.pauses()] == ["s"]
     assert "request_cancel" not in store.calls
@@ -53,11 +54,16 @@ async def test_a_running_item_is_asked_once_to_stop_and_watched_until_it_ends(
 async def test_a_holder_that_never_answers_is_waited_out_to_its_lease(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """A Worker cut off from the database: its lease (60 s) is the end of it."""
+    """A Worker cut off from the database: its lease (60 s) is the end of it, not a
+    moment before (a look at 59.5 s, half a second before, waits on)."""
     store = ScriptedStore()
+    await trio.sleep(10)
     await ghost(store)
     result = await quiesce(store, "s", timeout=100, poll=6)
     assert (result.done, result.waited) == (True, 60.0)
+    later = ScriptedStore()
+    await ghost(later)
+    assert (await quiesce(later, "s", timeout=200, poll=59.5)).waited == 119.0
     assert result.holder is not None
     assert result.holder.startswith(
         "item 1 (A) attempt 1 on Worker ghost: cancel requested, lease expired"
@@ -69,6 +75,7 @@ async def test_quiesce_times_out_saying_what_still_holds_the_scope(
 ) -> None:
     """timeout=30 against a 60 s lease: not done, after 30 s, with the last holder seen."""
     store = ScriptedStore()
+    await trio.sleep(10)
     await ghost(store)
     result = await quiesce(store, "s", timeout=30, poll=7)
     assert result == QuiesceResult(
@@ -146,3 +153,4 @@ def test_a_holder_is_described_for_people() -> None:
         "item 3 (K) attempt 2 on Worker w: cancel requested, lease expired 2.5s ago"
     )
     assert "lease expired" in describe(holder(0.0))
+    assert describe(holder(0.5)).endswith("lease expires in 0.5s")

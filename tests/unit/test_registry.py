@@ -58,3 +58,87 @@ def test_a_handler_that_is_not_async_is_refused_at_registration() -> None:
     registry.handler("Partial")(functools.partial(takes_extra, extra=1))  # type: ignore[arg-type]
     registry.handler("Object")(Callable())  # type: ignore[arg-type]
     assert registry.kinds == ["Object", "Partial"]
+
+
+def test_something_not_callable_is_refused_as_a_handler() -> None:
+    """Not even callable: the same TypeError as a plain function."""
+    with pytest.raises(TypeError, match="the handler of 'Num' must be an async function"):
+        Registry().handler("Num")(42)  # type: ignore[arg-type]
+
+
+def test_a_registry_may_carry_the_applications_migrations() -> None:
+    """`migrations=` is kept as a Path; none by default."""
+    from pathlib import Path
+
+    assert Registry(migrations="app/migrations").migrations == Path("app/migrations")
+    assert Registry().migrations is None
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, float("inf"), float("nan")])
+def test_a_kinds_timeout_must_be_positive_finite_seconds(timeout: float) -> None:
+    """A timeout that could never or would always fire is refused, naming the kind."""
+    with pytest.raises(ValueError) as raised:
+        Registry().handler("K", timeout=timeout)
+    assert str(raised.value) == f"the timeout of 'K' must be positive seconds, not {timeout!r}"
+
+
+def test_a_kinds_timeout_is_kept_with_its_handler() -> None:
+    """Any positive number of seconds, under a second too."""
+    registry = Registry()
+    registry.handler("K", timeout=0.5)(handler)
+    registration = registry.get("K")
+    assert registration is not None and registration.timeout == 0.5
+
+
+def test_a_periodic_schedule_keeps_what_it_was_given() -> None:
+    """The registry's schedule is the Schedule of its arguments (priority 0 unless
+    given, the name defaulting to the kind)."""
+    from trioworker._schedule import Schedule
+
+    registry = Registry()
+    nightly = registry.periodic("Crawl", cron="0 3 * * *", scope="7", payload={"a": 1})
+    fast = registry.periodic("Crawl", every=5, name="fast", priority=9, timezone="Asia/Kolkata")
+    assert nightly == Schedule("Crawl", cron="0 3 * * *", scope="7", payload={"a": 1})
+    assert (nightly.name, nightly.priority) == ("Crawl@7", 0)
+    assert fast == Schedule("Crawl", every=5, name="fast", priority=9, timezone="Asia/Kolkata")
+    assert registry.schedules == [nightly, fast]
+
+
+def test_two_schedules_may_not_share_a_name() -> None:
+    """The name is unique in the database: a second one needs its own name=."""
+    registry = Registry()
+    registry.periodic("Crawl", every=5)
+    with pytest.raises(ValueError) as raised:
+        registry.periodic("Crawl", every=10)
+    assert str(raised.value) == "a schedule named 'Crawl' exists; give name="
+
+
+def test_retention_is_a_periodic_prune_with_its_own_retry_policy() -> None:
+    """retention(older_than) registers the prune handler (3 attempts) and a schedule
+    every hour (or `every`), carrying the age in seconds (a timedelta is converted)."""
+    import datetime as dt
+
+    from trioworker._retention import RETENTION_KIND, prune_finished
+    from trioworker._schedule import Schedule
+
+    registry = Registry()
+    schedule = registry.retention(dt.timedelta(days=7))
+    assert schedule == Schedule(RETENTION_KIND, every=3600.0, payload={"older_than": 604800.0})
+    registration = registry.get(RETENTION_KIND)
+    assert registration is not None
+    assert (registration.handler, registration.retry) == (
+        prune_finished,
+        RetryPolicy(max_attempts=3),
+    )
+    assert Registry().retention(0, every=60) == Schedule(
+        RETENTION_KIND, every=60, payload={"older_than": 0}
+    )
+    assert Registry().retention(0.5).payload == {"older_than": 0.5}
+
+
+@pytest.mark.parametrize("older_than", [-1, float("inf"), float("nan")])
+def test_retention_needs_a_finite_age(older_than: float) -> None:
+    """A negative or endless age is refused, saying what was given."""
+    with pytest.raises(ValueError) as raised:
+        Registry().retention(older_than)
+    assert str(raised.value) == f"retention: older_than must be >= 0 seconds, not {older_than!r}"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -107,6 +109,7 @@ def test_a_cron_schedule_fires_its_latest_time_not_before_the_due_one() -> None:
     assert plan(tens, at("00:10:00"), at("00:35:00")) == (at("00:30:00"), at("00:40:00"))
     assert plan(tens, at("00:33:00"), at("00:35:00")) == (at("00:33:00"), at("00:40:00"))
     assert plan(tens, at("00:30:00"), at("00:30:00")) == (at("00:30:00"), at("00:40:00"))
+    assert plan(tens, at("00:20:00"), at("00:30:00")) == (at("00:30:00"), at("00:40:00"))
     assert plan(tens, at("00:20:00"), at("00:30:00.5")) == (at("00:30:00"), at("00:40:00"))
 
 
@@ -116,3 +119,23 @@ def test_a_cron_schedule_reads_its_times_in_its_timezone() -> None:
     due, following = plan(berlin, at("02:00:00"), at("2026-01-03T10:00:00"))
     assert (due, following) == (at("2026-01-03T02:00:00"), at("2026-01-04T02:00:00"))
     assert due is not None and due.tzinfo == dt.UTC and following.tzinfo == dt.UTC
+
+
+@pytest.fixture
+def local_time_in_kolkata(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The machine's own timezone is not UTC (nor the schedule's)."""
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.usefixtures("local_time_in_kolkata")
+def test_due_times_are_in_utc_whatever_the_machines_timezone() -> None:
+    """The database stores UTC: due times come back in UTC, not the local zone."""
+    berlin = Schedule("K", cron="0 3 * * *", timezone="Europe/Berlin")
+    due, following = plan(berlin, at("02:00:00"), at("2026-01-03T10:00:00"))
+    assert due is not None and due.utcoffset() == dt.timedelta(0)
+    assert following.utcoffset() == dt.timedelta(0)
+    assert first_due(berlin, at("00:00:00")).utcoffset() == dt.timedelta(0)

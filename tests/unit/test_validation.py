@@ -294,3 +294,45 @@ def test_enqueue_many_takes_only_a_sequence_of_new_items(shape: str, message: st
     with pytest.raises(InvalidWorkItem) as raised:
         validate_many(items, now=NOW)  # type: ignore[arg-type]
     assert str(raised.value) == message
+
+
+@pytest.mark.parametrize(
+    ("kind", "scope", "error"),
+    [
+        (None, None, "pause or resume a kind or a scope: give exactly one"),
+        ("K", "7", "pause or resume a kind or a scope: give exactly one"),
+        ("", None, "kind must not be empty"),
+        (3, None, "kind must be a string, not int"),
+        (None, "", "scope must not be empty"),
+        (None, 3, "scope must be a string, not int"),
+    ],
+)
+def test_a_pause_names_one_kind_or_one_scope(kind: object, scope: object, error: str) -> None:
+    """Exactly one of the two, each checked like an item's."""
+    from trioworker._validation import pause_target
+
+    with pytest.raises(InvalidWorkItem) as raised:
+        pause_target(kind, scope)
+    assert str(raised.value) == error
+
+
+def test_a_pause_target_is_returned_as_given() -> None:
+    """(kind, None) or (None, scope)."""
+    from trioworker._validation import pause_target
+
+    assert pause_target("K", None) == ("K", None)
+    assert pause_target(None, "7") == (None, "7")
+
+
+def test_a_served_scope_follows_the_rules_of_an_items_scope() -> None:
+    """A Worker's or quiesce's scope: a non-empty string (None is not a scope)."""
+    from trioworker._validation import validate_scope
+
+    assert validate_scope("7") == "7"
+    for bad, error in [
+        (None, "scope must be a string, not NoneType"),
+        (" ", "scope must not be empty"),
+    ]:
+        with pytest.raises(InvalidWorkItem) as raised:
+            validate_scope(bad)
+        assert str(raised.value) == error
