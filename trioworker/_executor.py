@@ -105,7 +105,8 @@ class AttemptTrace(Protocol):
     def end(self, outcome: str, error: BaseException | None) -> None:
         """The attempt is over: `outcome` names its write ("complete", "retry", "fail",
         "cancel", "release"), or why there was none ("succeeded-in-transaction",
-        "self_stopped", "lost", "fenced-out", "write-failed")."""
+        "self_stopped", "lost", "fenced-out", "write-failed", or "abandoned" with the
+        exception that ended it when the Worker stopped at once)."""
 
 
 class Tracer(Protocol):
@@ -166,8 +167,16 @@ class Executor:
 
     async def run(self, item: WorkItem, claim_sent_at: float) -> Decision:
         """Run one claimed attempt to its end, and make its one write."""
-        ilog = item_logger(log, item, self.worker_id)
         trace = self.tracer.start(item)
+        try:
+            return await self._run(item, claim_sent_at, trace)
+        except BaseException as exc:
+            # The Worker stopped at once (or broke): no write; lease recovery takes it.
+            trace.end("abandoned", unless_cancelled(exc))
+            raise
+
+    async def _run(self, item: WorkItem, claim_sent_at: float, trace: AttemptTrace) -> Decision:
+        ilog = item_logger(log, item, self.worker_id)
         registration = self.registry.get(item.kind)
         if registration is None:
             # Claims take only the registry's kinds; an item of another kind here
@@ -405,6 +414,13 @@ def too_late(now: float, delay: float, give_up_at: float) -> bool:
     """Whether a write retried `delay` seconds from `now` would come at or after
     `give_up_at` (so the write gives up instead)."""
     return now + delay >= give_up_at
+
+
+def unless_cancelled(exc: BaseException) -> BaseException | None:
+    """What of `exc` is not Trio's cancellation (None: all of it is)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1]
+    return None if isinstance(exc, trio.Cancelled) else exc
 
 
 def reason_name(reason: CancelReason | None) -> str:

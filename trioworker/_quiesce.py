@@ -35,7 +35,7 @@ def describe(holder: ScopeHolder) -> str:
     lease = (
         f"lease expires in {holder.lease_left:.1f}s"
         if holder.lease_left > 0
-        else f"lease expired {-holder.lease_left:.1f}s ago"
+        else f"lease expired {abs(holder.lease_left):.1f}s ago"
     )
     return (
         f"item {holder.id} ({holder.kind}) attempt {holder.attempt} on Worker"

@@ -42,7 +42,9 @@ if TYPE_CHECKING:
 SPAN_NAME = "trioworker.attempt"
 
 #: Outcomes of an attempt that did not do its work: its span's status is ERROR.
-ERROR_OUTCOMES = frozenset({"fail", "retry", "self_stopped", "lost", "fenced-out", "write-failed"})
+ERROR_OUTCOMES = frozenset(
+    {"fail", "retry", "self_stopped", "lost", "fenced-out", "write-failed", "abandoned"}
+)
 
 _EXPORTERS_GROUP = "opentelemetry_traces_exporter"
 

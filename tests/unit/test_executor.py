@@ -27,7 +27,7 @@ from tests.unit._fakes import (
     sleeping,
 )
 from trioworker import Context, Registry, RetryPolicy, Settings, Status, WorkItem
-from trioworker._executor import Executor, too_late
+from trioworker._executor import Executor, too_late, unless_cancelled
 from trioworker._policy import Action, Decision
 
 EXECUTOR = "trioworker.executor"
@@ -186,6 +186,63 @@ async def test_a_lost_attempt_is_logged_counted_and_traced_as_lost(
     assert worker.statistics().events == {"claimed": 1, "lost": 1}
     assert ("lost", "Crawl", None) in sink.seen
     assert writes(store) == []
+
+
+async def test_an_attempt_the_worker_abandons_ends_its_trace_and_writes_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The Worker is cancelled outright (a second signal) mid-attempt: its trace still
+    ends, "abandoned", with the Cancelled that ended it; nothing is written."""
+    store, registry, tracer = ScriptedStore(), Registry(), Tracer()
+    registry.handler("Crawl")(sleeping())
+    await store.enqueue("Crawl")
+    async with running(store, registry, tracer=tracer):
+        await trio.sleep(5)
+    assert tracer.traces[0].ended == [("abandoned", None)]
+    assert writes(store) == []
+
+
+async def test_an_attempt_ended_by_a_bug_ends_its_trace_with_the_error(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A store that raises something no store should (not a StoreError): the error
+    propagates (Trio's rule), and the trace ends "abandoned" with it."""
+    boom = RuntimeError("a bug in a store")
+
+    class BrokenStore(ScriptedStore):
+        async def complete(self, id: int, attempt: int) -> bool:
+            raise boom
+
+    store, registry, tracer = BrokenStore(), Registry(), Tracer()
+    registry.handler("Crawl")(sleeping(1.0))
+    await store.enqueue("Crawl")
+    item = await store.claim("w1", 60.0, kinds=["Crawl"])
+    assert item is not None
+    executor = Executor(
+        store, registry, Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer
+    )
+    with pytest.raises(RuntimeError) as raised:
+        await executor.run(item, trio.current_time())
+    assert raised.value is boom
+    assert tracer.traces[0].ended == [("abandoned", boom)]
+
+
+async def test_only_what_is_not_a_cancellation_is_reported_for_an_abandoned_attempt() -> None:
+    cancelled: list[BaseException] = []
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await trio.lowlevel.checkpoint()
+        except trio.Cancelled as exc:
+            cancelled.append(exc)
+            raise
+    (cancel,) = cancelled
+    boom = ValueError("boom")
+    assert unless_cancelled(cancel) is None
+    assert unless_cancelled(boom) is boom
+    assert unless_cancelled(BaseExceptionGroup("g", [cancel, cancel])) is None
+    rest = unless_cancelled(BaseExceptionGroup("g", [cancel, boom]))
+    assert isinstance(rest, BaseExceptionGroup) and rest.exceptions == (boom,)
 
 
 async def test_a_cancel_request_writes_cancelled_and_notes_what_the_handler_raised(
