@@ -56,7 +56,7 @@ CREATE TABLE work_items (
 
 CREATE INDEX work_items_finished ON public.work_items USING btree (finished_at) WHERE (status = ANY (ARRAY['Succeeded'::text, 'Failed'::text, 'Cancelled'::text]));
 CREATE INDEX work_items_heads ON public.work_items USING btree (kind, priority, run_after, id) WHERE ((status = 'Queued'::text) AND is_head);
-CREATE INDEX work_items_heads_by_scope ON public.work_items USING btree (scope) WHERE ((status = 'Queued'::text) AND is_head);
+CREATE INDEX work_items_heads_by_scope ON public.work_items USING btree (scope) WHERE ((status = 'Queued'::text) AND is_head AND (scope IS NOT NULL));
 CREATE INDEX work_items_lines ON public.work_items USING btree (scope, kind, priority, run_after, id) WHERE ((status = 'Queued'::text) AND (scope IS NOT NULL));
 CREATE UNIQUE INDEX work_items_one_queued_per_dedup_key ON public.work_items USING btree (dedup_key) WHERE ((status = 'Queued'::text) AND (dedup_key IS NOT NULL));
 CREATE UNIQUE INDEX work_items_one_running_per_scope ON public.work_items USING btree (scope) WHERE ((status = 'Running'::text) AND (scope IS NOT NULL));

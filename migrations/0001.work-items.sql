@@ -67,9 +67,11 @@ CREATE INDEX work_items_heads
 CREATE INDEX work_items_unscoped
     ON work_items (kind, priority, run_after, id) WHERE status = 'Queued' AND scope IS NULL;
 
--- A scope's heads (a claim of one scope, a Worker serving a list of scopes).
+-- A scope's heads (a claim of one scope, a Worker serving a list of scopes). Its
+-- predicate names the scope, so only a query that gives one can use it: a claim over
+-- every scope reads work_items_heads in order, never all heads by this one.
 CREATE INDEX work_items_heads_by_scope
-    ON work_items (scope) WHERE status = 'Queued' AND is_head;
+    ON work_items (scope) WHERE status = 'Queued' AND is_head AND scope IS NOT NULL;
 
 -- Every scope's lines, for settling its heads.
 CREATE INDEX work_items_lines
