@@ -38,7 +38,7 @@ from ._model import (
     WorkerInfo,
     WorkItem,
 )
-from ._schedule import Schedule, first_due, plan, schedule_dedup_key
+from ._schedule import Schedule, first_due, plan, schedule_request
 from ._store import NotifyCallback, trace_context_or_current, with_current_trace
 from ._validation import EnqueueRequest, pause_target, validate_enqueue, validate_many
 
@@ -705,16 +705,7 @@ class MemoryStore:
             due, following = plan(schedule, state.next_due, now)
             if due is None:
                 continue
-            request = validate_enqueue(
-                schedule.kind,
-                schedule.scope,
-                schedule.payload,
-                schedule_dedup_key(schedule),
-                due,
-                priority=schedule.priority,
-                now=now,
-            )
-            enqueued = self._insert(request, now)
+            enqueued = self._insert(schedule_request(schedule, due, now), now)
             self._schedules[schedule.name] = attrs.evolve(
                 state, next_due=following, last_due=due, last_item=enqueued.id
             )

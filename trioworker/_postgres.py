@@ -45,7 +45,7 @@ from ._model import (
 )
 from ._queries import QUERIES
 from ._retry import Backoff
-from ._schedule import Schedule, first_due, plan, schedule_dedup_key
+from ._schedule import Schedule, first_due, plan, schedule_request
 from ._store import NotifyCallback, trace_context_or_current, with_current_trace
 from ._validation import EnqueueRequest, pause_target, validate_enqueue, validate_many
 
@@ -779,15 +779,7 @@ class PostgresStore:
                     schedule = by_name[name]
                     due, following = plan(schedule, next_due, now)
                     assert due is not None
-                    request = validate_enqueue(
-                        schedule.kind,
-                        schedule.scope,
-                        schedule.payload,
-                        schedule_dedup_key(schedule),
-                        due,
-                        priority=schedule.priority,
-                        now=now,
-                    )
+                    request = schedule_request(schedule, due, now)
                     enqueued = await self._enqueue_on(conn, request)
                     await conn.execute(
                         QUERIES["fired_schedule"],

@@ -18,6 +18,7 @@ import attrs
 from cronsim import CronSim, CronSimError
 
 from ._errors import ConfigurationError
+from ._validation import EnqueueRequest, validate_enqueue
 
 _SECOND = dt.timedelta(seconds=1)
 
@@ -70,6 +71,19 @@ def schedule_dedup_key(schedule: Schedule) -> str:
     """The dedup key of a schedule's items: while one is still Queued (its kind paused,
     or no Worker free), a later due time adds none, so a backlog never piles up."""
     return f"trioworker.schedule:{schedule.name}"
+
+
+def schedule_request(schedule: Schedule, due: dt.datetime, now: dt.datetime) -> EnqueueRequest:
+    """The item a schedule enqueues for its due time `due`: due then, under its dedup key."""
+    return validate_enqueue(
+        schedule.kind,
+        schedule.scope,
+        schedule.payload,
+        schedule_dedup_key(schedule),
+        due,
+        priority=schedule.priority,
+        now=now,
+    )
 
 
 def first_due(schedule: Schedule, now: dt.datetime) -> dt.datetime:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import trio
 
-from tests.apps.recording import record
+from tests.apps.recording import record, record_attempt
 from trioworker import Context, Registry, WorkItem
 
 registry = Registry()
@@ -19,16 +19,8 @@ async def tick(item: WorkItem, ctx: Context) -> None:
     record("end", item, ctx)
 
 
-@registry.handler("Hold")
-async def hold(item: WorkItem, ctx: Context) -> None:
-    """Sleep payload["seconds"] (default 60), cancellable."""
-    record("start", item, ctx)
-    try:
-        await trio.sleep(float((item.payload or {}).get("seconds", 60)))
-    except trio.Cancelled:
-        record("cancelled", item, ctx)
-        raise
-    record("end", item, ctx)
+#: Sleeps payload["seconds"], cancellable (the recording app's handler).
+registry.handler("Hold")(record_attempt)
 
 
 @registry.handler("Stubborn")

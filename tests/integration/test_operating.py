@@ -287,8 +287,9 @@ def test_quiesce_returns_once_the_cancelled_item_is_written(
     write (Cancelled), long before its lease would end; the scope stays paused."""
     with workers(tmp_path) as start:
         start(dsn, *FAST, name="w0", app=APP)
-        trioworker("enqueue", "Hold", "--scope", "disk-a", dsn=dsn)
-        trioworker("enqueue", "Hold", "--scope", "disk-a", dsn=dsn)
+        long = ["--payload", '{"seconds": 60}']
+        trioworker("enqueue", "Hold", "--scope", "disk-a", *long, dsn=dsn)
+        trioworker("enqueue", "Hold", "--scope", "disk-a", *long, dsn=dsn)
         wait_for(lambda: [e for e in observed(tmp_path) if e["event"] == "start"], 30, "start")
         began = time.monotonic()
         result, returned_at = quiesce(dsn, "disk-a")

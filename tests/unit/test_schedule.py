@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from trioworker import ConfigurationError
-from trioworker._schedule import Schedule, first_due, plan, schedule_dedup_key
+from trioworker._schedule import Schedule, first_due, plan, schedule_dedup_key, schedule_request
+from trioworker._validation import EnqueueRequest
 
 
 def at(text: str) -> dt.datetime:
@@ -139,3 +140,18 @@ def test_due_times_are_in_utc_whatever_the_machines_timezone() -> None:
     assert due is not None and due.utcoffset() == dt.timedelta(0)
     assert following.utcoffset() == dt.timedelta(0)
     assert first_due(berlin, at("00:00:00")).utcoffset() == dt.timedelta(0)
+
+
+def test_a_schedules_item_is_its_kind_scope_payload_and_priority_due_at_its_due_time() -> None:
+    schedule = Schedule("Sweep", every=60, scope="disk-7", payload={"deep": True}, priority=5)
+    now = dt.datetime(2026, 1, 1, 12, 0, 30, tzinfo=dt.UTC)
+    due = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
+    assert schedule_request(schedule, due, now) == EnqueueRequest(
+        kind="Sweep",
+        scope="disk-7",
+        payload_json='{"deep":true}',
+        priority=5,
+        dedup_key="trioworker.schedule:Sweep@disk-7",
+        run_at=due,
+        delay=0.0,
+    )

@@ -13,9 +13,14 @@ from importlib import resources
 from typing import Any
 
 from .._postgres import PostgresStore
+from .._queries import QUERIES as CORE_QUERIES
 from .._queries import parse
 
-QUERIES = parse(resources.files("trioworker").joinpath("sql/dashboard.sql").read_text())
+QUERIES = {
+    **parse(resources.files("trioworker").joinpath("sql/dashboard.sql").read_text()),
+    # What `status` reads too: the same statement, from the queue's own file.
+    "unserved": CORE_QUERIES["unserved_kinds"],
+}
 
 Rows = list[dict[str, Any]]
 

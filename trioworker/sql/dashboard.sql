@@ -53,15 +53,7 @@ SELECT count(*) FILTER (WHERE stopped_at IS NULL
        count(*) AS known
 FROM work_workers;
 
--- name: unserved
--- Kinds with Queued items that no Worker seen within %(alive_within)s seconds serves.
-SELECT q.kind, q.n
-FROM (SELECT kind, count(*) AS n FROM work_items WHERE status = 'Queued' GROUP BY kind) AS q
-WHERE NOT EXISTS (
-    SELECT 1 FROM work_workers AS w
-    WHERE q.kind = ANY(w.kinds) AND w.stopped_at IS NULL
-      AND w.last_seen > now() - make_interval(secs => %(alive_within)s))
-ORDER BY q.kind;
+-- (unserved: the queue's own `unserved_kinds`, in sql/queries.sql.)
 
 -- name: running
 -- Running items, longest running first; `total` counts them all (beyond the limit).
