@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 from cronsim import CronSim, CronSimError
 
-from ._errors import ConfigurationError
+from ._errors import ConfigurationError, InvalidWorkItem
 from ._validation import EnqueueRequest, validate_enqueue
 
 _SECOND = dt.timedelta(seconds=1)
@@ -58,6 +58,13 @@ class Schedule:
         if not self.name:
             name = self.kind if self.scope is None else f"{self.kind}@{self.scope}"
             object.__setattr__(self, "name", name)
+        # Its items are checked as they will be enqueued, so a bad scope, payload,
+        # priority or name fails at registration, not at every firing.
+        now = dt.datetime.now(dt.UTC)  # pragma: no mutate  (any time does)
+        try:
+            schedule_request(self, now, now)  # pragma: no mutate  (any due time does)
+        except InvalidWorkItem as exc:
+            raise ConfigurationError(f"schedule {self.name!r}: {exc}") from None
 
     @property
     def spec(self) -> str:

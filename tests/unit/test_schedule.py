@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
 from collections.abc import Iterator
 
@@ -155,3 +156,19 @@ def test_a_schedules_item_is_its_kind_scope_payload_and_priority_due_at_its_due_
         run_at=due,
         delay=0.0,
     )
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"scope": ""}, "schedule 'K@': scope must not be empty"),
+        ({"payload": float("nan")}, "schedule 'K': payload is not JSON-serialisable"),
+        ({"priority": 5000}, "schedule 'K': priority 5000 is outside -1000..1000"),
+        ({"name": "n" * 190}, "dedup_key is longer than 200 characters"),
+    ],
+)
+def test_a_schedule_whose_items_could_not_be_enqueued_is_refused_at_registration(
+    fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        Schedule("K", every=60, **fields)  # type: ignore[arg-type]
