@@ -132,12 +132,24 @@ BEGIN
 END
 $$;
 
--- Settle each of `p_scopes` (in the settle locks' fixed order); a scope whose lock
--- stays taken, or that could not be settled in full, is noted for a later settle.
+-- Settle each of `p_scopes` (taking their settle locks in a fixed order); a scope
+-- whose lock stays taken, or that could not be settled in full, is noted for a later
+-- settle. The scopes a caller ends items in are settled together, a statement for
+-- each step over all of them rather than for each scope (a completion batch ends
+-- items in many scopes); a scope with a head that another transaction holds is then
+-- settled on its own by work_settle_scope, which finds the line a stand-in.
 CREATE FUNCTION work_settle_scopes(p_scopes text[]) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off
+AS $$
 DECLARE
     s text;
+    locked text[] := '{}';
+    wanted bigint[];
+    missing bigint[];
+    missing_scopes text[];
+    made_ids bigint[];
+    held text[] := '{}';
     result record;
     promoted integer := 0;
 BEGIN
@@ -146,14 +158,74 @@ BEGIN
         ORDER BY hashtext(x), x
     LOOP
         IF work_lock_scope(s) THEN
-            result := work_settle_scope(s);
-            promoted := promoted + result.promoted;
-            IF result.settled THEN
-                CONTINUE;
-            END IF;
+            locked := locked || s;
+        ELSE
+            INSERT INTO work_unsettled_scopes (scope) VALUES (s);
+            PERFORM pg_notify('trioworker_settle', s);
         END IF;
-        INSERT INTO work_unsettled_scopes (scope) VALUES (s);
-        PERFORM pg_notify('trioworker_settle', s);
+    END LOOP;
+    IF cardinality(locked) = 0 THEN
+        RETURN 0;
+    END IF;
+    -- The first item of each line of each free scope (as in work_settle_scope).
+    WITH RECURSIVE
+    free AS (
+        SELECT f.scope FROM unnest(locked) AS f (scope)
+        WHERE NOT EXISTS (SELECT 1 FROM work_items AS r
+                          WHERE r.scope = f.scope AND r.status = 'Running')
+          AND NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = f.scope)
+    ),
+    firsts AS (
+        SELECT n.id, n.scope, n.kind, n.priority, n.is_head
+        FROM free AS f
+        CROSS JOIN LATERAL (
+            SELECT w.id, w.scope, w.kind, w.priority, w.is_head FROM work_items AS w
+            WHERE w.scope = f.scope AND w.status = 'Queued'
+            ORDER BY w.kind, w.priority, w.run_after, w.id LIMIT 1) AS n
+        UNION ALL
+        SELECT n.id, n.scope, n.kind, n.priority, n.is_head
+        FROM firsts AS f
+        CROSS JOIN LATERAL (
+            SELECT w.id, w.scope, w.kind, w.priority, w.is_head FROM work_items AS w
+            WHERE w.scope = f.scope AND w.status = 'Queued'
+              AND (w.kind, w.priority) > (f.kind, f.priority)
+            ORDER BY w.kind, w.priority, w.run_after, w.id LIMIT 1) AS n
+    )
+    SELECT COALESCE(array_agg(id), '{}'),
+           COALESCE(array_agg(id) FILTER (WHERE NOT is_head), '{}'),
+           COALESCE(array_agg(scope) FILTER (WHERE NOT is_head), '{}')
+    INTO wanted, missing, missing_scopes
+    FROM firsts;
+    IF cardinality(missing) > 0 THEN
+        WITH made AS (
+            UPDATE work_items SET is_head = true
+            WHERE id IN (SELECT id FROM work_items
+                         WHERE id = ANY(missing) AND status = 'Queued'
+                         FOR UPDATE SKIP LOCKED)
+            RETURNING id
+        )
+        SELECT COALESCE(array_agg(id), '{}') FROM made INTO made_ids;
+        promoted := cardinality(made_ids);
+        -- Scopes with a first item another transaction holds: settled on their own.
+        held := ARRAY(SELECT DISTINCT m.scope FROM unnest(missing, missing_scopes) AS m (id, scope)
+                      WHERE m.id <> ALL(made_ids));
+    END IF;
+    -- Every other head of those scopes steps down.
+    UPDATE work_items SET is_head = false
+    WHERE id IN (SELECT id FROM work_items
+                 WHERE scope = ANY(locked) AND scope <> ALL(held)
+                   AND status = 'Queued' AND is_head AND id <> ALL(wanted)
+                 FOR UPDATE SKIP LOCKED);
+    PERFORM pg_notify('trioworker', d.scope)
+    FROM (SELECT DISTINCT scope FROM work_items
+          WHERE id = ANY(wanted) AND is_head AND run_after <= now()) AS d;
+    FOREACH s IN ARRAY held LOOP
+        result := work_settle_scope(s);
+        promoted := promoted + result.promoted;
+        IF NOT result.settled THEN
+            INSERT INTO work_unsettled_scopes (scope) VALUES (s);
+            PERFORM pg_notify('trioworker_settle', s);
+        END IF;
     END LOOP;
     RETURN promoted;
 END

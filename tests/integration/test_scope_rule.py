@@ -176,6 +176,50 @@ async def test_a_queued_item_held_for_update_while_its_head_completes_is_claimab
     assert store.statistics().conflict_retries == 0
 
 
+async def test_a_batch_over_many_scopes_settles_them_all_and_a_held_line_gets_a_stand_in(
+    store: PostgresStore, pg: Conn, dsn: str
+) -> None:
+    """One completion ends the Running items of 20 scopes, settled together; in one of
+    them an operator holds the next item FOR UPDATE. Nothing waits: every other scope's
+    next item is a head at once, the held scope's line is taken by the item after
+    (a stand-in) and the scope is noted; after the operator commits, a settle of the
+    noted scopes puts the head back on the held item, and the stand-in steps down."""
+    scopes = [f"s{n:02}" for n in range(20)]
+    for _ in range(3):
+        for scope in scopes:
+            await store.enqueue("K", scope=scope)
+    running = await store.claim_batch("w", LEASE, 20, kinds=KINDS)
+    assert sorted(i.scope for i in running) == scopes  # type: ignore[type-var]
+    held, stand_in = (
+        row[0]
+        for row in pg.execute(
+            "SELECT id FROM work_items WHERE scope = 's07' AND status = 'Queued' ORDER BY id"
+        ).fetchall()
+    )
+    with session(dsn) as operator:
+        operator.execute("SELECT 1 FROM work_items WHERE id = %s FOR UPDATE", (held,))
+        with trio.fail_after(5):
+            done = await store.complete_batch([(i.id, i.attempt) for i in running])
+        assert done == {i.id for i in running}
+        heads = dict(
+            pg.execute(
+                "SELECT scope, array_agg(id) FROM work_items WHERE is_head GROUP BY scope"
+            ).fetchall()
+        )
+        assert sorted(heads) == scopes and all(len(ids) == 1 for ids in heads.values())
+        assert heads["s07"] == [stand_in]
+        noted = pg.execute("SELECT DISTINCT scope FROM work_unsettled_scopes").fetchall()
+        assert noted == [("s07",)]
+        operator.commit()
+    assert await store.settle_noted_scopes() == 1
+    s07_heads = pg.execute("SELECT id FROM work_items WHERE scope = 's07' AND is_head")
+    assert s07_heads.fetchall() == [(held,)]
+    assert wedges(pg) == [] and doubled_heads(pg) == []
+    batch = await store.claim_batch("w", LEASE, 20, kinds=KINDS)
+    assert len(batch) == 20 and held in {i.id for i in batch}
+    assert store.statistics().conflict_retries == 0
+
+
 async def test_request_cancel_racing_the_heads_completion_never_wedges_the_scope(
     store: PostgresStore, pg: Conn
 ) -> None:
