@@ -860,6 +860,99 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_settle_locked(p_scopes text[], OUT promoted integer, OUT unsettled text[])
+ RETURNS record
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET enable_seqscan TO 'off'
+AS $function$
+DECLARE
+    wanted bigint[];
+    missing bigint[];
+    missing_scopes text[];
+    missing_kinds text[];
+    missing_priorities integer[];
+    made_ids bigint[] := '{}';
+    line record;
+    stand_in bigint;
+BEGIN
+    -- The first item of each line of each free scope, and those of them not heads yet:
+    -- a skip scan over each scope's lines, each step landing on the next line's first.
+    WITH RECURSIVE
+    free AS (
+        SELECT f.scope FROM unnest(p_scopes) AS f (scope)
+        WHERE NOT EXISTS (SELECT 1 FROM work_items AS r
+                          WHERE r.scope = f.scope AND r.status = 'Running')
+          AND NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = f.scope)
+    ),
+    firsts AS (
+        SELECT n.id, n.scope, n.kind, n.priority, n.is_head
+        FROM free AS f
+        CROSS JOIN LATERAL (
+            SELECT w.id, w.scope, w.kind, w.priority, w.is_head FROM work_items AS w
+            WHERE w.scope = f.scope AND w.status = 'Queued'
+            ORDER BY w.kind, w.priority, w.run_after, w.id LIMIT 1) AS n
+        UNION ALL
+        SELECT n.id, n.scope, n.kind, n.priority, n.is_head
+        FROM firsts AS f
+        CROSS JOIN LATERAL (
+            SELECT w.id, w.scope, w.kind, w.priority, w.is_head FROM work_items AS w
+            WHERE w.scope = f.scope AND w.status = 'Queued'
+              AND (w.kind, w.priority) > (f.kind, f.priority)
+            ORDER BY w.kind, w.priority, w.run_after, w.id LIMIT 1) AS n
+    )
+    SELECT COALESCE(array_agg(id), '{}'),
+           COALESCE(array_agg(id) FILTER (WHERE NOT is_head), '{}'),
+           array_agg(scope) FILTER (WHERE NOT is_head),
+           array_agg(kind) FILTER (WHERE NOT is_head),
+           array_agg(priority) FILTER (WHERE NOT is_head)
+    INTO wanted, missing, missing_scopes, missing_kinds, missing_priorities
+    FROM firsts;
+    IF cardinality(missing) > 0 THEN
+        WITH made AS (
+            UPDATE work_items SET is_head = true
+            WHERE id IN (SELECT id FROM work_items
+                         WHERE id = ANY(missing) AND status = 'Queued'
+                         FOR UPDATE SKIP LOCKED)
+            RETURNING id
+        )
+        SELECT COALESCE(array_agg(id), '{}') FROM made INTO made_ids;
+    END IF;
+    promoted := cardinality(made_ids);
+    unsettled := '{}';
+    -- Held by another transaction: the line's next unheld item stands in.
+    FOR line IN
+        SELECT m.scope, m.kind, m.priority
+        FROM unnest(missing, missing_scopes, missing_kinds, missing_priorities)
+             AS m (id, scope, kind, priority)
+        WHERE m.id <> ALL(made_ids)
+    LOOP
+        unsettled := unsettled || line.scope;
+        UPDATE work_items SET is_head = true
+        WHERE id = (SELECT id FROM work_items
+                    WHERE scope = line.scope AND kind = line.kind
+                      AND priority = line.priority AND status = 'Queued'
+                    ORDER BY run_after, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+        RETURNING id INTO stand_in;
+        IF stand_in IS NOT NULL THEN
+            wanted := wanted || stand_in;
+            promoted := promoted + 1;
+        END IF;
+    END LOOP;
+    unsettled := ARRAY(SELECT DISTINCT u FROM unnest(unsettled) AS u);
+    -- Every other head of those scopes steps down.
+    UPDATE work_items SET is_head = false
+    WHERE id IN (SELECT id FROM work_items
+                 WHERE scope = ANY(p_scopes) AND status = 'Queued' AND is_head
+                   AND id <> ALL(wanted)
+                 FOR UPDATE SKIP LOCKED);
+    PERFORM pg_notify('trioworker', d.scope)
+    FROM (SELECT DISTINCT scope FROM work_items
+          WHERE id = ANY(wanted) AND is_head AND run_after <= now()) AS d;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_settle_noted(p_limit integer)
  RETURNS integer
  LANGUAGE plpgsql
@@ -893,100 +986,19 @@ $function$;
 
 CREATE OR REPLACE FUNCTION public.work_settle_scope(p_scope text, OUT promoted integer, OUT settled boolean)
  RETURNS record
- LANGUAGE plpgsql
+ LANGUAGE sql
 AS $function$
-DECLARE
-    wanted bigint[];
-    missing bigint[];
-    made_ids bigint[];
-    line record;
-    stand_in bigint;
-BEGIN
-    promoted := 0;
-    settled := true;
-    IF EXISTS (SELECT 1 FROM work_items WHERE scope = p_scope AND status = 'Running')
-       OR EXISTS (SELECT 1 FROM work_pauses WHERE scope = p_scope) THEN
-        wanted := '{}';
-    ELSE
-        -- The first item of each line, and those of them not heads yet: a skip scan
-        -- over the scope's lines, each step landing on the next line's first item.
-        WITH RECURSIVE firsts AS (
-            (SELECT id, kind, priority, is_head FROM work_items
-             WHERE scope = p_scope AND status = 'Queued'
-             ORDER BY kind, priority, run_after, id LIMIT 1)
-            UNION ALL
-            SELECT n.id, n.kind, n.priority, n.is_head
-            FROM firsts AS f
-            CROSS JOIN LATERAL (
-                SELECT id, kind, priority, is_head FROM work_items
-                WHERE scope = p_scope AND status = 'Queued'
-                  AND (kind, priority) > (f.kind, f.priority)
-                ORDER BY kind, priority, run_after, id LIMIT 1) AS n
-        )
-        SELECT array_agg(id), array_agg(id) FILTER (WHERE NOT is_head)
-        INTO wanted, missing
-        FROM firsts;
-        wanted := COALESCE(wanted, '{}');
-        IF missing IS NOT NULL THEN
-            WITH made AS (
-                UPDATE work_items SET is_head = true
-                WHERE id IN (SELECT id FROM work_items
-                             WHERE id = ANY(missing) AND status = 'Queued'
-                             FOR UPDATE SKIP LOCKED)
-                RETURNING id
-            )
-            SELECT COALESCE(array_agg(id), '{}') FROM made INTO made_ids;
-            promoted := cardinality(made_ids);
-            missing := ARRAY(SELECT m FROM unnest(missing) AS m WHERE m <> ALL(made_ids));
-            IF cardinality(missing) > 0 THEN
-                -- Held by another transaction: the line's next unheld item stands in.
-                settled := false;
-                FOR line IN SELECT kind, priority FROM work_items WHERE id = ANY(missing) LOOP
-                    UPDATE work_items SET is_head = true
-                    WHERE id = (SELECT id FROM work_items
-                                WHERE scope = p_scope AND kind = line.kind
-                                  AND priority = line.priority AND status = 'Queued'
-                                ORDER BY run_after, id LIMIT 1 FOR UPDATE SKIP LOCKED)
-                    RETURNING id INTO stand_in;
-                    IF stand_in IS NOT NULL THEN
-                        wanted := wanted || stand_in;
-                        promoted := promoted + 1;
-                    END IF;
-                END LOOP;
-            END IF;
-        END IF;
-    END IF;
-    -- Every other head of the scope steps down.
-    UPDATE work_items SET is_head = false
-    WHERE id IN (SELECT id FROM work_items
-                 WHERE scope = p_scope AND status = 'Queued' AND is_head
-                   AND id <> ALL(wanted)
-                 FOR UPDATE SKIP LOCKED);
-    IF cardinality(wanted) > 0 AND EXISTS (
-        SELECT 1 FROM work_items
-        WHERE id = ANY(wanted) AND is_head AND run_after <= now()) THEN
-        PERFORM pg_notify('trioworker', p_scope);
-    END IF;
-END
+    SELECT s.promoted, cardinality(s.unsettled) = 0 FROM work_settle_locked(ARRAY[p_scope]) AS s
 $function$;
 
 CREATE OR REPLACE FUNCTION public.work_settle_scopes(p_scopes text[])
  RETURNS integer
  LANGUAGE plpgsql
- SET plan_cache_mode TO 'force_generic_plan'
- SET jit TO 'off'
- SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
     s text;
     locked text[] := '{}';
-    wanted bigint[];
-    missing bigint[];
-    missing_scopes text[];
-    made_ids bigint[];
-    held text[] := '{}';
     result record;
-    promoted integer := 0;
 BEGIN
     FOR s IN
         SELECT x FROM (SELECT DISTINCT x FROM unnest(p_scopes) AS x WHERE x IS NOT NULL) AS d
@@ -1002,67 +1014,12 @@ BEGIN
     IF cardinality(locked) = 0 THEN
         RETURN 0;
     END IF;
-    -- The first item of each line of each free scope (as in work_settle_scope).
-    WITH RECURSIVE
-    free AS (
-        SELECT f.scope FROM unnest(locked) AS f (scope)
-        WHERE NOT EXISTS (SELECT 1 FROM work_items AS r
-                          WHERE r.scope = f.scope AND r.status = 'Running')
-          AND NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = f.scope)
-    ),
-    firsts AS (
-        SELECT n.id, n.scope, n.kind, n.priority, n.is_head
-        FROM free AS f
-        CROSS JOIN LATERAL (
-            SELECT w.id, w.scope, w.kind, w.priority, w.is_head FROM work_items AS w
-            WHERE w.scope = f.scope AND w.status = 'Queued'
-            ORDER BY w.kind, w.priority, w.run_after, w.id LIMIT 1) AS n
-        UNION ALL
-        SELECT n.id, n.scope, n.kind, n.priority, n.is_head
-        FROM firsts AS f
-        CROSS JOIN LATERAL (
-            SELECT w.id, w.scope, w.kind, w.priority, w.is_head FROM work_items AS w
-            WHERE w.scope = f.scope AND w.status = 'Queued'
-              AND (w.kind, w.priority) > (f.kind, f.priority)
-            ORDER BY w.kind, w.priority, w.run_after, w.id LIMIT 1) AS n
-    )
-    SELECT COALESCE(array_agg(id), '{}'),
-           COALESCE(array_agg(id) FILTER (WHERE NOT is_head), '{}'),
-           COALESCE(array_agg(scope) FILTER (WHERE NOT is_head), '{}')
-    INTO wanted, missing, missing_scopes
-    FROM firsts;
-    IF cardinality(missing) > 0 THEN
-        WITH made AS (
-            UPDATE work_items SET is_head = true
-            WHERE id IN (SELECT id FROM work_items
-                         WHERE id = ANY(missing) AND status = 'Queued'
-                         FOR UPDATE SKIP LOCKED)
-            RETURNING id
-        )
-        SELECT COALESCE(array_agg(id), '{}') FROM made INTO made_ids;
-        promoted := cardinality(made_ids);
-        -- Scopes with a first item another transaction holds: settled on their own.
-        held := ARRAY(SELECT DISTINCT m.scope FROM unnest(missing, missing_scopes) AS m (id, scope)
-                      WHERE m.id <> ALL(made_ids));
-    END IF;
-    -- Every other head of those scopes steps down.
-    UPDATE work_items SET is_head = false
-    WHERE id IN (SELECT id FROM work_items
-                 WHERE scope = ANY(locked) AND scope <> ALL(held)
-                   AND status = 'Queued' AND is_head AND id <> ALL(wanted)
-                 FOR UPDATE SKIP LOCKED);
-    PERFORM pg_notify('trioworker', d.scope)
-    FROM (SELECT DISTINCT scope FROM work_items
-          WHERE id = ANY(wanted) AND is_head AND run_after <= now()) AS d;
-    FOREACH s IN ARRAY held LOOP
-        result := work_settle_scope(s);
-        promoted := promoted + result.promoted;
-        IF NOT result.settled THEN
-            INSERT INTO work_unsettled_scopes (scope) VALUES (s);
-            PERFORM pg_notify('trioworker_settle', s);
-        END IF;
+    result := work_settle_locked(locked);
+    FOREACH s IN ARRAY result.unsettled LOOP
+        INSERT INTO work_unsettled_scopes (scope) VALUES (s);
+        PERFORM pg_notify('trioworker_settle', s);
     END LOOP;
-    RETURN promoted;
+    RETURN result.promoted;
 END
 $function$;
 
