@@ -16,6 +16,7 @@ import pytest
 import trio
 import trio.testing
 
+from tests.unit._fakes import Failstops
 from trioworker import Context, Registry, RetryPolicy, Settings, Status, Worker, WorkItem
 from trioworker.testing import MemoryStore
 
@@ -36,14 +37,6 @@ class Probe:
         self.started.append(now)
         self.running.set()
         return now
-
-
-class Failstops:
-    def __init__(self) -> None:
-        self.calls: list[tuple[float, str]] = []
-
-    def __call__(self, message: str) -> None:
-        self.calls.append((trio.current_time(), message))
 
 
 @asynccontextmanager
