@@ -196,10 +196,12 @@ class Executor:
         started = trio.current_time()
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._heartbeats, attempt, ilog, trace)
-                nursery.start_soon(self._watch_stop, attempt, ilog)
-                if registration.timeout is not None:
-                    nursery.start_soon(self._time_out, attempt, started + registration.timeout)
+                timeout_at = (
+                    None if registration.timeout is None else started + registration.timeout
+                )
+                nursery.start_soon(
+                    self._guard, nursery.cancel_scope, attempt, ilog, trace, timeout_at
+                )
                 outcome = await self._run_handler(registration.handler, item, ctx, attempt)
                 nursery.cancel_scope.cancel()
         finally:
@@ -245,6 +247,25 @@ class Executor:
         except Exception as exc:  # the handler's error is data for `decide`
             return Outcome(error=exc)
         return Outcome()
+
+    async def _guard(
+        self,
+        over: trio.CancelScope,
+        attempt: Attempt,
+        ilog: logging.LoggerAdapter[Any],
+        trace: AttemptTrace,
+        timeout_at: float | None,
+    ) -> None:
+        """The attempt's watchers: its heartbeats, the stop watch and the kind's timeout,
+        until `over` is cancelled (the handler has returned). One task starts them when it
+        first runs, so a handler that is done by then costs one task, not three."""
+        if over.cancel_called:
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._heartbeats, attempt, ilog, trace)
+            if timeout_at is not None:
+                nursery.start_soon(self._time_out, attempt, timeout_at)
+            await self._watch_stop(attempt, ilog)
 
     async def _heartbeats(
         self, attempt: Attempt, ilog: logging.LoggerAdapter[Any], trace: AttemptTrace

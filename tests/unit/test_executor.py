@@ -626,3 +626,47 @@ async def test_a_shutdown_during_a_self_stopped_handlers_cleanup_writes_nothing(
             executor.shut_down()
     assert decisions == [Decision(Action.NOTHING)]
     assert writes(store) == []
+
+
+class SpawnedTasks(trio.abc.Instrument):
+    """The names of the tasks spawned while it is installed."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.names.append(task.name.rpartition(".")[2])
+
+
+async def test_a_handler_that_returns_at_once_starts_one_watcher_task_and_nothing_under_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The watchers (heartbeats, stop watch, timeout) start from one task when it first
+    runs; a handler that is over by then costs that task alone. One that waits gets all
+    three, and its heartbeats still come on time."""
+    store, registry = ScriptedStore(), Registry()
+
+    @registry.handler("Quick", timeout=100.0)
+    async def quick(item: WorkItem, ctx: Context) -> None:
+        pass
+
+    @registry.handler("Slow", timeout=100.0)
+    async def slow(item: WorkItem, ctx: Context) -> None:
+        await trio.sleep(25)
+
+    executor = Executor(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
+    spawned: dict[str, list[str]] = {}
+    for kind in ("Quick", "Slow"):
+        item = await claimed(store, kind)
+        tasks = SpawnedTasks()
+        trio.lowlevel.add_instrument(tasks)
+        try:
+            assert await executor.run(item, trio.current_time()) == Decision(Action.COMPLETE)
+        finally:
+            trio.lowlevel.remove_instrument(tasks)
+        spawned[kind] = tasks.names
+    assert spawned == {
+        "Quick": ["_guard"],
+        "Slow": ["_guard", "_heartbeats", "_time_out"],
+    }
+    assert store.times["heartbeat"] == [10.0, 20.0]
