@@ -4,13 +4,15 @@ tree beside the tree of git revision REV, in alternating rounds on the same serv
 Each run is one `bench e2e` trioworker system (10,000 no-op items, 2 processes x 32),
 unscoped and over 50 scopes, started from its own tree (REV is exported with
 `git archive`), so both use their own migrations, Worker and harness. Prints each run
-and the ratio of the medians (this tree / REV).
+and the ratio of the medians (this tree / REV), with the CPU time an item took in the
+Workers and in the server (bench.cpu), read around the timed part of each run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -23,16 +25,40 @@ from bench.common import DEFAULT_DSN, ROOT
 
 #: Run in a tree's directory, with that tree first on the path: one e2e run, as JSON.
 ONE_RUN = """
-import json, sys, tempfile
+import importlib.util, json, sys, tempfile
 from pathlib import Path
+import bench.e2e as e2e
 from bench.common import server
-from bench.e2e import run_once
 from bench.systems import Trioworker
-dsn, scoped = sys.argv[1], sys.argv[2] == "scoped"
+
+dsn, scoped, cpu_py = sys.argv[1], sys.argv[2] == "scoped", sys.argv[3]
+spec = importlib.util.spec_from_file_location("against_cpu", cpu_py)
+cpu = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(cpu)
+
+# CPU is read around the timed part of the tree's own run_once: from the enqueue of the
+# measured items (the warm-up is smaller) to the end of the wait for them.
+ITEMS, marks = 10_000, []
+enqueue, wait_finished = Trioworker.enqueue, e2e.wait_finished
+
+def measured_enqueue(self, dsn, n):
+    if n == ITEMS:
+        marks.append(cpu.snapshot(cpu.pids_running(WORKERS)))
+    return enqueue(self, dsn, n)
+
+def measured_wait(*args, **kwargs):
+    left = wait_finished(*args, **kwargs)
+    if len(marks) == 1:
+        marks.append(cpu.snapshot(cpu.pids_running(WORKERS)))
+    return left
+
+WORKERS = "run --app bench.apps:registry"  # the bench Workers' command lines
+Trioworker.enqueue, e2e.wait_finished = measured_enqueue, measured_wait
 with server(dsn) as srv:
-    result = run_once(srv, Trioworker("x", scoped, 2, concurrency=32), 10_000,
-                      Path(tempfile.mkdtemp()))
-print(json.dumps({"items_per_s": result["items_per_s"], "complete": result["complete"]}))
+    result = e2e.run_once(srv, Trioworker("x", scoped, 2, concurrency=32), ITEMS,
+                          Path(tempfile.mkdtemp()))
+print(json.dumps({"items_per_s": result["items_per_s"], "complete": result["complete"],
+                  **cpu.ms_per_item(*marks, ITEMS)}))
 """
 
 #: The run modes, as ONE_RUN takes them, and how they are shown.
@@ -49,10 +75,12 @@ def export(rev: str, into: Path) -> Path:
     return tree
 
 
-def one_run(tree: Path, dsn: str, mode: str) -> float:
+def one_run(tree: Path, dsn: str, mode: str) -> dict[str, float]:
+    """One run in `tree`: items/s, and the Workers' and server's CPU ms an item."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    cpu_py = str(Path(__file__).with_name("cpu.py"))
     done = subprocess.run(
-        [sys.executable, "-c", ONE_RUN, dsn, mode],
+        [sys.executable, "-c", ONE_RUN, dsn, mode, cpu_py],
         cwd=tree,
         env=env,
         capture_output=True,
@@ -62,9 +90,9 @@ def one_run(tree: Path, dsn: str, mode: str) -> float:
     if done.returncode != 0:
         raise SystemExit(f"a run in {tree} failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    if not result["complete"]:
+    if not result.pop("complete"):
         raise SystemExit(f"a run in {tree} did not finish its items")
-    return float(result["items_per_s"])
+    return {k: math.nan if v is None else float(v) for k, v in result.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -75,18 +103,35 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="trioworker-against-") as scratch:
         trees = {args.rev: export(args.rev, Path(scratch)), "this tree": ROOT}
-        figures: dict[tuple[str, str], list[float]] = {}
+        runs: dict[tuple[str, str], list[dict[str, float]]] = {}
         for round_ in range(1, args.rounds + 1):
             for name, tree in trees.items():
                 for mode, label in MODES.items():
-                    items_per_s = one_run(tree, args.dsn, mode)
-                    figures.setdefault((name, mode), []).append(items_per_s)
-                    shown = f"{name}, {label}"
-                    print(f"round {round_}/{args.rounds} {shown}: {items_per_s:,.0f} items/s")
+                    run = one_run(tree, args.dsn, mode)
+                    runs.setdefault((name, mode), []).append(run)
+                    print(f"round {round_}/{args.rounds} {name}, {label}: {shown(run)}")
     for mode, label in MODES.items():
-        before = statistics.median(figures[(args.rev, mode)])
-        now = statistics.median(figures[("this tree", mode)])
-        print(f"{label}: {now:,.0f} against {before:,.0f} items/s: {now / before:.2f}x")
+        before = medians(runs[(args.rev, mode)])
+        now = medians(runs[("this tree", mode)])
+        print(
+            f"{label}: {now['items_per_s']:,.0f} against {before['items_per_s']:,.0f} items/s:"
+            f" {now['items_per_s'] / before['items_per_s']:.2f}x; CPU ms an item"
+            f" (medians, this tree against {args.rev}): Workers"
+            f" {now['worker_cpu_ms_per_item']:.3f} against {before['worker_cpu_ms_per_item']:.3f},"
+            f" server {now['server_cpu_ms_per_item']:.3f} against"
+            f" {before['server_cpu_ms_per_item']:.3f}"
+        )
+
+
+def shown(run: dict[str, float]) -> str:
+    return (
+        f"{run['items_per_s']:,.0f} items/s, CPU ms an item: Workers"
+        f" {run['worker_cpu_ms_per_item']:.3f}, server {run['server_cpu_ms_per_item']:.3f}"
+    )
+
+
+def medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
 
 if __name__ == "__main__":

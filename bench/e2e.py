@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from bench import pgbench
+from bench import cpu, pgbench
 from bench.common import QUERIES, Server, connect, ratio, save, show
 from bench.procs import Processes, processes, wait_until
 from bench.systems import SERIAL_KEYS, Pgqueuer, Procrastinate, System, Trioworker
@@ -81,15 +81,18 @@ def run_once(srv: Server, system: System, n: int, log_dir: Path) -> dict[str, An
             raise RuntimeError(f"{system.label}: the warm-up batch did not finish")
         time.sleep(0.5)
         conn.execute(QUERIES["analyze"])
+        before = cpu.snapshot(procs.pids())
         committed = system.enqueue(dsn, n)
         left = wait_finished(conn, system, procs, 60 + n / 20)
         seconds = time.monotonic() - committed
+        after = cpu.snapshot(procs.pids())
     return {
         "items": n,
         "finished": n - left,
         "seconds": seconds,
         "items_per_s": (n - left) / seconds,
         "complete": left == 0,
+        **cpu.ms_per_item(before, after, n),
     }
 
 
@@ -106,6 +109,11 @@ def run_peer(srv: Server, system: System, n: int, log_dir: Path) -> dict[str, An
 
 def summarise(system: System, runs: list[dict[str, Any]]) -> dict[str, Any]:
     rates = [r["items_per_s"] for r in runs if "error" not in r] or [math.nan]
+
+    def median_of(key: str) -> float:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        return statistics.median(values) if values else math.nan
+
     return {
         "label": system.label,
         "family": system.family,
@@ -115,6 +123,8 @@ def summarise(system: System, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "items_per_s": statistics.median(rates),
         "min": min(rates),
         "max": max(rates),
+        "worker_cpu_ms_per_item": median_of("worker_cpu_ms_per_item"),
+        "server_cpu_ms_per_item": median_of("server_cpu_ms_per_item"),
         "all_complete": all(r.get("complete") for r in runs),
         "errors": [r["error"] for r in runs if "error" in r],
     }
@@ -151,6 +161,7 @@ def report(rows: list[dict[str, Any]], reference: dict[str, Any], verdict: dict[
     table = [
         [r["label"], r["items_per_s"], r["min"], r["max"],
          ratio(ours[r["serialised"]], r["items_per_s"]), ratio(r["items_per_s"], ceiling),
+         r["worker_cpu_ms_per_item"], r["server_cpu_ms_per_item"],
          "yes" if r["all_complete"] else f"NO {'; '.join(r['errors'])[:60]}"]
         for r in rows
     ]  # fmt: skip
@@ -158,7 +169,7 @@ def report(rows: list[dict[str, Any]], reference: dict[str, Any], verdict: dict[
         f"End-to-end throughput (pgbench: {reference['tps']:,.0f} tps, ceiling tps/3 ="
         f" {ceiling:,.0f} items/s; with a NOTIFY in each: {reference['tps_with_notify']:,.0f} tps)",
         ["system", "items/s (median)", "min", "max", "trioworker / this",
-         "/ pgbench ceiling", "finished"],
+         "/ pgbench ceiling", "Worker CPU ms/item", "server CPU ms/item", "finished"],
         table,
     )  # fmt: skip
     t = verdict["targets"]

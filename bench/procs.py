@@ -42,6 +42,9 @@ class Processes:
             )
         self.started.append((proc, log_path))
 
+    def pids(self) -> list[int]:
+        return [proc.pid for proc, _ in self.started]
+
     def check_alive(self) -> None:
         """Raise, with the end of its log, if any process has exited."""
         for proc, log_path in self.started:
