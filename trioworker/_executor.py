@@ -199,9 +199,7 @@ class Executor:
                 timeout_at = (
                     None if registration.timeout is None else started + registration.timeout
                 )
-                nursery.start_soon(
-                    self._guard, nursery.cancel_scope, attempt, ilog, trace, timeout_at
-                )
+                nursery.start_soon(self._watch, nursery, attempt, ilog, trace, timeout_at)
                 outcome = await self._run_handler(registration.handler, item, ctx, attempt)
                 nursery.cancel_scope.cancel()
         finally:
@@ -248,24 +246,27 @@ class Executor:
             return Outcome(error=exc)
         return Outcome()
 
-    async def _guard(
+    async def _watch(
         self,
-        over: trio.CancelScope,
+        nursery: trio.Nursery,
         attempt: Attempt,
         ilog: logging.LoggerAdapter[Any],
         trace: AttemptTrace,
         timeout_at: float | None,
     ) -> None:
-        """The attempt's watchers: its heartbeats, the stop watch and the kind's timeout,
-        until `over` is cancelled (the handler has returned). One task starts them when it
-        first runs, so a handler that is done by then costs one task, not three."""
-        if over.cancel_called:
+        """The attempt's stop watch, which starts its other watchers (the heartbeats, the
+        kind's timeout) beside it when the first of them is due, or when a stop comes
+        first. A handler that is over before then, as most are, costs this task alone;
+        one that returns before its first checkpoint, not even that task's wake-up."""
+        if nursery.cancel_scope.cancel_called:
             return
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._heartbeats, attempt, ilog, trace)
-            if timeout_at is not None:
-                nursery.start_soon(self._time_out, attempt, timeout_at)
-            await self._watch_stop(attempt, ilog)
+        first_due = attempt.claim_sent_at + self.settings.heartbeat
+        with trio.move_on_at(first_due if timeout_at is None else min(first_due, timeout_at)):
+            await attempt.wait_stop_requested()
+        nursery.start_soon(self._heartbeats, attempt, ilog, trace)
+        if timeout_at is not None:
+            nursery.start_soon(self._time_out, attempt, timeout_at)
+        await self._watch_stop(attempt, ilog)
 
     async def _heartbeats(
         self, attempt: Attempt, ilog: logging.LoggerAdapter[Any], trace: AttemptTrace

@@ -638,35 +638,57 @@ class SpawnedTasks(trio.abc.Instrument):
         self.names.append(task.name.rpartition(".")[2])
 
 
-async def test_a_handler_that_returns_at_once_starts_one_watcher_task_and_nothing_under_it(
+async def test_an_attempt_starts_its_heartbeats_and_timeout_only_when_the_first_is_due(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """The watchers (heartbeats, stop watch, timeout) start from one task when it first
-    runs; a handler that is over by then costs that task alone. One that waits gets all
-    three, and its heartbeats still come on time."""
+    """One task (the stop watch) per attempt until the first heartbeat (10 s) or the
+    kind's timeout is due: a handler over before then costs that task alone. After it,
+    the heartbeats come on time (10 s and 20 s after the claim), and the timeout too."""
     store, registry = ScriptedStore(), Registry()
 
-    @registry.handler("Quick", timeout=100.0)
-    async def quick(item: WorkItem, ctx: Context) -> None:
-        pass
+    def handler(kind: str, seconds: float | None, timeout: float | None) -> None:
+        async def run(item: WorkItem, ctx: Context) -> None:
+            if seconds is not None:
+                await trio.sleep(seconds)
 
-    @registry.handler("Slow", timeout=100.0)
-    async def slow(item: WorkItem, ctx: Context) -> None:
-        await trio.sleep(25)
+        registry.handler(kind, timeout=timeout)(run)
 
+    handler("Instant", None, 100.0)  # returns before its first checkpoint
+    handler("Brief", 9.0, 100.0)  # over before the first heartbeat is due
+    handler("Slow", 25.0, 100.0)
+    handler("SlowNoTimeout", 25.0, None)
+    handler("TimedOut", 50.0, 3.0)  # its timeout is due before the first heartbeat
     executor = Executor(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
     spawned: dict[str, list[str]] = {}
-    for kind in ("Quick", "Slow"):
+    decisions: dict[str, Action] = {}
+    for kind in ("Instant", "Brief", "Slow", "SlowNoTimeout", "TimedOut"):
         item = await claimed(store, kind)
         tasks = SpawnedTasks()
         trio.lowlevel.add_instrument(tasks)
+        claim_sent_at = trio.current_time()
         try:
-            assert await executor.run(item, trio.current_time()) == Decision(Action.COMPLETE)
+            decisions[kind] = (await executor.run(item, claim_sent_at)).action
         finally:
             trio.lowlevel.remove_instrument(tasks)
         spawned[kind] = tasks.names
+        beats = [t - claim_sent_at for t in store.times["heartbeat"] if t >= claim_sent_at]
+        if kind.startswith("Slow"):
+            assert beats == [10.0, 20.0], kind
+        else:
+            assert beats == [], kind
+        if kind == "TimedOut":
+            assert trio.current_time() - claim_sent_at == 3.0
     assert spawned == {
-        "Quick": ["_guard"],
-        "Slow": ["_guard", "_heartbeats", "_time_out"],
+        "Instant": ["_watch"],
+        "Brief": ["_watch"],
+        "Slow": ["_watch", "_heartbeats", "_time_out"],
+        "SlowNoTimeout": ["_watch", "_heartbeats"],
+        "TimedOut": ["_watch", "_heartbeats", "_time_out"],
     }
-    assert store.times["heartbeat"] == [10.0, 20.0]
+    assert decisions == {
+        "Instant": Action.COMPLETE,
+        "Brief": Action.COMPLETE,
+        "Slow": Action.COMPLETE,
+        "SlowNoTimeout": Action.COMPLETE,
+        "TimedOut": Action.RETRY,
+    }
