@@ -5,7 +5,7 @@ Each run is one `bench e2e` trioworker system (10,000 no-op items, 2 processes x
 unscoped and over 50 scopes, started from its own tree (REV is exported with
 `git archive`), so both use their own migrations, Worker and harness. Prints each run
 and the ratio of the medians (this tree / REV), with the CPU time an item took in the
-Workers and in the server (bench.cpu), read around the timed part of each run.
+Workers and in the server (bench.cpu). One run is `bench/against_run.py`.
 """
 
 from __future__ import annotations
@@ -23,45 +23,7 @@ from pathlib import Path
 
 from bench.common import DEFAULT_DSN, ROOT
 
-#: Run in a tree's directory, with that tree first on the path: one e2e run, as JSON.
-ONE_RUN = """
-import importlib.util, json, sys, tempfile
-from pathlib import Path
-import bench.e2e as e2e
-from bench.common import server
-from bench.systems import Trioworker
-
-dsn, scoped, cpu_py = sys.argv[1], sys.argv[2] == "scoped", sys.argv[3]
-spec = importlib.util.spec_from_file_location("against_cpu", cpu_py)
-cpu = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cpu)
-
-# CPU is read around the timed part of the tree's own run_once: from the enqueue of the
-# measured items (the warm-up is smaller) to the end of the wait for them.
-ITEMS, marks = 10_000, []
-enqueue, wait_finished = Trioworker.enqueue, e2e.wait_finished
-
-def measured_enqueue(self, dsn, n):
-    if n == ITEMS:
-        marks.append(cpu.snapshot(cpu.pids_running(WORKERS)))
-    return enqueue(self, dsn, n)
-
-def measured_wait(*args, **kwargs):
-    left = wait_finished(*args, **kwargs)
-    if len(marks) == 1:
-        marks.append(cpu.snapshot(cpu.pids_running(WORKERS)))
-    return left
-
-WORKERS = "run --app bench.apps:registry"  # the bench Workers' command lines
-Trioworker.enqueue, e2e.wait_finished = measured_enqueue, measured_wait
-with server(dsn) as srv:
-    result = e2e.run_once(srv, Trioworker("x", scoped, 2, concurrency=32), ITEMS,
-                          Path(tempfile.mkdtemp()))
-print(json.dumps({"items_per_s": result["items_per_s"], "complete": result["complete"],
-                  **cpu.ms_per_item(*marks, ITEMS)}))
-"""
-
-#: The run modes, as ONE_RUN takes them, and how they are shown.
+#: The run modes, as against_run.py takes them, and how they are shown.
 MODES = {"unscoped": "unscoped", "scoped": "50 scopes"}
 
 
@@ -78,9 +40,9 @@ def export(rev: str, into: Path) -> Path:
 def one_run(tree: Path, dsn: str, mode: str) -> dict[str, float]:
     """One run in `tree`: items/s, and the Workers' and server's CPU ms an item."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    cpu_py = str(Path(__file__).with_name("cpu.py"))
+    one = Path(__file__).with_name("against_run.py")
     done = subprocess.run(
-        [sys.executable, "-c", ONE_RUN, dsn, mode, cpu_py],
+        [sys.executable, "-P", str(one), dsn, mode],
         cwd=tree,
         env=env,
         capture_output=True,
@@ -92,7 +54,7 @@ def one_run(tree: Path, dsn: str, mode: str) -> dict[str, float]:
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if not result.pop("complete"):
         raise SystemExit(f"a run in {tree} did not finish its items")
-    return {k: math.nan if v is None else float(v) for k, v in result.items()}
+    return {k: math.nan if v is None else float(v) for k, v in result.items()}  # None: unmeasured
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,6 +86,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def shown(run: dict[str, float]) -> str:
+    """One run, as printed."""
     return (
         f"{run['items_per_s']:,.0f} items/s, CPU ms an item: Workers"
         f" {run['worker_cpu_ms_per_item']:.3f}, server {run['server_cpu_ms_per_item']:.3f}"
@@ -131,7 +94,13 @@ def shown(run: dict[str, float]) -> str:
 
 
 def medians(runs: list[dict[str, float]]) -> dict[str, float]:
-    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+    """Each figure's median over the runs that measured it (NaN: none did)."""
+
+    def median(key: str) -> float:
+        values = [run[key] for run in runs if not math.isnan(run[key])]
+        return statistics.median(values) if values else math.nan
+
+    return {key: median(key) for key in runs[0]}
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 For each system: a fresh database, N worker processes started and warmed up (a small
 batch run through first), `ANALYZE` (the same policy for every system), then all items
-enqueued in one statement; items/s = items / (last finished - enqueue committed).
+enqueued in one statement; items/s = items / (last finished - enqueue committed), and
+the CPU an item took, the Workers' and the server's, from just before the enqueue to
+the end of the wait (bench.cpu).
 Systems take turns round by round, in a rotating order, and each figure is the median
 of its rounds. pgbench's single-row UPDATE gives the physical reference.
 """
@@ -81,18 +83,18 @@ def run_once(srv: Server, system: System, n: int, log_dir: Path) -> dict[str, An
             raise RuntimeError(f"{system.label}: the warm-up batch did not finish")
         time.sleep(0.5)
         conn.execute(QUERIES["analyze"])
-        before = cpu.snapshot(procs.pids())
+        before = cpu.snapshot(procs.pids(), cpu.server_pids(conn.info.backend_pid))
         committed = system.enqueue(dsn, n)
         left = wait_finished(conn, system, procs, 60 + n / 20)
         seconds = time.monotonic() - committed
-        after = cpu.snapshot(procs.pids())
+        after = cpu.snapshot(procs.pids(), cpu.server_pids(conn.info.backend_pid))
     return {
         "items": n,
         "finished": n - left,
         "seconds": seconds,
         "items_per_s": (n - left) / seconds,
         "complete": left == 0,
-        **cpu.ms_per_item(before, after, n),
+        **cpu.ms_per_item(before, after, max(n - left, 1)),
     }
 
 
