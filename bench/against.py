@@ -14,14 +14,13 @@ import argparse
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
-from bench.common import DEFAULT_DSN, ROOT
+from bench.common import DEFAULT_DSN, ROOT, median_measured
 
 #: The run modes, as against_run.py takes them, and how they are shown.
 MODES = {"unscoped": "unscoped", "scoped": "50 scopes"}
@@ -95,12 +94,7 @@ def shown(run: dict[str, float]) -> str:
 
 def medians(runs: list[dict[str, float]]) -> dict[str, float]:
     """Each figure's median over the runs that measured it (NaN: none did)."""
-
-    def median(key: str) -> float:
-        values = [run[key] for run in runs if not math.isnan(run[key])]
-        return statistics.median(values) if values else math.nan
-
-    return {key: median(key) for key in runs[0]}
+    return {key: median_measured(run[key] for run in runs) for key in runs[0]}
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import statistics
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, LiteralString, cast
@@ -129,6 +129,12 @@ def percentile(samples: Sequence[float], q: float) -> float:
     low = int(rank)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def median_measured(values: Iterable[float | None]) -> float:
+    """The median of the values that were measured (None and NaN are not); NaN if none."""
+    measured = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.median(measured) if measured else math.nan
 
 
 def summary_ms(samples_s: Sequence[float]) -> dict[str, float]:

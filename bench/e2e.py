@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 
 from bench import cpu, pgbench
-from bench.common import QUERIES, Server, connect, ratio, save, show
+from bench.common import QUERIES, Server, connect, median_measured, ratio, save, show
 from bench.procs import Processes, processes, wait_until
 from bench.systems import SERIAL_KEYS, Pgqueuer, Procrastinate, System, Trioworker
 
@@ -111,11 +111,6 @@ def run_peer(srv: Server, system: System, n: int, log_dir: Path) -> dict[str, An
 
 def summarise(system: System, runs: list[dict[str, Any]]) -> dict[str, Any]:
     rates = [r["items_per_s"] for r in runs if "error" not in r] or [math.nan]
-
-    def median_of(key: str) -> float:
-        values = [r[key] for r in runs if r.get(key) is not None]
-        return statistics.median(values) if values else math.nan
-
     return {
         "label": system.label,
         "family": system.family,
@@ -125,8 +120,8 @@ def summarise(system: System, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "items_per_s": statistics.median(rates),
         "min": min(rates),
         "max": max(rates),
-        "worker_cpu_ms_per_item": median_of("worker_cpu_ms_per_item"),
-        "server_cpu_ms_per_item": median_of("server_cpu_ms_per_item"),
+        "worker_cpu_ms_per_item": median_measured(r.get("worker_cpu_ms_per_item") for r in runs),
+        "server_cpu_ms_per_item": median_measured(r.get("server_cpu_ms_per_item") for r in runs),
         "all_complete": all(r.get("complete") for r in runs),
         "errors": [r["error"] for r in runs if "error" in r],
     }
