@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from ._errors import InvalidWorkItem
+from ._jsontext import MAX_DEPTH, depth
 from ._model import NewItem
 
 #: Largest payload accepted, as UTF-8 JSON.
@@ -132,6 +133,20 @@ def _check_name(what: str, value: object, *, optional: bool) -> None:
         raise InvalidWorkItem(f"{what} is longer than {MAX_NAME_LENGTH} characters")
     if "\x00" in value:
         raise InvalidWorkItem(f"{what} must not contain NUL characters")
+    _check_unicode(what, value)
+
+
+def _check_unicode(what: str, text: str) -> None:
+    """Refuse a lone surrogate (what `os.fsdecode` or `surrogateescape` makes of bytes
+    that are not UTF-8): PostgreSQL's text and jsonb cannot hold one."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        char = text[exc.start]
+        raise InvalidWorkItem(
+            f"{what} is not valid Unicode: it holds a lone surrogate (U+{ord(char):04X},"
+            " from bytes that are not UTF-8)"
+        ) from None
 
 
 def _check_priority(priority: object) -> int:
@@ -145,12 +160,22 @@ def _check_priority(priority: object) -> int:
 
 
 def _payload_json(payload: Any) -> str:
+    too_deep = f"payload nests deeper than {MAX_DEPTH} levels (the table's limit)"
     try:
-        text = json.dumps(payload, allow_nan=False, separators=(",", ":"))  # pragma: no mutate
+        text = json.dumps(
+            payload, allow_nan=False, ensure_ascii=False, separators=(",", ":")
+        )  # pragma: no mutate
+    except RecursionError:
+        raise InvalidWorkItem(too_deep) from None
     except (TypeError, ValueError) as exc:
         raise InvalidWorkItem(f"payload is not JSON-serialisable: {exc}") from exc
     if "\\u0000" in text:
         raise InvalidWorkItem("payload must not contain NUL characters (jsonb rejects them)")
+    # Each level of nesting is a bracket in the text, so fewer brackets than the limit
+    # cannot nest too deeply; only a payload with more is measured.
+    if text.count("[") + text.count("{") >= MAX_DEPTH and depth(payload) > MAX_DEPTH:
+        raise InvalidWorkItem(too_deep)
+    _check_unicode("payload", text)
     size = len(text.encode())
     if size > MAX_PAYLOAD_BYTES:
         raise InvalidWorkItem(f"payload is {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}")
@@ -172,6 +197,8 @@ def _trace_context_json(trace_context: object) -> str | None:
             )
     if not trace_context:
         return None
+    for text in (*trace_context.keys(), *trace_context.values()):
+        _check_unicode("trace_context", text)
     text = json.dumps(dict(trace_context), separators=(",", ":"))
     if "\\u0000" in text:
         raise InvalidWorkItem("trace_context must not contain NUL characters")

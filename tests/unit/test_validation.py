@@ -8,6 +8,7 @@ import re
 import pytest
 
 from trioworker import InvalidWorkItem
+from trioworker._jsontext import MAX_DEPTH
 from trioworker._validation import (
     MAX_NAME_LENGTH,
     MAX_PAYLOAD_BYTES,
@@ -336,3 +337,96 @@ def test_a_served_scope_follows_the_rules_of_an_items_scope() -> None:
         with pytest.raises(InvalidWorkItem) as raised:
             validate_scope(bad)
         assert str(raised.value) == error
+
+
+# -- what other programs pass: lone surrogates, deep nesting (issue 18) -----------------
+
+
+def nested(levels: int, inner: object = None) -> object:
+    """`levels` lists one inside the other, the innermost holding `inner` (empty when
+    None): depth `levels`, or `levels + 1` with a scalar inside."""
+    value: list[object] = [] if inner is None else [inner]
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+def nested_objects(levels: int) -> object:
+    value: dict[str, object] = {}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+SURROGATE_MESSAGE = (
+    "is not valid Unicode: it holds a lone surrogate (U+{:04X}, from bytes that are not UTF-8)"
+)
+
+
+@pytest.mark.parametrize("what", NAMES)
+def test_names_must_be_valid_unicode(what: str) -> None:
+    """What os.fsdecode makes of bytes that are not UTF-8: PostgreSQL cannot store it."""
+    refused(f"{what} {SURROGATE_MESSAGE.format(0xDCE9)}", **{what: "caf\udce9"})
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{"path": "/m/caf\udce9"}, {"caf\udce9": 1}, ["\ud800"], "\udfff"],
+)
+def test_a_payload_must_be_valid_unicode_in_its_keys_and_values(payload: object) -> None:
+    with pytest.raises(InvalidWorkItem, match=r"^payload is not valid Unicode: it holds a"):
+        validate_enqueue("K", payload=payload, now=NOW)
+
+
+def test_a_payload_names_the_surrogate_it_holds() -> None:
+    refused(f"payload {SURROGATE_MESSAGE.format(0xD800)}", payload={"a": "\ud800"})
+
+
+def test_a_payload_keeps_its_unicode_and_is_measured_as_utf8() -> None:
+    """Stored as UTF-8 (not \\u escapes): an astral character is one character, four
+    bytes, and counts four against the limit."""
+    request = validate_enqueue("K", payload={"e": "é😀"}, now=NOW)
+    assert request.payload_json == '{"e":"é😀"}'
+    fits = "😀" * ((MAX_PAYLOAD_BYTES - len('""')) // 4)
+    assert validate_enqueue("K", payload=fits, now=NOW).payload_json == f'"{fits}"'
+    refused(
+        f"payload is {MAX_PAYLOAD_BYTES + 2} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}",
+        payload=fits + "😀",
+    )
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        nested(MAX_DEPTH),  # 64 empty lists: 64 levels, 64 brackets
+        nested(MAX_DEPTH - 1, 1),  # 63 lists around a number: 64 levels
+        nested_objects(MAX_DEPTH),
+        {"text": "[" * 500, "more": "{" * 500},  # brackets in strings do not nest
+    ],
+)
+def test_a_payload_may_nest_as_deeply_as_the_limit(payload: object) -> None:
+    assert validate_enqueue("K", payload=payload, now=NOW).payload_json
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        nested(MAX_DEPTH + 1),
+        nested(MAX_DEPTH, 1),  # 64 lists around a number: 65 levels, 64 brackets
+        nested_objects(MAX_DEPTH + 1),
+        nested(5000),  # past the recursion limit of json.dumps itself
+    ],
+)
+def test_a_payload_nested_past_the_limit_is_refused(payload: object) -> None:
+    refused("payload nests deeper than 64 levels (the table's limit)", payload=payload)
+
+
+def test_a_trace_context_must_be_valid_unicode() -> None:
+    refused(
+        f"trace_context {SURROGATE_MESSAGE.format(0xDCE9)}",
+        trace_context={"traceparent": "caf\udce9"},
+    )
+    refused(
+        f"trace_context {SURROGATE_MESSAGE.format(0xD800)}",
+        trace_context={"\ud800": "x"},
+    )
