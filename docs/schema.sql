@@ -44,6 +44,7 @@ CREATE TABLE work_items (
     CONSTRAINT work_items_dedup_key_sane CHECK (((dedup_key <> ''::text) AND (length(dedup_key) <= 200))),
     CONSTRAINT work_items_heads_are_queued_and_scoped CHECK (((NOT is_head) OR ((status = 'Queued'::text) AND (scope IS NOT NULL)))),
     CONSTRAINT work_items_kind_sane CHECK (((kind <> ''::text) AND (length(kind) <= 200))),
+    CONSTRAINT work_items_payload_depth CHECK ((NOT jsonb_path_exists(payload, 'strict $.**{64}'::jsonpath))) NOT VALID,
     CONSTRAINT work_items_payload_fits CHECK ((octet_length((payload)::text) <= 131072)),
     CONSTRAINT work_items_pkey PRIMARY KEY (id),
     CONSTRAINT work_items_priority_sane CHECK (((priority >= '-1000'::integer) AND (priority <= 1000))),
@@ -86,6 +87,7 @@ CREATE TABLE work_schedules (
     last_due timestamp with time zone,
     last_item bigint,
     updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    CONSTRAINT work_schedules_payload_depth CHECK ((NOT jsonb_path_exists(payload, 'strict $.**{64}'::jsonpath))) NOT VALID,
     CONSTRAINT work_schedules_pkey PRIMARY KEY (name)
 );
 
@@ -124,98 +126,130 @@ CREATE OR REPLACE FUNCTION public.work_claim(p_worker text, p_lease double preci
 AS $function$
 DECLARE
     was text := current_setting('trioworker.internal', true);
+    passed text[] := '{}';  -- scopes whose claim lock another transaction holds
+    wanted integer := p_limit;  -- items the batch still takes
+    window_size integer := p_limit;  -- candidates this round reads
+    refused text[];
+    got record;  -- (not r: the claim's statement names a table alias r)
 BEGIN
     PERFORM set_config('trioworker.internal', 'on', true);
-    RETURN QUERY
-    WITH RECURSIVE
-    kinds AS (
-        SELECT DISTINCT k AS kind FROM unnest(p_kinds) AS k
-        WHERE NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.kind = k)
-    ),
-    levels AS (
-        -- Each kind's priority levels, highest first (over every scope's heads and the
-        -- unscoped items, or over the unscoped items alone for a list of scopes).
-        SELECT k.kind,
-               GREATEST((SELECT max(h.priority) FROM work_items AS h
-                         WHERE p_scopes IS NULL AND h.kind = k.kind
-                           AND h.status = 'Queued' AND h.is_head),
-                        (SELECT max(u.priority) FROM work_items AS u
-                         WHERE p_unscoped AND u.kind = k.kind AND u.status = 'Queued'
-                           AND u.scope IS NULL)) AS priority
-        FROM kinds AS k
-        UNION ALL
-        SELECT l.kind,
-               GREATEST((SELECT max(h.priority) FROM work_items AS h
-                         WHERE p_scopes IS NULL AND h.kind = l.kind
-                           AND h.status = 'Queued' AND h.is_head AND h.priority < l.priority),
-                        (SELECT max(u.priority) FROM work_items AS u
-                         WHERE p_unscoped AND u.kind = l.kind AND u.status = 'Queued'
-                           AND u.scope IS NULL AND u.priority < l.priority))
-        FROM levels AS l WHERE l.priority IS NOT NULL
-    ),
-    due AS (
-        SELECT c.* FROM levels AS l
-        CROSS JOIN LATERAL (
-            SELECT h.id, h.scope, h.priority, h.run_after FROM work_items AS h
-            WHERE p_scopes IS NULL AND h.kind = l.kind AND h.priority = l.priority
-              AND h.status = 'Queued' AND h.is_head AND h.run_after <= now()
-              AND NOT EXISTS (SELECT 1 FROM work_items AS r
-                              WHERE r.scope = h.scope AND r.status = 'Running')
-            ORDER BY h.run_after, h.id
-            LIMIT p_limit
-            FOR UPDATE SKIP LOCKED) AS c
-        WHERE l.priority IS NOT NULL
-        UNION ALL
-        SELECT c.* FROM levels AS l
-        CROSS JOIN LATERAL (
-            SELECT u.id, u.scope, u.priority, u.run_after FROM work_items AS u
-            WHERE p_unscoped AND u.kind = l.kind AND u.priority = l.priority
-              AND u.status = 'Queued' AND u.scope IS NULL AND u.run_after <= now()
-            ORDER BY u.run_after, u.id
-            LIMIT p_limit
-            FOR UPDATE SKIP LOCKED) AS c
-        WHERE l.priority IS NOT NULL
-        UNION ALL
-        SELECT c.* FROM unnest(p_scopes) AS s (scope)
-        CROSS JOIN LATERAL (
-            SELECT h.id, h.scope, h.priority, h.run_after FROM work_items AS h
-            WHERE h.scope = s.scope AND h.status = 'Queued' AND h.is_head
-              AND h.kind IN (SELECT kind FROM kinds) AND h.run_after <= now()
-              AND NOT EXISTS (SELECT 1 FROM work_items AS r
-                              WHERE r.scope = h.scope AND r.status = 'Running')
-            ORDER BY h.priority DESC, h.run_after, h.id
-            LIMIT 1
-            FOR UPDATE SKIP LOCKED) AS c
-    ),
-    candidates AS (
-        SELECT d.id, d.scope FROM (
-            SELECT DISTINCT ON (COALESCE(d.scope, d.id::text)) d.*
-            FROM due AS d
-            WHERE d.scope IS NULL
-               OR NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = d.scope)
-            ORDER BY COALESCE(d.scope, d.id::text), d.priority DESC, d.run_after, d.id
-        ) AS d
-        ORDER BY d.priority DESC, d.run_after, d.id
-        LIMIT p_limit
-    ),
-    turn AS (
-        SELECT c.id FROM candidates AS c
-        WHERE c.scope IS NULL OR pg_try_advisory_xact_lock(29816, hashtext(c.scope))
-    ),
-    claimed AS (
-        -- The candidates are locked already, so they are still as the statement saw
-        -- them; they are looked up by primary key, whatever the plan.
-        UPDATE work_items AS w
-        SET status = 'Running', is_head = false,
-            attempt = w.attempt + 1,
-            worker_id = p_worker,
-            lease_expires_at = now() + make_interval(secs => p_lease),
-            heartbeat_at = now(),
-            started_at = now()
-        WHERE w.id = ANY(ARRAY(SELECT turn.id FROM turn))
-        RETURNING w.*
-    )
-    SELECT * FROM claimed;
+    FOR pass IN 1..5 LOOP
+        refused := NULL;
+        FOR got IN
+            WITH RECURSIVE
+            kinds AS (
+                SELECT DISTINCT k AS kind FROM unnest(p_kinds) AS k
+                WHERE NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.kind = k)
+            ),
+            levels AS (
+                -- Each kind's priority levels, highest first (over every scope's heads
+                -- and the unscoped items, or the unscoped items alone for a list of
+                -- scopes).
+                SELECT k.kind,
+                       GREATEST((SELECT max(h.priority) FROM work_items AS h
+                                 WHERE p_scopes IS NULL AND h.kind = k.kind
+                                   AND h.status = 'Queued' AND h.is_head),
+                                (SELECT max(u.priority) FROM work_items AS u
+                                 WHERE p_unscoped AND u.kind = k.kind AND u.status = 'Queued'
+                                   AND u.scope IS NULL)) AS priority
+                FROM kinds AS k
+                UNION ALL
+                SELECT l.kind,
+                       GREATEST((SELECT max(h.priority) FROM work_items AS h
+                                 WHERE p_scopes IS NULL AND h.kind = l.kind
+                                   AND h.status = 'Queued' AND h.is_head
+                                   AND h.priority < l.priority),
+                                (SELECT max(u.priority) FROM work_items AS u
+                                 WHERE p_unscoped AND u.kind = l.kind AND u.status = 'Queued'
+                                   AND u.scope IS NULL AND u.priority < l.priority))
+                FROM levels AS l WHERE l.priority IS NOT NULL
+            ),
+            due AS (
+                SELECT c.* FROM levels AS l
+                CROSS JOIN LATERAL (
+                    SELECT h.id, h.scope, h.priority, h.run_after FROM work_items AS h
+                    WHERE p_scopes IS NULL AND h.kind = l.kind AND h.priority = l.priority
+                      AND h.status = 'Queued' AND h.is_head AND h.run_after <= now()
+                      AND h.scope <> ALL(passed)
+                      AND NOT EXISTS (SELECT 1 FROM work_items AS r
+                                      WHERE r.scope = h.scope AND r.status = 'Running')
+                    ORDER BY h.run_after, h.id
+                    LIMIT window_size
+                    FOR UPDATE SKIP LOCKED) AS c
+                WHERE l.priority IS NOT NULL
+                UNION ALL
+                SELECT c.* FROM levels AS l
+                CROSS JOIN LATERAL (
+                    SELECT u.id, u.scope, u.priority, u.run_after FROM work_items AS u
+                    WHERE p_unscoped AND u.kind = l.kind AND u.priority = l.priority
+                      AND u.status = 'Queued' AND u.scope IS NULL AND u.run_after <= now()
+                    ORDER BY u.run_after, u.id
+                    LIMIT window_size
+                    FOR UPDATE SKIP LOCKED) AS c
+                WHERE l.priority IS NOT NULL
+                UNION ALL
+                SELECT c.* FROM unnest(p_scopes) AS s (scope)
+                CROSS JOIN LATERAL (
+                    SELECT h.id, h.scope, h.priority, h.run_after FROM work_items AS h
+                    WHERE h.scope = s.scope AND h.status = 'Queued' AND h.is_head
+                      AND h.kind IN (SELECT kind FROM kinds) AND h.run_after <= now()
+                      AND h.scope <> ALL(passed)
+                      AND NOT EXISTS (SELECT 1 FROM work_items AS r
+                                      WHERE r.scope = h.scope AND r.status = 'Running')
+                    ORDER BY h.priority DESC, h.run_after, h.id
+                    LIMIT 1
+                    FOR UPDATE SKIP LOCKED) AS c
+            ),
+            candidates AS (
+                SELECT d.* FROM (
+                    SELECT DISTINCT ON (COALESCE(d.scope, d.id::text)) d.*
+                    FROM due AS d
+                    WHERE d.scope IS NULL
+                       OR NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = d.scope)
+                    ORDER BY COALESCE(d.scope, d.id::text), d.priority DESC, d.run_after, d.id
+                ) AS d
+                ORDER BY d.priority DESC, d.run_after, d.id
+                LIMIT window_size
+            ),
+            turn AS (
+                -- Claims of one scope take turns on its claim lock (try only).
+                SELECT c.id, c.scope, c.priority, c.run_after,
+                       c.scope IS NULL OR pg_try_advisory_xact_lock(29816, hashtext(c.scope))
+                           AS ours
+                FROM candidates AS c
+            ),
+            chosen AS (
+                SELECT t.id FROM turn AS t WHERE t.ours
+                ORDER BY t.priority DESC, t.run_after, t.id
+                LIMIT wanted
+            ),
+            claimed AS (
+                -- The candidates are locked already, so they are still as the statement
+                -- saw them; they are looked up by primary key, whatever the plan.
+                UPDATE work_items AS w
+                SET status = 'Running', is_head = false,
+                    attempt = w.attempt + 1,
+                    worker_id = p_worker,
+                    lease_expires_at = now() + make_interval(secs => p_lease),
+                    heartbeat_at = now(),
+                    started_at = now()
+                WHERE w.id = ANY(ARRAY(SELECT chosen.id FROM chosen))
+                RETURNING w
+            )
+            SELECT c.w AS item,
+                   (SELECT array_agg(t.scope) FROM turn AS t WHERE NOT t.ours) AS refused
+            FROM (SELECT) AS one LEFT JOIN claimed AS c ON true
+        LOOP
+            refused := got.refused;
+            IF (got.item).id IS NOT NULL THEN
+                wanted := wanted - 1;
+                RETURN NEXT got.item;
+            END IF;
+        END LOOP;
+        EXIT WHEN refused IS NULL OR wanted = 0;
+        passed := passed || refused;
+        window_size := window_size * 8;
+    END LOOP;
     PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
 END
 $function$;
