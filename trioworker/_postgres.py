@@ -25,6 +25,7 @@ from psycopg.rows import dict_row
 from . import _bridge
 from ._dsn import redact, redact_dsn
 from ._errors import DatabaseUnavailable, Lost, SchemaNotReady, StoreError, StoreTimeout
+from ._jsontext import UndecodableValue, loads_or_mark
 from ._model import (
     FINISHED,
     AttemptRecord,
@@ -61,6 +62,8 @@ SETTLE_CHANNEL = "trioworker_settle"
 #: The queue's own writes retry these (none is expected by design; each is counted).
 _CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 _CONFLICT_RETRIES = 5
+#: A transaction's BEGIN tries this many pooled connections before it gives up.
+_BEGIN_TRIES = 3
 
 # Connection settings that keep a dead link from holding a call forever; a DSN that
 # sets any of them wins.
@@ -223,6 +226,10 @@ class PostgresStore:
                     await trio.sleep(0.01 * (retry + 1))
                 except psycopg.Error as exc:
                     raise self._translate(name, exc) from None
+                except UnicodeEncodeError as exc:  # psycopg's own, for a lone surrogate
+                    raise StoreError(
+                        f"{name}: a value is not valid Unicode ({exc.reason}); nothing sent"
+                    ) from None
         self._timeouts += 1
         raise StoreTimeout(f"{name}: no answer from PostgreSQL within {limit:g}s")
 
@@ -397,14 +404,20 @@ class PostgresStore:
         self,
     ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:  # pragma: no mutate block
         async def begin() -> psycopg.AsyncConnection[Any]:
-            conn = await self._pool.getconn()
-            try:
-                await conn.execute("BEGIN")
-            except BaseException:
-                await conn.close()
-                await self._pool.putconn(conn)
-                raise
-            return conn
+            # A pooled connection whose backend was terminated fails at once; nothing
+            # was done on it yet, so the transaction begins again on a fresh one.
+            for fresh in range(_BEGIN_TRIES, 0, -1):
+                conn = await self._pool.getconn()
+                try:
+                    await conn.execute("BEGIN")
+                except BaseException as exc:
+                    await conn.close()
+                    await self._pool.putconn(conn)
+                    if fresh > 1 and isinstance(exc, psycopg.OperationalError):
+                        continue
+                    raise
+                return conn
+            raise AssertionError("unreachable")  # pragma: no cover
 
         async def finish(conn: psycopg.AsyncConnection[Any], statement: LiteralString) -> None:
             try:
@@ -491,7 +504,7 @@ class PostgresStore:
             raise AssertionError("unreachable")  # pragma: no cover
 
         rows = await self._call("claim", op)
-        return sorted((WorkItem(**row) for row in rows), key=lambda item: item.id)
+        return sorted((WorkItem(**_decoded(row)) for row in rows), key=lambda item: item.id)
 
     async def seconds_until_due(
         self,
@@ -822,7 +835,7 @@ class PostgresStore:
         rows = await self._rows("get_item", {"id": id})
         if not rows:
             return None
-        return ItemState(**{**rows[0], "status": Status(rows[0]["status"])})
+        return ItemState(**{**_decoded(rows[0]), "status": Status(rows[0]["status"])})
 
     async def query(
         self, name: str, **params: Any
@@ -963,6 +976,18 @@ def match_inserted(
     if pending is not None:
         raise StoreError("enqueue_many: more rows came back than were asked for")
     return out
+
+
+def _decoded(row: dict[str, Any]) -> dict[str, Any]:
+    """A row read with its payload and trace context as text, those decoded: a payload
+    Python cannot decode becomes an UndecodableValue (a claimed one fails its item), a
+    trace context that cannot be decoded is dropped."""
+    trace_context = loads_or_mark(row["trace_context"])
+    return {
+        **row,
+        "payload": loads_or_mark(row["payload"]),
+        "trace_context": None if isinstance(trace_context, UndecodableValue) else trace_context,
+    }
 
 
 def _connect_kwargs(dsn: str, application_name: str) -> dict[str, Any]:

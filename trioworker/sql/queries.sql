@@ -39,8 +39,10 @@ SELECT id FROM work_items WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 -- Up to %(limit)s due items of the served kinds whose scopes are free, never two of
 -- one scope (work_claim: NOT EXISTS over Running items and a claim lock per scope;
 -- work_items_one_running_per_scope under both, whose name the store recognises).
-SELECT id, kind, scope, payload, priority, attempt, stalls, failures, requested_at, dedup_key,
-       trace_context
+-- The payload and trace context come as text, decoded one item at a time: one that
+-- Python cannot decode fails its own item (trioworker._jsontext), never the batch.
+SELECT id, kind, scope, payload::text AS payload, priority, attempt, stalls, failures,
+       requested_at, dedup_key, trace_context::text AS trace_context
 FROM work_claim(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s, %(scopes)s, %(unscoped)s);
 
 -- name: seconds_until_due
@@ -168,9 +170,11 @@ FROM (SELECT 1) AS one
 LEFT JOIN work_items AS r ON r.scope = %(scope)s AND r.status = 'Running';
 
 -- name: get_item
-SELECT id, kind, scope, payload, priority, status, attempt, stalls, failures, worker_id,
-       requested_at, run_after, started_at, finished_at, heartbeat_at, lease_expires_at,
-       dedup_key, cancel_requested, reason, error, traceback, trace_context
+-- The payload and trace context as text, as the claim reads them.
+SELECT id, kind, scope, payload::text AS payload, priority, status, attempt, stalls,
+       failures, worker_id, requested_at, run_after, started_at, finished_at, heartbeat_at,
+       lease_expires_at, dedup_key, cancel_requested, reason, error, traceback,
+       trace_context::text AS trace_context
 FROM work_items WHERE id = %(id)s;
 
 -- name: attempts
