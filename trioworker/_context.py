@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 import trio
 
+from ._errors import DatabaseUnavailable
 from ._model import WorkItem
 
 if TYPE_CHECKING:
@@ -40,7 +41,10 @@ class Context:
     store: Store
     #: The attempt this context belongs to.
     item: WorkItem
+    #: Called once a transaction that completed the item has committed.
+    _on_completed: Callable[[], None] | None = attrs.field(default=None, repr=False)
     _completed: bool = attrs.field(default=False, init=False)
+    _database_error: DatabaseUnavailable | None = attrs.field(default=None, init=False)
 
     @property
     def stopping(self) -> bool:
@@ -51,6 +55,17 @@ class Context:
     def completed_in_transaction(self) -> bool:
         """Whether the handler finished its item inside `transaction()` (committed)."""
         return self._completed
+
+    def lost_database(self, error: BaseException | None) -> bool:
+        """Whether `error` (what the handler raised) is, or holds, the lost database link
+        that a `transaction()` of this attempt raised: the Worker's problem, not the
+        handler's."""
+        lost = self._database_error
+        if lost is None or error is None:
+            return False
+        if isinstance(error, BaseExceptionGroup):
+            return error.split(lambda e: e is lost)[0] is not None
+        return error is lost
 
     async def run_in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking file work in a thread, within the Worker's file limiter.
@@ -70,13 +85,25 @@ class Context:
         handler's writes commit only while the attempt holds the item; the row stays
         locked until the commit, so keep the transaction short (the item's heartbeat
         waits for it). Call `tx.complete()` to finish the item as Succeeded in the same
-        commit as the writes: exactly once for database effects.
+        commit as the writes: exactly once for database effects. Once that commit is
+        made the scope is free for the next item, so the attempt ends there: the
+        handler is cancelled at its next checkpoint (make it the last thing it does).
+
+        A lost link to PostgreSQL raises `trioworker.DatabaseUnavailable` here; let it
+        propagate and the attempt counts as a stall (lease recovery requeues the item),
+        not as a failure of the handler.
 
             async with ctx.transaction() as tx:
                 await tx.execute("INSERT INTO thumbnails (asset) VALUES (%s)", [asset])
                 tx.complete()
         """
-        async with self.store.fenced_transaction(self.item.id, self.item.attempt) as tx:
-            yield tx
+        try:
+            async with self.store.fenced_transaction(self.item.id, self.item.attempt) as tx:
+                yield tx
+        except DatabaseUnavailable as exc:
+            self._database_error = exc
+            raise
         if tx.completes:
             self._completed = True
+            if self._on_completed is not None:
+                self._on_completed()

@@ -10,6 +10,7 @@ alone, so a self-stopped or lost attempt writes nothing.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -18,10 +19,19 @@ from typing import Any, Protocol, TypeVar
 import trio
 
 from ._context import Context
-from ._errors import HandlerTimeout, StoreError
+from ._errors import DatabaseUnavailable, HandlerTimeout, StoreError
+from ._jsontext import UndecodableValue
 from ._logging import item_logger
 from ._model import Heartbeat, WorkItem
-from ._policy import Action, CancelReason, Decision, Outcome, decide
+from ._policy import (
+    Action,
+    CancelReason,
+    Decision,
+    Outcome,
+    decide,
+    reduced,
+    undecodable_payload,
+)
 from ._registry import Registry
 from ._retry import Backoff
 from ._settings import Settings
@@ -105,8 +115,8 @@ class AttemptTrace(Protocol):
     def end(self, outcome: str, error: BaseException | None) -> None:
         """The attempt is over: `outcome` names its write ("complete", "retry", "fail",
         "cancel", "release"), or why there was none ("succeeded-in-transaction",
-        "self_stopped", "lost", "fenced-out", "write-failed", or "abandoned" with the
-        exception that ended it when the Worker stopped at once)."""
+        "self_stopped", "lost", "database-lost", "fenced-out", "write-failed", or
+        "abandoned" with the exception that ended it when the Worker stopped at once)."""
 
 
 class Tracer(Protocol):
@@ -186,13 +196,31 @@ class Executor:
             give_up_at = claim_sent_at + self.settings.self_stop_after
             trace.end(await self._write(item, decision, give_up_at, ilog), None)
             return decision
+        if isinstance(item.payload, UndecodableValue):
+            # Stored by plain SQL past what Python can read: no attempt can run it.
+            ilog.error(
+                "the payload cannot be decoded (%s): failing the item without running it",
+                item.payload.reason,
+            )
+            decision = undecodable_payload(item.payload.reason)
+            give_up_at = claim_sent_at + self.settings.self_stop_after
+            trace.end(await self._write(item, decision, give_up_at, ilog), None)
+            return decision
 
         attempt = Attempt(item, claim_sent_at, self.settings, self.on_deadline)
         self.running[item.id] = attempt
         self._deadlines_changed()
         if self._shutting_down:
             attempt.cancel(CancelReason.SHUTDOWN)
-        ctx = Context(self.worker_id, attempt.scope, self.limiter, ilog, self.store, item)
+        ctx = Context(
+            self.worker_id,
+            attempt.scope,
+            self.limiter,
+            ilog,
+            self.store,
+            item,
+            on_completed=functools.partial(attempt.cancel, CancelReason.COMPLETED),
+        )
         started = trio.current_time()
         try:
             async with trio.open_nursery() as nursery:
@@ -216,14 +244,11 @@ class Executor:
             failures_before=item.failures,
             policy=registration.retry,
         )
-        in_transaction = ctx.completed_in_transaction and decision.action is Action.COMPLETE
-        if in_transaction:
-            decision = Decision(Action.NOTHING)  # Succeeded, with the handler's writes
         self._log_end(ilog, reason, outcome, decision, attempt)
         if reason is CancelReason.SELF_STOP:
             trace.event("self_stopped")
         if decision.action is Action.NOTHING:
-            written = "succeeded-in-transaction" if in_transaction else reason_name(reason)
+            written = nothing_written(reason, outcome, ctx.completed_in_transaction)
         else:
             written = await self._write(item, decision, attempt.scope.deadline, ilog)
         trace.end(written, outcome.error)
@@ -239,11 +264,24 @@ class Executor:
     async def _run_handler(
         self, handler: Any, item: WorkItem, ctx: Context, attempt: Attempt
     ) -> Outcome:
+        """Whatever the handler raises is data for `decide`: an Exception, and also a
+        KeyboardInterrupt, SystemExit or any other BaseException raised in its code
+        (the Worker's own signals never arrive that way). Only Trio's cancellation of
+        the Worker itself goes on up; the attempt's own is caught by its scope."""
         try:
             with attempt.scope:
                 await handler(item, ctx)
-        except Exception as exc:  # the handler's error is data for `decide`
-            return Outcome(error=exc)
+        except trio.Cancelled:
+            raise
+        except BaseExceptionGroup as group:
+            cancelled, raised = group.split(trio.Cancelled)
+            if cancelled is not None:  # the Worker is being cancelled: that goes on up
+                if raised is not None:
+                    ctx.log.info("as the Worker stopped, the handler raised %r; ignored", raised)
+                raise cancelled from None
+            return Outcome(error=group, database_lost=ctx.lost_database(group))
+        except BaseException as exc:
+            return Outcome(error=exc, database_lost=ctx.lost_database(exc))
         return Outcome()
 
     async def _watch(
@@ -349,8 +387,21 @@ class Executor:
         elif reason is CancelReason.LOST:
             ilog.warning("lost: another attempt owns the item now; writing nothing")
             self._observe("lost", attempt.item.kind)
+        elif reason is CancelReason.COMPLETED:
+            if attempt.scope.cancelled_caught:
+                ilog.info(
+                    "the handler went on after completing its item in a transaction;"
+                    " cancelled there (the scope was free for the next item)"
+                )
         elif reason is not None:
             ilog.info("stopped (%s)", reason.value)
+        elif outcome.database_lost:
+            ilog.warning(
+                "lost PostgreSQL in the attempt's transaction (%s); writing nothing,"
+                " lease recovery will requeue it as a stall",
+                outcome.error,
+            )
+            self._observe("database_lost", attempt.item.kind)
         elif decision.action is Action.RETRY:
             ilog.warning(
                 "handler failed (%s); retrying in %.1fs",
@@ -383,10 +434,25 @@ class Executor:
         be fenced out anyway.
         """
         backoff = Backoff(initial=0.2, maximum=2.0)
+        refusals = 0
         while True:
             try:
                 applied = await self._apply(item, decision)
             except StoreError as exc:
+                if not isinstance(exc, DatabaseUnavailable):
+                    # The database refused the write itself: once more as it was, then
+                    # in smaller forms, never left to become a stall.
+                    refusals += 1
+                    smaller = decision if refusals == 1 else reduced(decision)
+                    if smaller is not None:
+                        ilog.warning(
+                            "the database refused %s (%s); %s",
+                            decision.action.value,
+                            exc,
+                            "trying again" if smaller is decision else "recording it reduced",
+                        )
+                        decision = smaller
+                        continue
                 delay = backoff.next()
                 if too_late(trio.current_time(), delay, give_up_at):
                     ilog.error(
@@ -445,6 +511,13 @@ def unless_cancelled(exc: BaseException) -> BaseException | None:
     return None if isinstance(exc, trio.Cancelled) else exc
 
 
-def reason_name(reason: CancelReason | None) -> str:
-    """An attempt that wrote nothing, for a trace: "self_stopped" or "lost"."""
-    return "self_stopped" if reason is CancelReason.SELF_STOP else "lost"
+def nothing_written(reason: CancelReason | None, outcome: Outcome, completed: bool) -> str:
+    """Why an attempt wrote nothing, for a trace: "succeeded-in-transaction",
+    "self_stopped", "database-lost" or "lost"."""
+    if completed:
+        return "succeeded-in-transaction"
+    if reason is CancelReason.SELF_STOP:
+        return "self_stopped"
+    if reason is None and outcome.database_lost:
+        return "database-lost"
+    return "lost"

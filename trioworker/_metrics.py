@@ -40,6 +40,10 @@ EVENT_COUNTERS: Mapping[str, tuple[str, str]] = {
         "Attempts that stopped themselves: no heartbeat succeeded for half a lease",
     ),
     "lost": ("trioworker_items_lost", "Attempts that found another attempt owned the item"),
+    "database_lost": (
+        "trioworker_items_database_lost",
+        "Attempts whose fenced transaction lost PostgreSQL (left to lease recovery as stalls)",
+    ),
     "stall_recovered": (
         "trioworker_stalls_recovered",
         "Expired leases this Worker's lease recovery took back (stalls)",

@@ -17,6 +17,7 @@ import attrs
 
 from ._errors import Lost
 from ._retry import backoff_delay
+from ._text import ascii_only, storable
 
 
 class CancelReason(enum.Enum):
@@ -25,6 +26,7 @@ class CancelReason(enum.Enum):
     CANCEL_REQUESTED = "cancel-requested"  # someone asked for the item to stop
     SHUTDOWN = "shutdown"  # the Worker is stopping and the grace period ran out
     TIMEOUT = "timeout"  # the kind's timeout ran out (the executor makes it an error)
+    COMPLETED = "completed"  # the handler completed its item in a fenced transaction
 
 
 class Action(enum.Enum):
@@ -57,10 +59,19 @@ class Outcome:
     """How the handler ended, when nothing cancelled it."""
 
     error: BaseException | None = None  # None: it returned
+    #: The error is the Worker's lost database link, raised by the attempt's fenced
+    #: transaction (`ctx.transaction()`): not the handler's failure.
+    database_lost: bool = False
 
 
 #: A traceback kept with an item is cut to its last this many characters.
 TRACEBACK_LIMIT = 16 * 1024
+#: An error text kept with an item is cut to this many characters.
+ERROR_LIMIT = 4096
+#: A reduced error text, for a write the database refused with the full one.
+REDUCED_ERROR_LIMIT = 500
+#: The error text of a write refused even in its reduced form.
+UNSTORABLE_ERROR = "(the error text could not be stored)"
 
 
 @attrs.frozen
@@ -75,19 +86,50 @@ class Decision:
 
 
 def describe_error(error: BaseException) -> str:
-    """`Type: message`, or the type alone when the message is empty."""
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+    """`Type: message`, or the type alone when the message is empty; storable as text
+    (`storable`) and at most ERROR_LIMIT characters. Never raises, whatever the
+    exception's `__str__` does."""
+    name = type(error).__name__
+    try:
+        text = str(error)
+    except Exception as exc:  # a broken __str__ is part of what the handler raised
+        text = f"<str() of the error raised {type(exc).__name__}>"
+    return storable(f"{name}: {text}" if text else name, ERROR_LIMIT)
 
 
 def describe_traceback(error: BaseException, limit: int = TRACEBACK_LIMIT) -> str:
-    """The formatted traceback of `error`, cut to its last `limit` characters (the end
-    is where it failed), with a first line saying how much was cut."""
-    text = "".join(traceback.format_exception(error))
+    """The formatted traceback of `error`, storable as text and cut to its last `limit`
+    characters (the end is where it failed), with a first line saying how much was
+    cut. Never raises."""
+    try:
+        text = storable("".join(traceback.format_exception(error)))
+    except Exception as exc:
+        text = f"(the traceback could not be formatted: {type(exc).__name__})\n"
     if len(text) <= limit:
         return text
     cut = len(text) - limit
     return f"... ({cut} characters cut)\n" + text[cut:]
+
+
+def reduced(decision: Decision) -> Decision | None:
+    """The smaller form of a write the database refused: the error text cut short and
+    ASCII only, without the traceback; then a fixed text. None: nothing left to cut."""
+    if decision.error is None or decision.error == UNSTORABLE_ERROR:
+        return None
+    if decision.traceback is not None or len(decision.error) > REDUCED_ERROR_LIMIT:
+        short = storable(ascii_only(decision.error), REDUCED_ERROR_LIMIT)
+        return attrs.evolve(decision, error=short, traceback=None)
+    return attrs.evolve(decision, error=UNSTORABLE_ERROR)  # its traceback is None already
+
+
+def undecodable_payload(reason: str) -> Decision:
+    """The write for a claimed item whose stored payload Python cannot decode: it
+    fails at once, without running its handler (another attempt would fare no better)."""
+    return Decision(
+        Action.FAIL,
+        reason="payload cannot be decoded",
+        error=storable(f"UndecodablePayload: the payload {reason}", ERROR_LIMIT),
+    )
 
 
 def decide(  # noqa: PLR0911  one return per rule reads like the rule
@@ -106,12 +148,16 @@ def decide(  # noqa: PLR0911  one return per rule reads like the rule
     """
     if reason is CancelReason.SELF_STOP or reason is CancelReason.LOST:
         return Decision(Action.NOTHING)
+    if reason is CancelReason.COMPLETED:  # Succeeded already, with the handler's writes
+        return Decision(Action.NOTHING)
     if isinstance(outcome.error, Lost):  # a fenced transaction found the item gone
         return Decision(Action.NOTHING)
     if reason is CancelReason.CANCEL_REQUESTED:
         return Decision(Action.CANCEL)
     if reason is CancelReason.SHUTDOWN:
         return Decision(Action.RELEASE)
+    if outcome.database_lost:  # a stall: lease recovery requeues it and counts one
+        return Decision(Action.NOTHING)
     if outcome.error is None:
         return Decision(Action.COMPLETE)
     error = describe_error(outcome.error)

@@ -14,3 +14,8 @@ def storable(text: str, limit: int | None = None) -> str:
     if limit is not None and len(text) > limit:
         text = text[: max(limit - 3, 0)] + "..."
     return text
+
+
+def ascii_only(text: str) -> str:
+    """`text` in ASCII, every other character as its backslash escape (`\\xe9`)."""
+    return text.encode("ascii", "backslashreplace").decode("ascii")

@@ -30,6 +30,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from ._errors import ConfigurationError
+from ._policy import describe_error
 from ._validation import MAX_TRACE_CONTEXT_BYTES
 
 if TYPE_CHECKING:
@@ -43,7 +44,16 @@ SPAN_NAME = "trioworker.attempt"
 
 #: Outcomes of an attempt that did not do its work: its span's status is ERROR.
 ERROR_OUTCOMES = frozenset(
-    {"fail", "retry", "self_stopped", "lost", "fenced-out", "write-failed", "abandoned"}
+    {
+        "fail",
+        "retry",
+        "self_stopped",
+        "lost",
+        "database-lost",
+        "fenced-out",
+        "write-failed",
+        "abandoned",
+    }
 )
 
 _EXPORTERS_GROUP = "opentelemetry_traces_exporter"
@@ -89,9 +99,18 @@ class AttemptSpan:
         span = self.span
         span.set_attribute("trioworker.outcome", outcome)
         if error is not None:
-            span.record_exception(error)
+            try:
+                span.record_exception(error)
+            except Exception:  # its __str__ raised: record what describe_error makes of it
+                span.add_event(
+                    "exception",
+                    {
+                        "exception.type": type(error).__name__,
+                        "exception.message": describe_error(error),
+                    },
+                )
         if outcome in ERROR_OUTCOMES:
-            described = f"{type(error).__name__}: {error}" if error is not None else outcome
+            described = describe_error(error) if error is not None else outcome
             span.set_status(Status(StatusCode.ERROR, f"{outcome}: {described}"))
         otel_context.detach(self._token)
         span.end()

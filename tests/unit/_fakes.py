@@ -17,11 +17,12 @@ import trio
 import trio.testing
 
 from trioworker import Context, Registry, Settings, Worker, WorkItem
-from trioworker._errors import DatabaseUnavailable
+from trioworker._errors import DatabaseUnavailable, StoreError
 from trioworker.testing import MemoryStore
 
-#: A step of a scripted store call: "fail" (a StoreError), "hang" (no answer ever),
-#: seconds to wait before answering, or "ok".
+#: A step of a scripted store call: "fail" (DatabaseUnavailable), "refuse" (a
+#: StoreError: the database refused the call itself), "hang" (no answer ever), seconds
+#: to wait before answering, or "ok".
 Step = str | float
 
 
@@ -45,6 +46,8 @@ class ScriptedStore(MemoryStore):
         step = steps.pop(0) if steps else "ok"
         if step == "fail":
             raise DatabaseUnavailable(f"{op}: down")
+        if step == "refuse":
+            raise StoreError(f"{op}: refused")
         if step == "hang":
             await trio.sleep_forever()
         if isinstance(step, float):

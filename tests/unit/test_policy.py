@@ -6,6 +6,9 @@ import pytest
 
 from trioworker import Lost
 from trioworker._policy import (
+    ERROR_LIMIT,
+    REDUCED_ERROR_LIMIT,
+    UNSTORABLE_ERROR,
     Action,
     CancelReason,
     Decision,
@@ -15,6 +18,8 @@ from trioworker._policy import (
     decide,
     describe_error,
     describe_traceback,
+    reduced,
+    undecodable_payload,
 )
 from trioworker._retry import Backoff, backoff_delay
 
@@ -149,3 +154,112 @@ def test_retry_policy_rejects_nonsense(kwargs: dict[str, float]) -> None:
     """A retry policy with impossible numbers is refused."""
     with pytest.raises(ValueError):
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+# -- what handlers raise, made storable (issue 18) -------------------------------------
+
+
+class BrokenStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no")
+
+
+@pytest.mark.parametrize(
+    ("error", "text"),
+    [
+        (DoNotRetry("no such file: /m/caf\udce9"), "DoNotRetry: no such file: /m/caf\\udce9"),
+        (ValueError("a\x00b"), "ValueError: a\\x00b"),
+        (BrokenStr(), "BrokenStr: <str() of the error raised RuntimeError>"),
+        (KeyboardInterrupt(), "KeyboardInterrupt"),
+        (SystemExit(3), "SystemExit: 3"),
+        (ValueError("é [b]"), "ValueError: é [b]"),
+    ],
+)
+def test_an_error_is_described_as_storable_text(error: BaseException, text: str) -> None:
+    assert describe_error(error) == text
+
+
+def test_an_error_text_is_cut_to_its_limit() -> None:
+    text = describe_error(ValueError("x" * 10_000))
+    assert len(text) == ERROR_LIMIT and text.startswith("ValueError: xxx")
+    assert text.endswith("x...")
+
+
+def test_a_traceback_is_storable_and_within_its_limit_after_escaping() -> None:
+    """Escaping a surrogate takes six characters for one: the cut comes after it, so
+    the stored traceback still fits the table's limit."""
+    try:
+        raise ValueError("\udce9" * 10_000)
+    except ValueError as exc:
+        text = describe_traceback(exc, limit=1000)
+    assert "\udce9" not in text and "\\udce9" in text
+    assert len(text) <= 1000 + len("... (59999 characters cut)\n")
+    assert text.startswith("... (") and text.endswith("\\udce9\n")
+    text.encode("utf-8")  # storable
+
+
+def test_a_traceback_of_a_broken_str_is_still_formatted() -> None:
+    try:
+        raise BrokenStr
+    except BrokenStr as exc:
+        text = describe_traceback(exc)
+    assert text.startswith("Traceback") and "BrokenStr: <exception str() failed>" in text
+
+
+def test_a_refused_write_is_reduced_then_replaced() -> None:
+    """The database refused the full text: first without the traceback and cut short,
+    ASCII only; then a fixed text; then nothing is left to cut."""
+    full = Decision(Action.FAIL, reason="r", error="E: " + "é" * 600, traceback="tb")
+    first = reduced(full)
+    assert first is not None
+    assert (first.action, first.reason, first.traceback) == (Action.FAIL, "r", None)
+    assert first.error is not None and first.error.isascii()
+    assert first.error.startswith("E: \\xe9") and len(first.error) == REDUCED_ERROR_LIMIT
+    second = reduced(first)
+    assert second == Decision(Action.FAIL, reason="r", error=UNSTORABLE_ERROR)
+    assert reduced(second) is None
+    short = Decision(Action.RETRY, delay=3.0, error="E: x")
+    assert reduced(short) == Decision(Action.RETRY, delay=3.0, error=UNSTORABLE_ERROR)
+    assert reduced(Decision(Action.RETRY, error="E: x", traceback="tb")) == Decision(
+        Action.RETRY, error="E: x"
+    )
+    assert reduced(Decision(Action.COMPLETE)) is None
+
+
+def test_an_undecodable_payload_fails_its_item_with_the_reason() -> None:
+    assert undecodable_payload("nested too deeply") == Decision(
+        Action.FAIL,
+        reason="payload cannot be decoded",
+        error="UndecodablePayload: the payload nested too deeply",
+    )
+
+
+@pytest.mark.parametrize("outcome", [RETURNED, RAISED, Outcome(error=DoNotRetry("x"))])
+def test_an_item_completed_in_its_transaction_gets_no_further_write(outcome: Outcome) -> None:
+    assert choose(CancelReason.COMPLETED, outcome) == Decision(Action.NOTHING)
+
+
+def test_a_lost_database_link_is_a_stall_not_a_failure() -> None:
+    """Even past the retry budget: the attempt writes nothing, and lease recovery
+    counts a stall."""
+    lost = Outcome(error=ValueError("down"), database_lost=True)
+    assert choose(None, lost, failures_before=5) == Decision(Action.NOTHING)
+    assert choose(CancelReason.CANCEL_REQUESTED, lost) == Decision(Action.CANCEL)
+    assert choose(None, Outcome(error=ValueError("down")), failures_before=5).action is (
+        Action.FAIL
+    )
+
+
+def test_a_traceback_that_cannot_be_formatted_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(error: BaseException) -> list[str]:
+        raise RuntimeError("formatting broke")
+
+    monkeypatch.setattr("trioworker._policy.traceback.format_exception", broken)
+    assert describe_traceback(ValueError("x")) == (
+        "(the traceback could not be formatted: RuntimeError)\n"
+    )
+
+
+def test_an_undecodable_payloads_reason_is_cut_to_the_error_limit() -> None:
+    decision = undecodable_payload("x" * 10_000)
+    assert decision.error is not None and len(decision.error) == ERROR_LIMIT
