@@ -3,7 +3,9 @@
 Each claimer is a process of its own with its own store; they start together (a
 barrier) and for a fixed time claim through `store.claim` and complete at once what
 they got. The queue alternates unscoped items and items of S scopes, with more than
-the run can take. Reported: claims/s, race losses (`store.statistics()`), claim latency,
+the run can take; with L > 1 each scope's items are spread over L priorities, so a scope
+has L heads and two claims can meet on one scope (one of them is refused its claim
+lock: before migration 0006 that emptied a claim of one item). Reported: claims/s, race losses (`store.statistics()`), claim latency,
 and the scope rule, checked twice: a sampler that reads the most Running items any scope
 has (every 10 ms, during the run), and afterwards the claimers' own records of when
 they held each scoped item, which must never overlap within a scope.
@@ -79,12 +81,12 @@ def overlaps(held: list[tuple[str, float, float]]) -> int:
 
 
 def run_config(
-    srv: Server, workers: int, scopes: int, duration: float, items: int
+    srv: Server, workers: int, scopes: int, duration: float, items: int, lines: int = 1
 ) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     with srv.database("contention") as dsn, connect(dsn) as conn:
-        conn.execute(QUERIES["insert_mixed"], {"kind": "Noop", "prefix": "s-", "n": items,
-                                               "scopes": scopes})  # fmt: skip
+        conn.execute(QUERIES["insert_lines"], {"kind": "Noop", "prefix": "s-", "n": items,
+                                               "scopes": scopes, "lines": lines})  # fmt: skip
         conn.execute("VACUUM ANALYZE work_items")
         barrier = ctx.Barrier(workers + 1)
         queue = ctx.Queue()
@@ -111,6 +113,7 @@ def run_config(
     return {
         "workers": workers,
         "scopes": scopes,
+        "lines": lines,
         "duration": duration,
         "items": items,
         "claims": len(latencies),
@@ -130,17 +133,21 @@ def run_config(
 
 def main(srv: Server, quick: bool, out: Path) -> dict[str, Any]:
     duration, items = (1.5, 10_000) if quick else (5.0, 40_000)
-    configs = [(w, s) for s in (1, 10, 1000) for w in (1, 2, 4, 8)]
+    # One line per scope, and (L=4) four priorities per scope: four heads, so claims
+    # can meet on different heads of one scope and one of them is refused its claim lock.
+    configs = [(w, s, 1) for s in (1, 10, 1000) for w in (1, 2, 4, 8)]
+    configs += [(w, s, 4) for s in (1, 10) for w in (2, 4, 8)]
     results = []
-    for workers, scopes in configs:
-        r = run_config(srv, workers, scopes, duration, items)
+    for workers, scopes, lines in configs:
+        r = run_config(srv, workers, scopes, duration, items, lines)
         results.append(r)
-        print(f"  W={workers} S={scopes}: {r['claims_per_s']:,.0f} claims/s")
+        print(f"  W={workers} S={scopes} L={lines}: {r['claims_per_s']:,.0f} claims/s")
     show(
-        f"Claim contention: W claimer processes, S scopes + unscoped items ({duration:g} s each)",
-        ["W x S", "claims/s", "scoped", "unscoped", "empty", "race losses", "p50 ms", "p99 ms",
-         "max Running/scope", "overlaps"],
-        [[f"{r['workers']} x {r['scopes']}", r["claims_per_s"], r["scoped_claims"],
+        f"Claim contention: W claimer processes, S scopes of L lines + unscoped items"
+        f" ({duration:g} s each)",
+        ["W x S x L", "claims/s", "scoped", "unscoped", "empty", "race losses", "p50 ms",
+         "p99 ms", "max Running/scope", "overlaps"],
+        [[f"{r['workers']} x {r['scopes']} x {r['lines']}", r["claims_per_s"], r["scoped_claims"],
           r["unscoped_claims"], r["empty_claims"], r["race_losses"], r["latency"]["median_ms"],
           r["latency"]["p99_ms"], r["most_running_in_a_scope"], r["overlapping_holds"]]
          for r in results],

@@ -30,6 +30,14 @@ INSERT INTO work_items (kind, scope)
 SELECT %(kind)s, CASE WHEN mod(g, 2) = 1 THEN %(prefix)s || mod(g / 2, %(scopes)s) END
 FROM generate_series(0, %(n)s - 1) AS g;
 
+-- name: insert_lines
+-- As insert_mixed, but each scoped item at one of %(lines)s priorities, so each scope
+-- has that many lines (and heads): claims can meet on different heads of one scope.
+INSERT INTO work_items (kind, scope, priority)
+SELECT %(kind)s, CASE WHEN mod(g, 2) = 1 THEN %(prefix)s || mod(g / 2, %(scopes)s) END,
+       CASE WHEN mod(g, 2) = 1 THEN mod(g / (2 * %(scopes)s), %(lines)s) ELSE 0 END
+FROM generate_series(0, %(n)s - 1) AS g;
+
 -- name: plain_index
 -- The index a plain NOT EXISTS claim needs to walk Queued items in scheduling order
 -- (what a queue without scope lines would have).
