@@ -25,7 +25,7 @@ import attrs
 
 from . import _commands, _logging
 from ._commands import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageError
-from ._dsn import DSN_ENV, _password, describe_defaults, redact, resolve_dsn
+from ._dsn import DSN_ENV, describe_defaults, redact, resolve_dsn, secrets
 from ._errors import TrioWorkerError
 from ._settings import Settings
 from ._validation import MAX_PRIORITY, MAX_RUN_AFTER_DISTANCE, MIN_PRIORITY
@@ -147,13 +147,21 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+#: Options no command has, whose value is a secret all the same: argparse's error for
+#: `dashboard --token SECRET` would show it.
+SECRET_OPTION = re.compile(r"--?[\w-]*(?:token|passw|secret)[\w-]*", re.IGNORECASE)
+NOT_SECRET = {"--token-file"}  # a path
+
+
 def secrets_in(argv: Sequence[str]) -> tuple[str, ...]:
-    """Passwords anywhere on a command line (in a DSN, a URI, or PGPASSWORD)."""
+    """Passwords anywhere on a command line (in a DSN or a URI of any shape, PGPASSWORD,
+    the value of an option named like a token or a password)."""
     found = {os.environ.get("PGPASSWORD", "")}
-    for arg in argv:
-        found.add(_password(arg.split("=", 1)[1] if arg.startswith("--dsn=") else arg) or "")
-        found.update(re.findall(r"password\s*=\s*'?([^\s']+)", arg))
-        found.update(re.findall(r"://[^:/@\s]*:([^@/\s]+)@", arg))
+    for index, arg in enumerate(argv):
+        found.update(secrets(arg.split("=", 1)[1] if arg.startswith("--dsn=") else arg))
+        name, eq, value = arg.partition("=")
+        if SECRET_OPTION.fullmatch(name) and name not in NOT_SECRET:
+            found.add(value if eq else "".join(argv[index + 1 : index + 2]))
     return tuple(sorted((s for s in found if s), key=len, reverse=True))
 
 
@@ -371,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(secrets_in(argv)).parse_args(argv)
     args.dsn_given = args.dsn is not None or DSN_ENV in os.environ
     raw_dsn = args.dsn if args.dsn is not None else os.environ.get(DSN_ENV, "")
-    _logging.configure(args.log_level, args.log_format, secret=_password(raw_dsn))
+    _logging.configure(args.log_level, args.log_format, secrets=secrets(raw_dsn))
     if args.log_level != "DEBUG":  # yoyo tells every step it applies
         logging.getLogger("yoyo").setLevel(logging.WARNING)
     try:

@@ -9,7 +9,7 @@ import datetime as dt
 import json
 import logging
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
 
 from ._model import WorkItem
@@ -67,29 +67,33 @@ class JsonFormatter(logging.Formatter):
 
 
 class RedactingFilter(logging.Filter):
-    """Masks a secret in the formatted message of every record it passes."""
+    """Masks secrets in the formatted message of every record it passes."""
 
-    def __init__(self, secret: str | None) -> None:
+    def __init__(self, *secrets: str | None) -> None:
         super().__init__()
-        self.secret = secret
+        # The longest first, so no part of one is left beside a shorter one's mask.
+        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.secret:
-            message = record.getMessage()
-            if self.secret in message:
-                record.msg = message.replace(self.secret, "***")
+        if self.secrets:
+            message = original = record.getMessage()
+            for secret in self.secrets:
+                message = message.replace(secret, "***")
+            if message != original:
+                record.msg = message
                 record.args = None
         return True
 
 
-def configure(level: str = "INFO", fmt: str = "text", secret: str | None = None) -> None:
-    """Send trioworker's logs (and the libraries') to stderr in the chosen format."""
+def configure(level: str = "INFO", fmt: str = "text", secrets: Iterable[str] = ()) -> None:
+    """Send trioworker's logs (and the libraries') to stderr in the chosen format,
+    masking `secrets` (the DSN's password, in every form it may take)."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(RedactingFilter(secret))
+    handler.addFilter(RedactingFilter(*secrets))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -70,6 +70,46 @@ def test_no_error_path_prints_the_password(command: list[str], where: str) -> No
         assert "cannot connect to PostgreSQL" in result.stderr.strip().splitlines()[-1]
 
 
+#: DSNs libpq cannot parse, or reads a piece of the password from as a port or a host.
+MALFORMED_DSNS = [
+    f"postgresql://u:{SECRET}%zz@127.0.0.1/db",
+    f"postgresql://u:{SECRET}@[::1/db",
+    f"postgresql://127.0.0.1/db?password={SECRET}%zz",
+    f"host=127.0.0.1 password='{SECRET} port=1",
+    f"host=127.0.0.1 password={SECRET} port",
+    "postgresql://u:S3cret/PW@127.0.0.1/db",
+]
+
+
+@pytest.mark.parametrize("bad_dsn", MALFORMED_DSNS)
+@pytest.mark.parametrize("where", ["--dsn", "env", "json"])
+def test_a_malformed_dsn_never_shows_its_password(bad_dsn: str, where: str) -> None:
+    """A DSN libpq cannot parse (or parses wrongly) given by --dsn, by $TRIOWORKER_DSN,
+    or with --log-format json: one error line (exit 1), no piece of the password in it."""
+    args, env = {
+        "--dsn": (["--dsn", bad_dsn, "status"], None),
+        "env": (["status"], {"TRIOWORKER_DSN": bad_dsn}),
+        "json": (["--log-format", "json", "--dsn", bad_dsn, "status"], None),
+    }[where]
+    result = run(*args, env=env)
+    assert result.returncode == 1, result.stderr
+    assert "S3cret" not in result.stderr and "PW" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    message = json.loads(last)["message"] if where == "json" else last
+    assert "bad DSN" in message or "cannot connect to PostgreSQL" in message, message
+
+
+def test_an_unknown_secret_option_is_masked_in_argparses_error() -> None:
+    """`dashboard --token SECRET` (there is no --token: a value would show in `ps`) is a
+    usage error whose message does not echo the value, given apart or with `=`."""
+    token = "tok-Zq81xVv"  # not the DSN's password, which is masked anyway
+    for args in (["--token", token], [f"--token={token}"]):
+        result = run("--dsn", "host=/nonexistent", "dashboard", "--allow-actions", *args)
+        assert result.returncode == 2
+        assert "unrecognized arguments: --token" in result.stderr and "***" in result.stderr
+        assert token not in result.stderr
+
+
 def test_global_options_work_after_the_command(dsn: str) -> None:
     """`status --dsn ... --log-format json` is the same as with the options first."""
     secret_dsn = with_password(dsn, SECRET)  # trust authentication ignores it
