@@ -28,6 +28,7 @@ from ._commands import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageE
 from ._dsn import DSN_ENV, describe_defaults, redact, resolve_dsn, secrets
 from ._errors import TrioWorkerError
 from ._settings import Settings
+from ._text import visible
 from ._validation import MAX_PRIORITY, MAX_RUN_AFTER_DISTANCE, MIN_PRIORITY
 from ._worker import default_worker_id
 
@@ -400,12 +401,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def report(message: str, dsn: str, log_format: str, code: int) -> int:
-    """The one line a failed command ends with: as a log line in JSON mode."""
+    """The one line a failed command ends with: as a log line in JSON mode; in text,
+    what it quotes (a kind, a database's message) shown `visible`."""
     message = redact(message, dsn)
     if log_format == "json":
         log.error("%s", message)
     else:
-        print(f"trioworker: error: {message}", file=sys.stderr)
+        print(f"trioworker: error: {visible(message, lines=True)}", file=sys.stderr)
     return code
 
 

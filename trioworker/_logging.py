@@ -1,6 +1,7 @@
 """Structured logs: every line about an item carries its id, attempt, kind, scope and
 the Worker's id; `--log-format json` writes one JSON object per line; a filter masks
-the DSN's password wherever it would appear.
+the DSN's password wherever it would appear. Text lines show what items carry
+literally: control characters escaped (`_text.visible`), so none reaches a terminal.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ import json
 import logging
 import sys
 from collections.abc import Iterable, Mapping, MutableMapping
+from types import TracebackType
 from typing import Any
 
 from ._model import WorkItem
+from ._text import visible
 
 ITEM_FIELDS = ("item_id", "attempt", "kind", "scope", "worker_id")
 
@@ -44,12 +47,21 @@ def _context(record: logging.LogRecord) -> dict[str, Any]:
 
 class TextFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
-        """The line with the item's fields after it, before any traceback."""
-        line = super().formatMessage(record)
+        """The line with the item's fields after it, before any traceback; what they
+        carry shown `visible` (a field on one line, the message keeping its lines)."""
+        line = visible(super().formatMessage(record), lines=True)
         context = _context(record)
         if context:
-            line += " [" + " ".join(f"{k}={v}" for k, v in context.items()) + "]"
+            line += " [" + " ".join(f"{k}={visible(str(v))}" for k, v in context.items()) + "]"
         return line
+
+    def formatException(
+        self,
+        ei: tuple[type[BaseException], BaseException, TracebackType | None]
+        | tuple[None, None, None],
+    ) -> str:
+        """The traceback, its exception's text shown `visible` (lines kept)."""
+        return visible(super().formatException(ei), lines=True)
 
 
 class JsonFormatter(logging.Formatter):

@@ -1,6 +1,9 @@
-"""Text that came from handlers and callers, made safe to store. Pure functions."""
+"""Text that came from handlers and callers, made safe to store and to show. Pure
+functions."""
 
 from __future__ import annotations
+
+import re
 
 
 def storable(text: str, limit: int | None = None) -> str:
@@ -14,3 +17,24 @@ def storable(text: str, limit: int | None = None) -> str:
     if limit is not None and len(text) > limit:
         text = text[: max(limit - 3, 0)] + "..."
     return text
+
+
+#: What a terminal would act on rather than show: the C0 controls, DEL and the C1
+#: controls (ESC and CSI start the escape sequences that move the cursor, set the
+#: title (OSC) or make links), lone surrogates (no terminal's encoding takes them), and
+#: the line separators and bidirectional controls that break or reorder a line.
+_HIDDEN = "\x7f-\x9f\ud800-\udfff\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
+_HIDDEN_IN_LINE = re.compile(f"[\x00-\x1f{_HIDDEN}]")
+_HIDDEN_IN_BLOCK = re.compile(f"[\x00-\x08\x0b-\x1f{_HIDDEN}]")  # not \t, \n
+
+
+def _escape(match: re.Match[str]) -> str:
+    return match[0].encode("unicode_escape").decode("ascii")  # \x1b, \t, \u202e, \udce9
+
+
+def visible(text: str, *, lines: bool = False) -> str:
+    """`text` as a terminal should show it: literally, each character it would act on
+    or hide written as its escape instead (ESC as `\\x1b`, a tab as `\\t`). With
+    `lines` (a payload, an error, a traceback), newlines and tabs stay as they are."""
+    pattern = _HIDDEN_IN_BLOCK if lines else _HIDDEN_IN_LINE
+    return pattern.sub(_escape, text)
