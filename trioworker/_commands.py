@@ -370,7 +370,7 @@ def cmd_quiesce(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from ._show import item_details, print_item
+    from ._show import item_details, print_item, to_json
 
     check_schema(args.dsn)
     details = with_store(args.dsn, lambda store: item_details(store, args.id))
@@ -378,7 +378,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"no item {args.id}", file=sys.stderr)
         return EXIT_ERROR
     if args.json:
-        print(json.dumps(details, indent=2, default=str))
+        print(to_json(details))
     else:
         print_item(details)
     return EXIT_OK

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import attrs
@@ -11,13 +12,14 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ._jsontext import pretty
+from ._jsontext import UndecodableValue, pretty
 from ._store import Store
 from ._text import visible
 
 
 async def item_details(store: Store, id: int) -> dict[str, Any] | None:
-    """The item's row and its attempts, as JSON-ready values; None if there is none."""
+    """The item's row and its attempts, as JSON-ready values (see `to_json`); None if
+    there is none."""
     item = await store.get_item(id)
     if item is None:
         return None
@@ -31,6 +33,19 @@ async def item_details(store: Store, id: int) -> dict[str, Any] | None:
 
 def _jsonable(value: Any) -> Any:
     return value.isoformat() if isinstance(value, dt.datetime) else value
+
+
+def _json_default(value: Any) -> Any:
+    """A stored value Python could not decode, as `show --json` documents it."""
+    if isinstance(value, UndecodableValue):
+        return {"undecodable": value.reason, "text": value.text}
+    return str(value)
+
+
+def to_json(details: dict[str, Any]) -> str:
+    """`show --json`: the stored values exactly; a payload that cannot be decoded as
+    {"undecodable": why, "text": its stored text, cut to 2,000 characters}."""
+    return json.dumps(details, indent=2, default=_json_default)
 
 
 def _when(value: str | None) -> str:

@@ -130,3 +130,23 @@ def test_status_and_show_print_item_text_literally(dsn: str, pg: Conn) -> None:
     details = json.loads(trioworker("show", str(failed[0]), "--json", dsn=dsn).stdout)
     assert (details["item"]["scope"], details["item"]["error"]) == (OSC_KIND, ERROR)
     assert details["attempts"][0]["worker_id"] == OSC_KIND
+
+
+def test_show_renders_a_payload_python_cannot_decode(dsn: str, pg: Conn) -> None:
+    """A payload of a 5,000-digit integer, stored by plain SQL (valid jsonb, past
+    Python's 4,300 digits): `show` prints its reason and stored text, exit 0, and
+    `show --json` gives it as {"undecodable": why, "text": the stored text, cut}.
+    Needs the store's get_item to return it as an UndecodableValue."""
+    row = pg.execute(
+        "INSERT INTO work_items (kind, payload)"
+        " VALUES ('K', ('[' || repeat('1', 5000) || ']')::jsonb) RETURNING id"
+    ).fetchone()
+    assert row is not None
+    table = trioworker("show", str(row[0]), dsn=dsn)
+    assert table.returncode == 0, table.stderr
+    assert "(cannot be shown as JSON: " in table.stdout and "[1111111111" in table.stdout
+    shown = trioworker("show", str(row[0]), "--json", dsn=dsn)
+    assert shown.returncode == 0, shown.stderr
+    payload = json.loads(shown.stdout)["item"]["payload"]
+    assert set(payload) == {"undecodable", "text"}
+    assert payload["text"].startswith("[" + "1" * 1000) and payload["undecodable"]

@@ -155,3 +155,35 @@ def test_quiesce_and_the_final_error_line_escape_what_they_quote(
     assert describe(holder).startswith("item 3 (K\\x1b]0;t\\x07) attempt 1 on Worker w\\x1b[2J:")
     assert report("no such kind \x1b]0;t\x07", "", "text", 1) == 1
     assert capsys.readouterr().err == "trioworker: error: no such kind \\x1b]0;t\\x07\n"
+
+
+def test_show_renders_a_payload_that_could_not_be_decoded() -> None:
+    """A stored payload Python cannot decode (an UndecodableValue, as the store returns
+    it): the table shows why and its stored text, escaped; `--json` gives it as
+    {"undecodable": why, "text": the stored text}, the other fields exactly."""
+    import json
+
+    from trioworker._jsontext import UndecodableValue
+
+    item = dict.fromkeys(("requested_at", "run_after", "started_at", "heartbeat_at",
+                          "lease_expires_at", "finished_at", "scope", "reason", "dedup_key",
+                          "worker_id", "error", "traceback"))  # fmt: skip
+    payload = UndecodableValue("nested too deeply for Python to decode", "[[[[\x1b]0;t\x07")
+    item.update(id=7, kind="K", status="Queued", priority=0, attempt=0, stalls=0, failures=0,
+                cancel_requested=False, payload=payload)  # fmt: skip
+    details = {"item": item, "attempts": []}
+    shown = terminal(render_item(details))
+    assert (
+        "payload\n(cannot be shown as JSON: nested too deeply for Python to decode)\n"
+        "[[[[\\x1b]0;t\\x07\n"
+    ) in shown
+    from trioworker._show import to_json
+
+    decoded = json.loads(to_json(details))
+    assert decoded["item"]["payload"] == {
+        "undecodable": "nested too deeply for Python to decode",
+        "text": "[[[[\x1b]0;t\x07",
+    }
+    assert {k: v for k, v in decoded["item"].items() if k != "payload"} == {
+        k: v for k, v in item.items() if k != "payload"
+    }
