@@ -22,6 +22,8 @@ def resolve_dsn(explicit: str | None) -> str:
     except psycopg.ProgrammingError as exc:
         detail = redact(" ".join(str(exc).split()), dsn)
         raise ConfigurationError(f"bad DSN {redact_dsn(dsn)}: {detail}") from None
+    except UnicodeEncodeError:  # bytes that are not UTF-8, from $TRIOWORKER_DSN
+        raise ConfigurationError("bad DSN: it is not UTF-8 text") from None
     return dsn
 
 
@@ -43,7 +45,7 @@ def _password(dsn: str) -> str | None:
     a DSN libpq cannot parse: `secrets` covers those)."""
     try:
         value = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
-    except psycopg.ProgrammingError:
+    except (psycopg.ProgrammingError, UnicodeEncodeError):
         return None
     return str(value) if value else os.environ.get("PGPASSWORD") or None
 
@@ -82,7 +84,7 @@ def redact_dsn(dsn: str) -> str:
     """The DSN as a conninfo string with its password replaced by ***."""
     try:
         parts = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError:
+    except (psycopg.ProgrammingError, UnicodeEncodeError):
         return "<unparseable DSN>"
     if parts.get("password"):
         parts["password"] = "***"

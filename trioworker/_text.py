@@ -38,3 +38,19 @@ def visible(text: str, *, lines: bool = False) -> str:
     `lines` (a payload, an error, a traceback), newlines and tabs stay as they are."""
     pattern = _HIDDEN_IN_BLOCK if lines else _HIDDEN_IN_LINE
     return pattern.sub(_escape, text)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def not_unicode(text: str) -> str | None:
+    """Why `text` is not valid Unicode (None if it is): its first lone surrogate, named
+    as the byte it stands for when it came from bytes that are not UTF-8 (Python decodes
+    a command line's or a file name's with surrogateescape: byte 0xff is U+DCFF)."""
+    found = _SURROGATE.search(text)
+    if found is None:
+        return None
+    code, at = ord(found[0]), found.start() + 1
+    if 0xDC80 <= code <= 0xDCFF:  # noqa: PLR2004  (surrogateescape's range)
+        return f"byte 0x{code - 0xDC00:02x} at character {at} is not UTF-8"
+    return f"a lone surrogate U+{code:04X} at character {at} is not a character"

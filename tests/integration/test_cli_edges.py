@@ -130,8 +130,8 @@ def test_global_options_work_after_the_command(dsn: str) -> None:
         (["enqueue", "K", "--payload", "{"], "--payload is not valid JSON"),
         (["enqueue", "K", "--payload", "@/no/such/file"], "cannot read --payload file"),
         (["enqueue", "K", "--scope", ""], "scope must not be empty"),
-        (["run", "--app", APP, "--lease", "inf"], "--lease: must be above 0 and at most 604800"),
-        (["run", "--app", APP, "--lease", "-1"], "--lease: must be above 0"),
+        (["run", "--app", APP, "--lease", "inf"], "--lease: must be at least 1 and at most 604800"),
+        (["run", "--app", APP, "--lease", "-1"], "--lease: must be at least 1"),
         (["run", "--app", APP, "--concurrency", "0"], "--concurrency: must be at least 1"),
         (
             ["run", "--app", APP, "--metrics-port", "70000"],
@@ -141,6 +141,33 @@ def test_global_options_work_after_the_command(dsn: str) -> None:
         (["run", "--app", APP, "--no-unscoped"], "--no-unscoped needs --scope"),
         (["run", "--app", APP, "--scope", ""], "--scope '': scope must not be empty"),
         (["show", "x"], "show: error: argument id: must be an integer, not 'x'"),
+        # Issue 18, case 9: each names its field.
+        (["enqueue", "K\udcff"], "argument kind: must be UTF-8 text: byte 0xff at character 2"),
+        (["enqueue", "K", "--scope", "s\udcfe"], "argument --scope: must be UTF-8 text"),
+        (["enqueue", "K", "--dedup-key", "\udc80"], "argument --dedup-key: must be UTF-8 text"),
+        (["enqueue", "K", "--payload", '{"a": "\udcff"}'],
+         "--payload holds text that is not valid Unicode: byte 0xff"),
+        (["enqueue", "K", "--payload", '{"a": "\\ud800"}'],
+         "--payload holds text that is not valid Unicode: a lone surrogate U+D800"),
+        (["enqueue", "K", "--payload", '{"\\udfff": 1}'], "--payload holds text that is not"),
+        (["enqueue", "K", "--payload", "[1, NaN]"], "--payload holds NaN, which JSON does not"),
+        (["enqueue", "K", "--payload", "[" * 65 + "]" * 65], "--payload nests deeper than 64"),
+        (["enqueue", "K", "--payload", "[" * 50_000 + "]" * 50_000],
+         "--payload is nested too deeply: a payload nests 64 levels at most"),
+        (["pause", "--kind", "k\udcff"], "argument --kind: must be UTF-8 text"),
+        (["quiesce", "--scope", "\udcff"], "argument --scope: must be UTF-8 text"),
+        (["run", "--app", APP, "--scope", "\udcff"], "argument --scope: must be UTF-8 text"),
+        (["enqueue", "K", "--priority", "\u0661\u0660"], "--priority: must be an integer"),
+        (["enqueue", "K", "--priority", "1_0"], "--priority: must be an integer, not '1_0'"),
+        (["enqueue", "K", "--delay", "\u0663"], "--delay: must be a number"),
+        (["show", "\u0661"], "argument id: must be an integer"),
+        (["prune", "--older-than", "\u0667d"], "--older-than: must be a duration"),
+        (["run", "--app", APP, "--poll", "1e-9"], "--poll: must be at least 0.05 and at most"),
+        (["run", "--app", APP, "--heartbeat", "1e-9"], "--heartbeat: must be at least 0.1"),
+        (["run", "--app", APP, "--lease", "0.5"], "--lease: must be at least 1"),
+        (["run", "--app", APP, "--stop-grace", "0.01"], "--stop-grace: must be at least 0.1"),
+        (["run", "--app", APP, "--shutdown-grace", "0"], "--shutdown-grace: must be at least"),
+        (["quiesce", "--scope", "s", "--timeout", "0.01"], "--timeout: must be at least 0.1"),
     ],
 )
 def test_bad_input_is_a_usage_error_before_anything_connects(args: list[str], message: str) -> None:
@@ -249,3 +276,68 @@ def test_status_fits_80_columns(dsn: str, pg: Conn) -> None:
     assert result.returncode == 0
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
     assert "2026" in result.stdout or "20" in result.stdout  # the timestamp, whole
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"kind": "K", "delay": 1e18}', "line 2: delay must be seconds from 0 to 31622400"),
+        ('{"kind": "K", "delay": Infinity}', "line 2: delay must be seconds from 0 to"),
+        ('{"kind": "K", "delay": NaN}', "line 2: delay must be seconds from 0 to"),
+        ('{"kind": "K", "priority": Infinity}', "line 2: priority must be an integer"),
+        ('{"kind": "K", "payload": {"a": "\\ud800"}}',
+         "line 2: payload holds text that is not valid Unicode: a lone surrogate U+D800"),
+        ('{"kind": "K\\udcff"}', "line 2: kind is not valid Unicode"),
+        ('{"kind": "K", "scope": "\\ud800"}', "line 2: scope is not valid Unicode"),
+        ('{"kind": "K", "dedup_key": "\\udfff"}', "line 2: dedup_key is not valid Unicode"),
+        ('{"kind": "K", "payload": [-Infinity]}', "line 2: payload holds -Infinity"),
+        ('{"kind": "K", "payload": ' + "[" * 65 + "]" * 65 + "}",
+         "line 2: payload nests deeper than 64 levels"),
+        ('{"kind": "K", "payload": ' + "[" * 980 + "]" * 980 + "}",
+         "line 2: payload nests deeper than 64 levels"),
+        ('{"kind": "K", "payload": ' + "[" * 100_000 + "]" * 100_000 + "}",
+         "line 2 is nested too deeply: a payload nests 64 levels at most"),
+    ],
+)  # fmt: skip
+def test_a_bad_from_line_is_a_usage_error_naming_it(
+    dsn: str, pg: Conn, tmp_path: Path, line: str, message: str
+) -> None:
+    """A line whose delay no timedelta holds, whose text is not Unicode (a JSON escape
+    of a lone surrogate), or whose payload nests too deeply: exit 2 naming the line and
+    the field, one line of error, and nothing written (the good line 1 neither)."""
+    path = tmp_path / "items.jsonl"
+    path.write_text('{"kind": "K"}\n' + line + "\n", encoding="utf-8")
+    result = run("--dsn", dsn, "enqueue", "--from", str(path))
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert pg.execute("SELECT count(*) FROM work_items").fetchone() == (0,)
+
+
+def test_a_payload_file_nested_980_deep_is_a_usage_error(
+    dsn: str, pg: Conn, tmp_path: Path
+) -> None:
+    """`enqueue K --payload @deep.json` nested 980 deep (a RecursionError traceback
+    once): exit 2 saying how deep a payload may nest, nothing written; so is a file
+    that never ends (/dev/zero), read no further than a bound."""
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 980 + "]" * 980)
+    deep = run("--dsn", dsn, "enqueue", "K", "--payload", f"@{path}")
+    assert deep.returncode == 2, deep.stderr
+    assert f"--payload file '{path}' nests deeper than 64 levels" in deep.stderr
+    endless = run("--dsn", dsn, "enqueue", "K", "--payload", "@/dev/zero")
+    assert endless.returncode == 2 and "is longer than 1048576 bytes" in endless.stderr
+    assert pg.execute("SELECT count(*) FROM work_items").fetchone() == (0,)
+
+
+def test_from_splits_lines_at_newlines_only(dsn: str, pg: Conn, tmp_path: Path) -> None:
+    """JSON Lines whose strings hold U+2028, U+0085 (NEL), a raw \\x1e and a \\r, with
+    \\r\\n line ends: each line is one item, its payload stored exactly."""
+    texts = ["a\u2028b", "c\u0085d", "e\x1ef", "g\rh"]
+    lines = [f'{{"kind": "K", "payload": "{t}"}}' for t in texts]
+    path = tmp_path / "items.jsonl"
+    path.write_bytes("\r\n".join(lines).encode() + b"\r\n")
+    result = run("--dsn", dsn, "enqueue", "--from", str(path))
+    assert result.returncode == 0, result.stderr
+    rows = pg.execute("SELECT payload FROM work_items ORDER BY id").fetchall()
+    assert [r[0] for r in rows] == texts
+

@@ -115,3 +115,11 @@ def test_secrets_are_the_password_in_every_form_longest_first(
     assert secrets("host=db port=5") == ()
     monkeypatch.setenv("PGPASSWORD", "from-env")
     assert secrets("host=db port") == ("from-env",)
+
+
+def test_a_dsn_that_is_not_utf8_is_a_bad_dsn() -> None:
+    """$TRIOWORKER_DSN holding bytes that are not UTF-8 (Python's surrogateescape): a
+    ConfigurationError saying so, not a UnicodeEncodeError; nothing of it shown."""
+    with pytest.raises(ConfigurationError, match=r"^bad DSN: it is not UTF-8 text$"):
+        resolve_dsn("host=db password=s3\udcff")
+    assert redact_dsn("host=db password=s3\udcff") == "<unparseable DSN>"

@@ -187,3 +187,16 @@ def test_show_renders_a_payload_that_could_not_be_decoded() -> None:
     assert {k: v for k, v in decoded["item"].items() if k != "payload"} == {
         k: v for k, v in item.items() if k != "payload"
     }
+
+
+def test_argparses_own_errors_escape_what_they_echo(capsys: pytest.CaptureFixture[str]) -> None:
+    """An unknown argument holding escape sequences: argparse's error (exit 2) shows it
+    escaped."""
+    from trioworker._cli import build_parser
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["status", "\x1b]0;PWNED\x07"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        "error: unrecognized arguments: \\x1b]0;PWNED\\x07\n"
+    )
