@@ -341,3 +341,14 @@ def test_from_splits_lines_at_newlines_only(dsn: str, pg: Conn, tmp_path: Path) 
     rows = pg.execute("SELECT payload FROM work_items ORDER BY id").fetchall()
     assert [r[0] for r in rows] == texts
 
+
+def test_a_token_file_longer_than_4_kib_is_refused(tmp_path: Path) -> None:
+    """--token-file naming a file of more than 4 KiB, or /dev/zero (once read until
+    about 1.9 GB): a usage error, exit 2, before anything connects."""
+    long = tmp_path / "token"
+    long.write_text("t" * 4097)
+    long.chmod(0o600)
+    for path in (str(long), "/dev/zero"):
+        result = run("--dsn", UNREACHABLE, "dashboard", "--allow-actions", "--token-file", path)
+        assert result.returncode == 2, result.stderr
+        assert f"--token-file '{path}' is longer than 4096 bytes" in result.stderr
