@@ -26,6 +26,7 @@ from ._postgres import PostgresStore, open_store
 from ._registry import Registry
 from ._retry import Backoff
 from ._settings import Settings
+from ._text import shell_word
 from ._validation import pause_target, validate_enqueue, validate_scope
 from ._worker import Worker
 
@@ -278,7 +279,7 @@ def cmd_quiesce(args: argparse.Namespace) -> int:
         raise UsageError(f"--scope {args.scope!r}: {exc}") from None
     check_schema(args.dsn)
     result = with_store(args.dsn, lambda store: quiesce(store, args.scope, timeout=args.timeout))
-    resume = f"(it stays paused: python -m trioworker resume --scope {args.scope})"
+    resume = f"(it stays paused: python -m trioworker resume --scope {shell_word(args.scope)})"
     if result.done:
         ended = f"; last held by {result.holder}" if result.holder else ""
         print(f"scope {args.scope!r} is quiet after {result.waited:.1f}s{ended} {resume}")

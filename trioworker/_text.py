@@ -4,6 +4,7 @@ functions."""
 from __future__ import annotations
 
 import re
+import shlex
 
 
 def storable(text: str, limit: int | None = None) -> str:
@@ -54,3 +55,22 @@ def not_unicode(text: str) -> str | None:
     if 0xDC80 <= code <= 0xDCFF:  # noqa: PLR2004  (surrogateescape's range)
         return f"byte 0x{code - 0xDC00:02x} at character {at} is not UTF-8"
     return f"a lone surrogate U+{code:04X} at character {at} is not a character"
+
+
+_ASCII_END = 0x80
+
+
+def _shell_escape(match: re.Match[str]) -> str:
+    code = ord(match[0])  # $'...' reads \xHH as a byte: a UTF-8 character needs \uHHHH
+    return f"\\x{code:02x}" if code < _ASCII_END else f"\\u{code:04x}"
+
+
+def shell_word(text: str) -> str:
+    """`text` as one word of a command line a reader can copy into a POSIX shell
+    (`shlex.quote`); text holding a character `visible` would escape is written in the
+    `$'...'` form of bash and zsh instead, with escapes, so it is still the same word
+    and nothing of it acts on the terminal it is printed to."""
+    if visible(text) == text:
+        return shlex.quote(text)
+    body = text.replace("\\", "\\\\").replace("'", "\\'")
+    return "$'" + _HIDDEN_IN_LINE.sub(_shell_escape, body) + "'"

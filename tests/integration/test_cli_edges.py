@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -352,3 +353,22 @@ def test_a_token_file_longer_than_4_kib_is_refused(tmp_path: Path) -> None:
         result = run("--dsn", UNREACHABLE, "dashboard", "--allow-actions", "--token-file", path)
         assert result.returncode == 2, result.stderr
         assert f"--token-file '{path}' is longer than 4096 bytes" in result.stderr
+
+
+@pytest.mark.parametrize("scope", [" ws ", "it's $(x) ; y", "disk\x1b]0;t\x07-7\u0085"])
+def test_the_resume_command_quiesce_suggests_resumes_that_scope(dsn: str, scope: str) -> None:
+    """`quiesce` of a scope with spaces, quotes, shell syntax or control characters
+    prints a resume command quoted for a shell (no raw control character in it); run
+    as printed by bash, it resumes exactly that scope."""
+    quiet = run("--dsn", dsn, "quiesce", "--scope", scope, "--timeout", "10")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "\x1b" not in quiet.stdout and "\x85" not in quiet.stdout
+    command = quiet.stdout.split("(it stays paused: ", 1)[1].removesuffix(")\n")
+    assert command.startswith("python -m trioworker resume --scope ")
+    resumed = subprocess.run(
+        ["bash", "-c", command.replace("python", shlex.quote(sys.executable), 1)],
+        cwd=ROOT, env={**os.environ, "TRIOWORKER_DSN": dsn},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout == f"scope {scope!r} resumed\n"

@@ -200,3 +200,22 @@ def test_argparses_own_errors_escape_what_they_echo(capsys: pytest.CaptureFixtur
     assert capsys.readouterr().err.endswith(
         "error: unrecognized arguments: \\x1b]0;PWNED\\x07\n"
     )
+
+
+@pytest.mark.parametrize(
+    "word",
+    ["disk-7", " ws ", "it's", "a;b $(c) `d` \\e", "t\x1b]0;x\x07", "n\nl\tt\u0085\u202e\u4e2d"],
+)
+def test_shell_word_is_the_same_word_to_bash(word: str) -> None:
+    """A scope as printed in a command line to copy: bash reads it back as exactly that
+    word, and the printed form holds no control character."""
+    import subprocess
+
+    from trioworker._text import shell_word
+
+    quoted = shell_word(word)
+    assert not CONTROL.search(quoted) and visible(quoted) == quoted
+    echoed = subprocess.run(
+        ["bash", "-c", f"printf %s {quoted}"], capture_output=True, check=True, timeout=10
+    )
+    assert echoed.stdout == word.encode()
