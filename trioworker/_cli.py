@@ -43,11 +43,9 @@ MAX_SECONDS = 7 * 24 * 3600.0
 # -- values ---------------------------------------------------------------------------
 
 
-def number(
-    *, integer: bool = False, minimum: float = 0, maximum: float, above: bool = False
-) -> Callable[[str], float]:
-    """An argparse type: a finite number in [minimum, maximum] (> minimum if `above`),
-    written in ASCII (Python's int and float take other scripts' digits, and 1_0)."""
+def number(*, integer: bool = False, minimum: float = 0, maximum: float) -> Callable[[str], float]:
+    """An argparse type: a finite number in [minimum, maximum], written in ASCII
+    (Python's int and float take other scripts' digits, and 1_0)."""
 
     def parse(text: str) -> float:
         try:
@@ -57,14 +55,9 @@ def number(
         except ValueError:
             kind = "an integer" if integer else "a number"
             raise argparse.ArgumentTypeError(f"must be {kind}, not {text!r}") from None
-        low = f"above {_plain(minimum)}" if above else f"at least {_plain(minimum)}"
-        if (
-            not math.isfinite(value)
-            or not minimum <= value <= maximum
-            or (above and value == minimum)
-        ):
+        if not math.isfinite(value) or not minimum <= value <= maximum:
             raise argparse.ArgumentTypeError(
-                f"must be {low} and at most {_plain(maximum)}, not {text!r}"
+                f"must be at least {_plain(minimum)} and at most {_plain(maximum)}, not {text!r}"
             )
         return value
 
@@ -136,12 +129,12 @@ since.__name__ = "time"
 utf8.__name__ = "text"
 
 
-#: The `run` options that set a Worker's Settings: (option, field, type, help). Their
-#: defaults are Settings' own.
 def _seconds(field: str) -> Callable[[str], float]:
     return number(minimum=MINIMUM_SECONDS[field], maximum=MAX_SECONDS)
 
 
+#: The `run` options that set a Worker's Settings: (option, field, type, help). Their
+#: defaults are Settings' own.
 SETTINGS_OPTIONS = [
     ("--concurrency", "concurrency", COUNT, "items at once"),
     ("--lease", "lease", _seconds("lease"), "seconds"),
