@@ -5,10 +5,11 @@ barrier) and for a fixed time claim through `store.claim` and complete at once w
 they got. The queue alternates unscoped items and items of S scopes, with more than
 the run can take; with L > 1 each scope's items are spread over L priorities, so a scope
 has L heads and two claims can meet on one scope (one of them is refused its claim
-lock: before migration 0006 that emptied a claim of one item). Reported: claims/s, race losses (`store.statistics()`), claim latency,
-and the scope rule, checked twice: a sampler that reads the most Running items any scope
-has (every 10 ms, during the run), and afterwards the claimers' own records of when
-they held each scoped item, which must never overlap within a scope.
+lock: before migration 0006 that emptied a claim of one item). Reported: claims/s, race
+losses (`store.statistics()`), claim latency, and the scope rule, checked twice: a
+sampler that reads the most Running items any scope has (every 10 ms, during the run),
+and afterwards the claimers' own records of when they held each scoped item, which must
+never overlap within a scope.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def overlaps(held: list[tuple[str, float, float]]) -> int:
 
 
 def run_config(
-    srv: Server, workers: int, scopes: int, duration: float, items: int, lines: int = 1
+    srv: Server, workers: int, scopes: int, duration: float, items: int, *, lines: int = 1
 ) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     with srv.database("contention") as dsn, connect(dsn) as conn:
@@ -139,7 +140,7 @@ def main(srv: Server, quick: bool, out: Path) -> dict[str, Any]:
     configs += [(w, s, 4) for s in (1, 10) for w in (2, 4, 8)]
     results = []
     for workers, scopes, lines in configs:
-        r = run_config(srv, workers, scopes, duration, items, lines)
+        r = run_config(srv, workers, scopes, duration, items, lines=lines)
         results.append(r)
         print(f"  W={workers} S={scopes} L={lines}: {r['claims_per_s']:,.0f} claims/s")
     show(

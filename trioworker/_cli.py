@@ -24,10 +24,13 @@ from typing import Any, NoReturn
 import attrs
 
 from . import _commands, _logging
-from ._commands import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, UsageError
-from ._dsn import DSN_ENV, _password, describe_defaults, redact, resolve_dsn
+from ._commands import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from ._dsn import DSN_ENV, describe_defaults, redact, resolve_dsn, secrets
 from ._errors import TrioWorkerError
+from ._input import UsageError
+from ._quiesce import QUIESCE_POLL
 from ._settings import Settings
+from ._text import not_unicode, visible
 from ._validation import MAX_PRIORITY, MAX_RUN_AFTER_DISTANCE, MIN_PRIORITY
 from ._worker import default_worker_id
 
@@ -40,25 +43,21 @@ MAX_SECONDS = 7 * 24 * 3600.0
 # -- values ---------------------------------------------------------------------------
 
 
-def number(
-    *, integer: bool = False, minimum: float = 0, maximum: float, above: bool = False
-) -> Callable[[str], float]:
-    """An argparse type: a finite number in [minimum, maximum] (> minimum if `above`)."""
+def number(*, integer: bool = False, minimum: float = 0, maximum: float) -> Callable[[str], float]:
+    """An argparse type: a finite number in [minimum, maximum], written in ASCII
+    (Python's int and float take other scripts' digits, and 1_0)."""
 
     def parse(text: str) -> float:
         try:
+            if not text.isascii() or "_" in text:
+                raise ValueError(text)
             value: float = int(text) if integer else float(text)
         except ValueError:
             kind = "an integer" if integer else "a number"
             raise argparse.ArgumentTypeError(f"must be {kind}, not {text!r}") from None
-        low = f"above {_plain(minimum)}" if above else f"at least {_plain(minimum)}"
-        if (
-            not math.isfinite(value)
-            or not minimum <= value <= maximum
-            or (above and value == minimum)
-        ):
+        if not math.isfinite(value) or not minimum <= value <= maximum:
             raise argparse.ArgumentTypeError(
-                f"must be {low} and at most {_plain(maximum)}, not {text}"
+                f"must be at least {_plain(minimum)} and at most {_plain(maximum)}, not {text!r}"
             )
         return value
 
@@ -70,7 +69,15 @@ def _plain(value: float) -> str:
     return str(int(value)) if value == int(value) else str(value)
 
 
-SECONDS = number(above=True, maximum=MAX_SECONDS)
+#: The least each duration option of `run` takes, so that no setting turns a Worker
+#: into a flood of transactions or log lines (docs/guide/operating.md#settings).
+MINIMUM_SECONDS = {
+    "lease": 1.0,  # a claim's hold: at least twice the heartbeat, past a slow commit
+    "heartbeat": 0.1,  # a transaction and a log line's chance per running item
+    "poll": 0.05,  # an idle Worker's claim transaction: at most 20 a second
+    "shutdown_grace": 0.1,
+    "stop_grace": 0.1,  # time for a cancelled handler to notice
+}
 COUNT = number(integer=True, minimum=1, maximum=100_000)
 ITEM_ID = number(integer=True, minimum=1, maximum=2**63 - 1)
 
@@ -79,7 +86,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 def duration(text: str) -> dt.timedelta:
     """An argparse type: a duration as 90, 90s, 15m, 12h, 7d or 2w (at least 0)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text, re.ASCII)
     if not match:
         raise argparse.ArgumentTypeError(
             f"must be a duration such as 90s, 15m, 12h, 7d or 2w, not {text!r}"
@@ -108,28 +115,45 @@ def since(text: str) -> dt.datetime:
     return when
 
 
+def utf8(value: str) -> str:
+    """An argparse type: text as given, refused unless valid UTF-8 (Python hands a
+    command line's other bytes over as lone surrogates, which no database takes)."""
+    why = not_unicode(value)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"must be UTF-8 text: {why}")
+    return value
+
+
 duration.__name__ = "duration"
 since.__name__ = "time"
+utf8.__name__ = "text"
+
+
+def _seconds(field: str) -> Callable[[str], float]:
+    return number(minimum=MINIMUM_SECONDS[field], maximum=MAX_SECONDS)
+
 
 #: The `run` options that set a Worker's Settings: (option, field, type, help). Their
 #: defaults are Settings' own.
 SETTINGS_OPTIONS = [
     ("--concurrency", "concurrency", COUNT, "items at once"),
-    ("--lease", "lease", SECONDS, "seconds"),
-    ("--heartbeat", "heartbeat", SECONDS, "seconds"),
-    ("--poll", "poll", SECONDS, "seconds"),
+    ("--lease", "lease", _seconds("lease"), "seconds"),
+    ("--heartbeat", "heartbeat", _seconds("heartbeat"), "seconds"),
+    ("--poll", "poll", _seconds("poll"), "seconds"),
     ("--max-stalls", "max_stalls", COUNT, "stalls before an item fails as stalled"),
     ("--max-concurrent-files", "max_concurrent_files", COUNT, "parallel file work"),
-    ("--shutdown-grace", "shutdown_grace", SECONDS, "seconds running items get after SIGTERM"),
-    ("--stop-grace", "stop_grace", SECONDS, "seconds a cancelled handler gets before fail-stop"),
-]
+    ("--shutdown-grace", "shutdown_grace", _seconds("shutdown_grace"),
+     "seconds running items get after SIGTERM"),
+    ("--stop-grace", "stop_grace", _seconds("stop_grace"),
+     "seconds a cancelled handler gets before fail-stop"),
+]  # fmt: skip
 
 
 def _setting_default(field: str) -> str:
     default = attrs.fields_dict(Settings)[field].default
-    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
-        return "a quarter lease"
-    return f"{default:g}"
+    shown = "a quarter lease" if isinstance(default, attrs.Factory) else f"{default:g}"  # type: ignore[arg-type]
+    least = MINIMUM_SECONDS.get(field)
+    return shown if least is None else f"{shown}; at least {least:g}"
 
 
 # -- the parser -------------------------------------------------------------------------
@@ -144,16 +168,24 @@ class Parser(argparse.ArgumentParser):
         for secret in self.secrets:
             message = message.replace(secret, "***")
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {visible(message)}\n")
+
+
+#: Options no command has, whose value is a secret all the same: argparse's error for
+#: `dashboard --token SECRET` would show it.
+SECRET_OPTION = re.compile(r"--?[\w-]*(?:token|passw|secret)[\w-]*", re.IGNORECASE)
+NOT_SECRET = {"--token-file"}  # a path
 
 
 def secrets_in(argv: Sequence[str]) -> tuple[str, ...]:
-    """Passwords anywhere on a command line (in a DSN, a URI, or PGPASSWORD)."""
+    """Passwords anywhere on a command line (in a DSN or a URI of any shape, PGPASSWORD,
+    the value of an option named like a token or a password)."""
     found = {os.environ.get("PGPASSWORD", "")}
-    for arg in argv:
-        found.add(_password(arg.split("=", 1)[1] if arg.startswith("--dsn=") else arg) or "")
-        found.update(re.findall(r"password\s*=\s*'?([^\s']+)", arg))
-        found.update(re.findall(r"://[^:/@\s]*:([^@/\s]+)@", arg))
+    for index, arg in enumerate(argv):
+        found.update(secrets(arg.split("=", 1)[1] if arg.startswith("--dsn=") else arg))
+        name, eq, value = arg.partition("=")
+        if SECRET_OPTION.fullmatch(name) and name not in NOT_SECRET:
+            found.add(value if eq else "".join(argv[index + 1 : index + 2]))
     return tuple(sorted((s for s in found if s), key=len, reverse=True))
 
 
@@ -164,7 +196,9 @@ def _globals(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     def default(value: Any) -> Any:
         return argparse.SUPPRESS if suppress else value
 
-    parser.add_argument("--dsn", default=default(None), help="libpq connection string or URI")
+    parser.add_argument(
+        "--dsn", type=utf8, default=default(None), help="libpq connection string or URI"
+    )
     parser.add_argument(
         "--log-level", default=default("INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
@@ -188,10 +222,15 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
         return sub.add_parser(name, help=help, parents=[common])
 
     run = command("run", "run a Worker until SIGTERM/SIGINT")
-    run.add_argument("--app", required=True, metavar="MODULE:ATTR", help="a trioworker.Registry")
-    run.add_argument("--worker-id", default=default_worker_id(), help="default: HOST-PID")
+    run.add_argument(
+        "--app", type=utf8, required=True, metavar="MODULE:ATTR", help="a trioworker.Registry"
+    )
+    run.add_argument(
+        "--worker-id", type=utf8, default=default_worker_id(), help="default: HOST-PID"
+    )
     run.add_argument(
         "--scope",
+        type=utf8,
         action="append",
         metavar="S",
         help="serve only this scope (repeat for more); default: every scope",
@@ -227,6 +266,7 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
     migrate = command("migrate", "apply database migrations (safe to run concurrently)")
     migrate.add_argument(
         "--app",
+        type=utf8,
         metavar="MODULE:ATTR",
         help="also apply the migrations of this app's Registry(migrations=...)",
     )
@@ -234,15 +274,15 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
     enqueue = command(
         "enqueue", "queue a work item (or many, --from a JSON Lines file); prints the ids"
     )
-    enqueue.add_argument("kind", nargs="?", help="the item's kind (not with --from)")
+    enqueue.add_argument("kind", type=utf8, nargs="?", help="the item's kind (not with --from)")
     enqueue.add_argument("--from", dest="from_file", metavar="FILE.jsonl|-",
                          help="one item per line: a JSON object with kind and any of scope,"
                          " payload, dedup_key, delay, priority; all queued or none")  # fmt: skip
-    enqueue.add_argument("--scope")
+    enqueue.add_argument("--scope", type=utf8)
     enqueue.add_argument("--payload", metavar="JSON|@FILE|-",
                          help="the payload: JSON, @FILE to read it from a file, - for stdin"
                          " (64 KiB at most)")  # fmt: skip
-    enqueue.add_argument("--dedup-key")
+    enqueue.add_argument("--dedup-key", type=utf8)
     enqueue.add_argument(
         "--delay",
         type=number(maximum=MAX_RUN_AFTER_DISTANCE.total_seconds()),
@@ -257,7 +297,9 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
         metavar="N",
         help=f"{MIN_PRIORITY}..{MAX_PRIORITY}; higher is claimed sooner (0)",
     )
-    enqueue.add_argument("--app", metavar="MODULE:ATTR", help="reject kinds it has no handler for")
+    enqueue.add_argument(
+        "--app", type=utf8, metavar="MODULE:ATTR", help="reject kinds it has no handler for"
+    )
 
     show = command("show", "one item: its fields, payload, attempts and traceback")
     show.add_argument("id", type=ITEM_ID)
@@ -273,7 +315,8 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
     _dashboard(command)
 
     demo = command("demo", "the media-library demo, on a private PostgreSQL")
-    demo.add_argument("--duration", type=SECONDS, default=40.0, help="seconds of load (40)")
+    demo.add_argument("--duration", type=number(minimum=1, maximum=MAX_SECONDS), default=40.0,
+                      help="seconds of load (40; at least 1)")  # fmt: skip
     demo.add_argument("--users", type=number(integer=True, minimum=1, maximum=8), default=3)
     return parser
 
@@ -283,7 +326,7 @@ def _operating(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     retry = command("retry", "put failed or cancelled items back in the queue, fresh budget")
     retry.add_argument("ids", nargs="*", type=ITEM_ID, metavar="ID")
     retry.add_argument("--failed", action="store_true", help="every Failed item (of --kind)")
-    retry.add_argument("--kind", help="with --failed: only items of this kind")
+    retry.add_argument("--kind", type=utf8, help="with --failed: only items of this kind")
     retry.add_argument("--since", type=since, metavar="TIME",
                        help="with --failed: failed since then (12h, or ISO 8601)")  # fmt: skip
 
@@ -301,17 +344,19 @@ def _operating(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     for verb, help in (("pause", "stop claiming a kind's or a scope's items (running ones go"
                         " on)"), ("resume", "lift a pause")):  # fmt: skip
         target = command(verb, help).add_mutually_exclusive_group(required=True)
-        target.add_argument("--kind")
-        target.add_argument("--scope")
+        target.add_argument("--kind", type=utf8)
+        target.add_argument("--scope", type=utf8)
 
     quiesce = command(
         "quiesce",
         "pause a scope and wait until nothing can still be writing for it (exit 0), or"
         " time out (exit 1) saying what holds it",
     )
-    quiesce.add_argument("--scope", required=True)
-    quiesce.add_argument("--timeout", type=SECONDS, default=300.0, metavar="SECONDS",
-                         help="give up after this long (300)")  # fmt: skip
+    quiesce.add_argument("--scope", type=utf8, required=True)
+    quiesce.add_argument("--timeout", type=number(minimum=QUIESCE_POLL, maximum=MAX_SECONDS),
+                         default=300.0, metavar="SECONDS",
+                         help=f"give up after this long (300; at least {QUIESCE_POLL:g})",
+                         )  # fmt: skip
 
 
 def _dashboard(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
@@ -324,7 +369,10 @@ def _dashboard(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     )
     dashboard.allow_abbrev = False  # `--token SECRET` must not pass for --token-file
     dashboard.add_argument(
-        "--host", default="127.0.0.1", help="listen on this address (127.0.0.1: this machine)"
+        "--host",
+        type=utf8,
+        default="127.0.0.1",
+        help="listen on this address (127.0.0.1: this machine)",
     )
     dashboard.add_argument(
         "--port", type=number(integer=True, minimum=0, maximum=65535), default=8080,
@@ -371,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(secrets_in(argv)).parse_args(argv)
     args.dsn_given = args.dsn is not None or DSN_ENV in os.environ
     raw_dsn = args.dsn if args.dsn is not None else os.environ.get(DSN_ENV, "")
-    _logging.configure(args.log_level, args.log_format, secret=_password(raw_dsn))
+    _logging.configure(args.log_level, args.log_format, secrets=secrets(raw_dsn))
     if args.log_level != "DEBUG":  # yoyo tells every step it applies
         logging.getLogger("yoyo").setLevel(logging.WARNING)
     try:
@@ -392,12 +440,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def report(message: str, dsn: str, log_format: str, code: int) -> int:
-    """The one line a failed command ends with: as a log line in JSON mode."""
+    """The one line a failed command ends with: as a log line in JSON mode; in text,
+    what it quotes (a kind, a database's message) shown `visible`."""
     message = redact(message, dsn)
     if log_format == "json":
         log.error("%s", message)
     else:
-        print(f"trioworker: error: {message}", file=sys.stderr)
+        print(f"trioworker: error: {visible(message, lines=True)}", file=sys.stderr)
     return code
 
 

@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from functools import partial
 from typing import Any, NoReturn
 
@@ -19,13 +19,15 @@ import trio
 
 from ._errors import ConfigurationError, DatabaseUnavailable, InvalidWorkItem
 from ._executor import Tracer
+from ._input import UsageError, read_items, read_lines, read_payload
 from ._migrate import check_schema, migrate
-from ._model import FINISHED, Enqueued, NewItem, Status
+from ._model import FINISHED, Enqueued, Status
 from ._postgres import PostgresStore, open_store
 from ._registry import Registry
 from ._retry import Backoff
 from ._settings import Settings
-from ._validation import pause_target, validate_enqueue, validate_many, validate_scope
+from ._text import shell_word
+from ._validation import pause_target, validate_enqueue, validate_scope
 from ._worker import Worker
 
 log = logging.getLogger("trioworker")
@@ -35,10 +37,6 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_FAIL_STOP = 70
 EXIT_INTERRUPTED = 130
-
-
-class UsageError(ConfigurationError):
-    """The command line itself is wrong: exit 2, before anything connects."""
 
 
 def fail_stop(message: str) -> NoReturn:
@@ -95,81 +93,6 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def read_payload(text: str | None) -> Any:
-    """--payload JSON, @FILE (its contents) or - (standard input), parsed."""
-    if text is None:
-        return None
-    source = "--payload"
-    if text == "-":
-        text, source = sys.stdin.read(), "the payload on standard input"
-    elif text.startswith("@"):
-        try:
-            with open(text[1:], encoding="utf-8") as file:
-                text, source = file.read(), f"--payload file {text[1:]!r}"
-        except OSError as exc:
-            raise UsageError(f"cannot read --payload file {text[1:]!r}: {exc.strerror}") from None
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"{source} is not valid JSON: {exc}") from None
-
-
-#: The fields a line of `enqueue --from` may have.
-ITEM_FIELDS = ("kind", "scope", "payload", "dedup_key", "delay", "priority")
-
-
-def read_items(lines: Iterable[str], *, known_kinds: Collection[str] | None) -> list[NewItem]:
-    """`enqueue --from`: one JSON object per line (blank lines skipped), each checked
-    as an enqueue; the first bad one raises UsageError naming its line."""
-    now = dt.datetime.now(dt.UTC)
-    items = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            fields = json.loads(line)
-        except ValueError as exc:
-            raise UsageError(f"line {number}: not valid JSON: {exc}") from None
-        if not isinstance(fields, dict):
-            raise UsageError(f"line {number}: a JSON object, not {type(fields).__name__}")
-        unknown = sorted(set(fields) - set(ITEM_FIELDS))
-        if unknown:
-            raise UsageError(
-                f"line {number}: unknown field {unknown[0]!r} (fields: {', '.join(ITEM_FIELDS)})"
-            )
-        delay = fields.get("delay")
-        if delay is not None and (
-            isinstance(delay, bool) or not isinstance(delay, int | float) or not delay >= 0
-        ):
-            raise UsageError(f"line {number}: delay must be seconds >= 0, not {delay!r}")
-        kind: Any = fields.get("kind")  # checked below, with the rest
-        item = NewItem(
-            kind=kind,
-            scope=fields.get("scope"),
-            payload=fields.get("payload"),
-            dedup_key=fields.get("dedup_key"),
-            run_after=dt.timedelta(seconds=delay) if delay else None,
-            priority=fields.get("priority", 0),
-        )
-        try:
-            validate_many([item], now=now, known_kinds=known_kinds)
-        except InvalidWorkItem as exc:
-            raise UsageError(f"line {number}: {str(exc).removeprefix('item 0: ')}") from None
-        items.append(item)
-    return items
-
-
-def _read_lines(source: str) -> list[str]:
-    if source == "-":
-        return sys.stdin.read().splitlines()
-    try:
-        with open(source, encoding="utf-8") as file:
-            return file.read().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
-        raise UsageError(f"cannot read --from file {source!r}: {reason}") from None
-
-
 def cmd_enqueue(args: argparse.Namespace) -> int:
     kinds = load_registry(args.app).kinds if args.app else None
     if args.from_file is not None:
@@ -210,7 +133,7 @@ def _enqueue_from(args: argparse.Namespace, kinds: Collection[str] | None) -> in
              ("--delay", args.delay), ("--priority", args.priority)) if v]  # fmt: skip
     if given:
         raise UsageError(f"--from takes each item from its line: not with {', '.join(given)}")
-    items = read_items(_read_lines(args.from_file), known_kinds=kinds)
+    items = read_items(read_lines(args.from_file), known_kinds=kinds)
     check_schema(args.dsn)
 
     async def enqueue(store: PostgresStore) -> list[Enqueued]:
@@ -356,7 +279,7 @@ def cmd_quiesce(args: argparse.Namespace) -> int:
         raise UsageError(f"--scope {args.scope!r}: {exc}") from None
     check_schema(args.dsn)
     result = with_store(args.dsn, lambda store: quiesce(store, args.scope, timeout=args.timeout))
-    resume = f"(it stays paused: python -m trioworker resume --scope {args.scope})"
+    resume = f"(it stays paused: python -m trioworker resume --scope {shell_word(args.scope)})"
     if result.done:
         ended = f"; last held by {result.holder}" if result.holder else ""
         print(f"scope {args.scope!r} is quiet after {result.waited:.1f}s{ended} {resume}")
@@ -370,7 +293,7 @@ def cmd_quiesce(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from ._show import item_details, print_item
+    from ._show import item_details, print_item, to_json
 
     check_schema(args.dsn)
     details = with_store(args.dsn, lambda store: item_details(store, args.id))
@@ -378,7 +301,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"no item {args.id}", file=sys.stderr)
         return EXIT_ERROR
     if args.json:
-        print(json.dumps(details, indent=2, default=str))
+        print(to_json(details))
     else:
         print_item(details)
     return EXIT_OK

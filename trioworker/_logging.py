@@ -1,6 +1,7 @@
 """Structured logs: every line about an item carries its id, attempt, kind, scope and
 the Worker's id; `--log-format json` writes one JSON object per line; a filter masks
-the DSN's password wherever it would appear.
+the DSN's password wherever it would appear. Text lines show what items carry
+literally: control characters escaped (`_text.visible`), so none reaches a terminal.
 """
 
 from __future__ import annotations
@@ -9,10 +10,12 @@ import datetime as dt
 import json
 import logging
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
+from types import TracebackType
 from typing import Any
 
 from ._model import WorkItem
+from ._text import visible
 
 ITEM_FIELDS = ("item_id", "attempt", "kind", "scope", "worker_id")
 
@@ -44,12 +47,21 @@ def _context(record: logging.LogRecord) -> dict[str, Any]:
 
 class TextFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
-        """The line with the item's fields after it, before any traceback."""
-        line = super().formatMessage(record)
+        """The line with the item's fields after it, before any traceback; what they
+        carry shown `visible` (a field on one line, the message keeping its lines)."""
+        line = visible(super().formatMessage(record), lines=True)
         context = _context(record)
         if context:
-            line += " [" + " ".join(f"{k}={v}" for k, v in context.items()) + "]"
+            line += " [" + " ".join(f"{k}={visible(str(v))}" for k, v in context.items()) + "]"
         return line
+
+    def formatException(
+        self,
+        ei: tuple[type[BaseException], BaseException, TracebackType | None]
+        | tuple[None, None, None],
+    ) -> str:
+        """The traceback, its exception's text shown `visible` (lines kept)."""
+        return visible(super().formatException(ei), lines=True)
 
 
 class JsonFormatter(logging.Formatter):
@@ -67,29 +79,33 @@ class JsonFormatter(logging.Formatter):
 
 
 class RedactingFilter(logging.Filter):
-    """Masks a secret in the formatted message of every record it passes."""
+    """Masks secrets in the formatted message of every record it passes."""
 
-    def __init__(self, secret: str | None) -> None:
+    def __init__(self, *secrets: str | None) -> None:
         super().__init__()
-        self.secret = secret
+        # The longest first, so no part of one is left beside a shorter one's mask.
+        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.secret:
-            message = record.getMessage()
-            if self.secret in message:
-                record.msg = message.replace(self.secret, "***")
+        if self.secrets:
+            message = original = record.getMessage()
+            for secret in self.secrets:
+                message = message.replace(secret, "***")
+            if message != original:
+                record.msg = message
                 record.args = None
         return True
 
 
-def configure(level: str = "INFO", fmt: str = "text", secret: str | None = None) -> None:
-    """Send trioworker's logs (and the libraries') to stderr in the chosen format."""
+def configure(level: str = "INFO", fmt: str = "text", secrets: Iterable[str] = ()) -> None:
+    """Send trioworker's logs (and the libraries') to stderr in the chosen format,
+    masking `secrets` (the DSN's password, in every form it may take)."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(RedactingFilter(secret))
+    handler.addFilter(RedactingFilter(*secrets))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

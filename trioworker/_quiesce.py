@@ -14,6 +14,7 @@ import trio
 
 from ._model import ScopeHolder
 from ._store import Store
+from ._text import visible
 from ._validation import validate_scope
 
 #: How often the scope's Running item is looked at.
@@ -38,8 +39,8 @@ def describe(holder: ScopeHolder) -> str:
         else f"lease expired {abs(holder.lease_left):.1f}s ago"
     )
     return (
-        f"item {holder.id} ({holder.kind}) attempt {holder.attempt} on Worker"
-        f" {holder.worker_id}: {state}, {lease}"
+        f"item {holder.id} ({visible(holder.kind)}) attempt {holder.attempt} on Worker"
+        f" {visible(str(holder.worker_id))}: {state}, {lease}"
     )
 
 

@@ -12,11 +12,14 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from ._jsontext import UndecodableValue, pretty
 from ._store import Store
+from ._text import visible
 
 
 async def item_details(store: Store, id: int) -> dict[str, Any] | None:
-    """The item's row and its attempts, as JSON-ready values; None if there is none."""
+    """The item's row and its attempts, as JSON-ready values (see `to_json`); None if
+    there is none."""
     item = await store.get_item(id)
     if item is None:
         return None
@@ -32,8 +35,26 @@ def _jsonable(value: Any) -> Any:
     return value.isoformat() if isinstance(value, dt.datetime) else value
 
 
+def _json_default(value: Any) -> Any:
+    """A stored value Python could not decode, as `show --json` documents it."""
+    if isinstance(value, UndecodableValue):
+        return {"undecodable": value.reason, "text": value.text}
+    return str(value)
+
+
+def to_json(details: dict[str, Any]) -> str:
+    """`show --json`: the stored values exactly; a payload that cannot be decoded as
+    {"undecodable": why, "text": its stored text, cut to 2,000 characters}."""
+    return json.dumps(details, indent=2, default=_json_default)
+
+
 def _when(value: str | None) -> str:
     return value[:19].replace("T", " ") if value else "-"
+
+
+def _text(value: Any, *, lines: bool = False, style: str = "") -> Text:
+    """Stored text shown literally: never markup, control characters escaped."""
+    return Text(visible(str(value), lines=lines), style=style)
 
 
 COUNTS = [
@@ -54,30 +75,31 @@ def render_item(details: dict[str, Any]) -> RenderableType:
     title = f"item {item['id']}  {item['kind']}  scope {item['scope'] or '-'}  {item['status']}"
     if item["reason"]:
         title += f" ({item['reason']})"
-    parts.append(Text(title, style="bold"))
+    parts.append(_text(title, style="bold"))
     fields = Table(box=None, show_header=False, pad_edge=False)
     fields.add_column(style="dim")
     fields.add_column()
     for label, key in COUNTS:
-        fields.add_row(label, str(item[key]) if item[key] not in (None, False) else "-")
+        fields.add_row(label, _text(item[key]) if item[key] not in (None, False) else "-")
     for label, key in TIMES:
         fields.add_row(label, _when(item[key]))
     parts.append(fields)
     parts.append(Text("payload", style="bold"))
-    parts.append(Text(json.dumps(item["payload"], indent=2, ensure_ascii=False)))
+    parts.append(_text(pretty(item["payload"]), lines=True))
     if attempts:
         table = Table(title="attempts", box=box.SIMPLE, title_justify="left")
         for column in ("#", "worker", "started", "ended", "outcome", "error"):
             table.add_column(column, overflow="fold")
         for a in attempts:
-            table.add_row(str(a["attempt"]), a["worker_id"] or "-", _when(a["started_at"]),
-                          _when(a["ended_at"]), a["outcome"], a["error"] or "")  # fmt: skip
+            table.add_row(str(a["attempt"]), _text(a["worker_id"] or "-"), _when(a["started_at"]),
+                          _when(a["ended_at"]), _text(a["outcome"]),
+                          _text(a["error"] or "", lines=True))  # fmt: skip
         parts.append(table)
     if item["error"]:
-        parts.append(Text(f"error: {item['error']}", style="red"))
+        parts.append(_text(f"error: {item['error']}", lines=True, style="red"))
     if item["traceback"]:
         parts.append(Text("traceback (the last failed attempt's):", style="bold"))
-        parts.append(Text(item["traceback"].rstrip("\n")))
+        parts.append(_text(item["traceback"].rstrip("\n"), lines=True))
     return Group(*parts)
 
 

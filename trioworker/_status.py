@@ -8,9 +8,11 @@ from typing import Any
 from rich import box
 from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 from ._model import Status, counts_by_kind
 from ._postgres import PostgresStore
+from ._text import visible
 
 STATUS_ORDER = [s.value for s in Status]
 #: A Worker not seen for this long is reported gone, and its kinds unserved.
@@ -44,13 +46,20 @@ def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v.isoformat() if isinstance(v, dt.datetime) else v for k, v in row.items()}
 
 
+def _cell(value: str | None, none: str = "-") -> Text:
+    """Text an item, a Worker or a schedule carries, shown literally (never markup)."""
+    return Text(none if value is None else visible(value))
+
+
 def render(status: dict[str, Any]) -> Group:
+    """The tables `status` prints. Every text from the queue goes in as a `Text` of
+    its `visible` form, so no kind, scope or error is read as markup or control codes."""
     counts = Table(title="Work items by kind and status", box=box.SIMPLE_HEAVY)
     counts.add_column("kind")
     for s in STATUS_ORDER:
         counts.add_column(s, justify="right")
     for kind, row in sorted(status["counts"].items()):
-        counts.add_row(kind, *(_n(row[s]) for s in STATUS_ORDER))
+        counts.add_row(_cell(kind), *(_n(row[s]) for s in STATUS_ORDER))
     if status["counts"]:
         counts.add_section()
     counts.add_row("all", *(_n(status["totals"][s]) for s in STATUS_ORDER), style="bold")
@@ -65,10 +74,10 @@ def render(status: dict[str, Any]) -> Group:
         left = r["lease_left"]
         running.add_row(
             str(r["id"]),
-            r["kind"],
-            r["scope"] or "-",
+            _cell(r["kind"]),
+            _cell(r["scope"]),
             str(r["attempt"]),
-            r["worker_id"] or "-",
+            _cell(r["worker_id"]),
             f"{left:.1f}s" if left >= 0 else f"expired {-left:.1f}s ago",
             style="red" if left < 0 else None,
         )
@@ -79,11 +88,11 @@ def render(status: dict[str, Any]) -> Group:
     for r in status["recent_failures"]:
         failures.add_row(
             str(r["id"]),
-            r["kind"],
-            r["scope"] or "-",
+            _cell(r["kind"]),
+            _cell(r["scope"]),
             (r["finished_at"] or "")[:19],
-            r["reason"] or "",
-            (r["error"] or "")[:120],
+            _cell(r["reason"], ""),
+            _cell((r["error"] or "")[:120]),
         )
     alive = [w for w in status["workers"] if w["alive"]]
     workers = Table(
@@ -93,9 +102,9 @@ def render(status: dict[str, Any]) -> Group:
         workers.add_column(column, overflow="fold")
     for w in alive:
         workers.add_row(
-            w["id"],
-            ", ".join(w["kinds"]),
-            "all" if w["scopes"] is None else ", ".join(w["scopes"]),
+            _cell(w["id"]),
+            _cell(", ".join(w["kinds"])),
+            _cell(None if w["scopes"] is None else ", ".join(w["scopes"]), "all"),
             str(w["concurrency"]),
             (w["last_seen"] or "")[11:19],
         )
@@ -107,10 +116,12 @@ def render(status: dict[str, Any]) -> Group:
             f"kind {p['kind']}" if p["kind"] is not None else f"scope {p['scope']}"
             for p in status["pauses"]
         )
-        parts.append(f"[bold yellow]Paused (not claimed; running items go on):[/] {listed}")
+        parts.append(Text.assemble(("Paused (not claimed; running items go on):", "bold yellow"),
+                                   " ", visible(listed)))  # fmt: skip
     if status["unserved_kinds"]:
         listed = ", ".join(f"{k} ({n:,})" for k, n in status["unserved_kinds"].items())
-        parts.append(f"[bold red]Queued kinds no live Worker serves:[/] {listed}")
+        parts.append(Text.assemble(("Queued kinds no live Worker serves:", "bold red"),
+                                   " ", visible(listed)))  # fmt: skip
     parts.append(failures)
     return Group(*parts)
 
@@ -121,10 +132,10 @@ def _schedules_table(rows: list[dict[str, Any]]) -> Table:
         schedules.add_column(column, overflow="fold")
     for r in rows:
         schedules.add_row(
-            r["name"],
-            r["kind"],
-            r["scope"] or "-",
-            r["spec"],
+            _cell(r["name"]),
+            _cell(r["kind"]),
+            _cell(r["scope"]),
+            _cell(r["spec"]),
             r["next_due"][:19],
             "-" if r["last_item"] is None else str(r["last_item"]),
         )

@@ -18,9 +18,9 @@ Conn = psycopg.Connection[Any]
 
 
 def trioworker(
-    *args: str, dsn: str | None = None, timeout: float = 60
+    *args: str, dsn: str | None = None, timeout: float = 60, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRIOWORKER_DSN"}
+    env = {**{k: v for k, v in os.environ.items() if k != "TRIOWORKER_DSN"}, **(env or {})}
     if dsn is not None:
         env["TRIOWORKER_DSN"] = dsn
     return subprocess.run(

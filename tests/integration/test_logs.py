@@ -211,3 +211,16 @@ def test_command_errors_never_show_the_password(
         assert result.returncode == 1, result.stderr
         assert "password=***" in result.stderr and target in result.stderr
         assert PASSWORD not in result.stdout + result.stderr
+
+
+def test_text_logs_show_what_an_item_carries_escaped(dsn: str, pg: Conn, tmp_path: Path) -> None:
+    """A Worker logging (as text) about an item whose scope holds an OSC sequence (sets
+    a terminal's title) and whose handler fails: the lines show the scope escaped, and
+    no control character but the line breaks reaches the output."""
+    with running_worker(dsn, tmp_path) as worker:
+        erring = insert(pg, "Record", "\x1b]0;PWNED\x07", '{"seconds": "soon"}')
+        wait_for(lambda: "handler failed" in worker.output(), 60, "the handler to fail")
+        worker.stop()
+    output = worker.output()
+    assert f"[item_id={erring} attempt=1 kind=Record scope=\\x1b]0;PWNED\\x07" in output
+    assert "\x1b" not in output and "\x07" not in output

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trioworker import ConfigurationError
-from trioworker._dsn import _password, redact, redact_dsn, resolve_dsn
+from trioworker._dsn import _password, redact, redact_dsn, resolve_dsn, secrets
 
 
 def test_a_bad_dsn_says_what_is_wrong_with_it() -> None:
@@ -70,3 +70,56 @@ def test_libpq_defaults_it_does_not_know_are_described(monkeypatch: pytest.Monke
         "libpq connects as user (the OS user) to database (the OS user) (the user's name)"
         " on the local socket, port 5432"
     )
+
+
+#: DSNs libpq cannot parse (or parses into something else), each with the password
+#: s3cretPW somewhere: URIs with a bad escape, an unclosed bracket, a password in the
+#: query or holding a `/` or an `@`; key=value with an unclosed quote, a missing `=`,
+#: an escaped space, `password=` not first.
+MALFORMED = [
+    "postgresql://u:s3cretPW%zz@127.0.0.1/db",
+    "postgresql://u:s3cretPW@[::1/db",
+    "postgres://127.0.0.1/db?sslmode=disable&password=s3cretPW%zz",
+    "postgresql://u:s3cret/PW@127.0.0.1/db",
+    "postgresql://u:s3c@retPW@127.0.0.1/db",
+    "host=db password='s3cretPW port=5",
+    "host=db password=s3cretPW port",
+    "host=db password = s3cret\\ PW port",
+    "port=5 password='s3cret\\'PW' dbname",
+    "PASSWORD=s3cretPW host",
+]
+
+
+@pytest.mark.parametrize("dsn", MALFORMED)
+def test_a_malformed_dsns_password_is_masked_whatever_its_shape(dsn: str) -> None:
+    """The password of a DSN libpq cannot parse is still known to `secrets`: neither
+    the DSN's own error nor any message carrying the DSN shows it, nor any piece of it
+    that libpq would read as a host or a port."""
+    shown = redact(f"connecting with {dsn}: failed", dsn)
+    assert "s3c" not in shown.lower() and "PW" not in shown, shown
+    assert shown.startswith("connecting with ") and shown.endswith(": failed")
+    try:
+        resolve_dsn(dsn)
+    except ConfigurationError as exc:
+        assert "s3c" not in str(exc).lower() and "PW" not in str(exc), exc
+
+
+def test_secrets_are_the_password_in_every_form_longest_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A parsed password and its escaped spelling; $PGPASSWORD too; nothing for a DSN
+    without one."""
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    assert secrets("postgres://u:s%41cret@h/db") == ("s%41cret", "sAcret")
+    assert secrets("host=db password='a\\'b'") == ("a\\'b", "a'b")
+    assert secrets("host=db port=5") == ()
+    monkeypatch.setenv("PGPASSWORD", "from-env")
+    assert secrets("host=db port") == ("from-env",)
+
+
+def test_a_dsn_that_is_not_utf8_is_a_bad_dsn() -> None:
+    """$TRIOWORKER_DSN holding bytes that are not UTF-8 (Python's surrogateescape): a
+    ConfigurationError saying so, not a UnicodeEncodeError; nothing of it shown."""
+    with pytest.raises(ConfigurationError, match=r"^bad DSN: it is not UTF-8 text$"):
+        resolve_dsn("host=db password=s3\udcff")
+    assert redact_dsn("host=db password=s3\udcff") == "<unparseable DSN>"

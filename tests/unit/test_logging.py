@@ -137,6 +137,15 @@ def test_the_filter_masks_the_secret_in_the_formatted_message() -> None:
     assert RedactingFilter("").filter(unmasked) and unmasked.args == ("password=s3cr3t",)
 
 
+def test_the_filter_masks_every_form_of_the_secret_longest_first() -> None:
+    """Given a password's forms (raw, and as libpq unescapes it), each is masked, the
+    longer first, so no piece of the longer is left beside the mask."""
+    masking = RedactingFilter("s3cr3t%41PW", "s3cr3tAPW", None)
+    leaked = record("token %s, then %s", ('"s3cr3t%41PW"', "s3cr3tAPW"))
+    assert masking.filter(leaked) is True
+    assert leaked.getMessage() == 'token "***", then ***'
+
+
 @pytest.fixture
 def root_logger() -> Iterator[logging.Logger]:
     root = logging.getLogger()
@@ -154,7 +163,7 @@ def test_configure_sends_every_log_to_stderr_in_the_format_masked(
 ) -> None:
     """configure() leaves one stderr handler on the root logger, at the level asked, in
     the format asked, masking the secret."""
-    configure("warning", fmt, secret="s3cr3t")
+    configure("warning", fmt, secrets=["s3cr3t"])
     assert root_logger.level == logging.WARNING and len(root_logger.handlers) == 1
     logging.getLogger("psycopg.pool").info("not shown")
     logging.getLogger("psycopg.pool").warning("failed: password=%s", "s3cr3t")

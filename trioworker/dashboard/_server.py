@@ -31,14 +31,21 @@ DEFAULT_PORT = 8080
 def read_token(token_file: str | None = None) -> str | None:
     """The actions' token: the contents of `token_file` (surrounding whitespace
     stripped), else $TRIOWORKER_DASHBOARD_TOKEN, else None. Never a command-line value:
-    other users of the machine see those in `ps`."""
+    other users of the machine see those in `ps`. A file longer than 4 KiB is refused,
+    read no further (`--token-file /dev/zero` would be read until memory ran out)."""
     if token_file is None:
         token = os.environ.get(TOKEN_ENV, "").strip()
         return token or None
+    most = 4096  # bytes: far more than a token needs
     try:
-        with open(token_file, encoding="utf-8") as file:
+        with open(token_file, "rb") as file:
             mode = os.fstat(file.fileno()).st_mode
-            token = file.read().strip()
+            data = file.read(most + 1)
+        if len(data) > most:
+            raise ConfigurationError(
+                f"--token-file {token_file!r} is longer than {most} bytes: not a token file?"
+            )
+        token = data.decode("utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigurationError(f"cannot read --token-file {token_file!r}: {exc}") from None
     if not token:

@@ -1,0 +1,58 @@
+"""What `enqueue` reads from the command line, checked before anything connects
+(trioworker._input): the depth bound, the line splitting, the bounded reads."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+
+from trioworker._input import READ_LIMIT, UsageError, check_value, lines_of, parse_json
+from trioworker._jsontext import MAX_DEPTH, depth
+
+
+def nested(levels: int, inner: Any = None) -> Any:
+    value: Any = [] if inner is None else inner
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [nested(MAX_DEPTH - 1), nested(MAX_DEPTH - 2, {"a": 1}), nested(MAX_DEPTH - 3, {"k": [1]})],
+)
+def test_the_deepest_payload_allowed_passes(value: Any) -> None:
+    """A payload as deep as `_jsontext.depth` allows (MAX_DEPTH: the table's bound and
+    every enqueue path's) is taken."""
+    assert depth(value) == MAX_DEPTH
+    check_value(value, "--payload")
+
+
+@pytest.mark.parametrize("value", [nested(MAX_DEPTH), {"k": nested(MAX_DEPTH - 1, 5)}])
+def test_one_level_more_is_refused_naming_the_field(value: Any) -> None:
+    """One level past MAX_DEPTH is refused, naming the field and the bound."""
+    assert depth(value) == MAX_DEPTH + 1
+    with pytest.raises(UsageError, match=r"^line 3: payload nests deeper than 64 levels"):
+        check_value(value, "line 3: payload")
+
+
+def test_json_too_deep_for_python_says_how_deep_is_allowed() -> None:
+    """Nesting past the interpreter's recursion limit is a UsageError, not a
+    RecursionError, and says how deep a payload may nest."""
+    with pytest.raises(UsageError, match="nested too deeply: a payload nests 64 levels at most"):
+        parse_json("[" * 100_000 + "]" * 100_000, "--payload")
+
+
+def test_lines_end_at_newlines_only_and_are_bounded() -> None:
+    """Lines split at \\n (a \\r before it dropped), not at U+2028, NEL, \\x1e, \\x0c or
+    a lone \\r; a line longer than READ_LIMIT is refused without reading on."""
+    data = "a\u2028b\u0085c\x1ed\x0ce\rf\r\ng\n\nh".encode()
+    assert list(lines_of(io.BytesIO(data), "f")) == ["a\u2028b\u0085c\x1ed\x0ce\rf", "g", "", "h"]
+    endless = io.BytesIO(b"x" * (READ_LIMIT + 10))
+    with pytest.raises(UsageError, match=f"line 1 of f is longer than {READ_LIMIT} bytes"):
+        list(lines_of(endless, "f"))
+    assert endless.tell() == READ_LIMIT + 1
+    with pytest.raises(UsageError, match="line 2 is not UTF-8: invalid start byte at byte 2"):
+        list(lines_of(io.BytesIO(b"ok\nK\xff\n"), "f"))
