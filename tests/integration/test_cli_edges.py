@@ -261,6 +261,7 @@ def test_migrate_says_one_line_per_migration(databases: Any) -> None:
     assert first.stdout.splitlines() == [
         "applied 0001.work-items", "applied 0002.scope-lines", "applied 0003.workers",
         "applied 0004.schedules-and-retries", "applied 0005.trace-context",
+        "applied 0006.hostile-input",
     ]  # fmt: skip
     assert again.stdout == "schema is up to date\n"
 
