@@ -44,6 +44,7 @@ CREATE TABLE work_items (
     CONSTRAINT work_items_dedup_key_sane CHECK (((dedup_key <> ''::text) AND (length(dedup_key) <= 200))),
     CONSTRAINT work_items_heads_are_queued_and_scoped CHECK (((NOT is_head) OR ((status = 'Queued'::text) AND (scope IS NOT NULL)))),
     CONSTRAINT work_items_kind_sane CHECK (((kind <> ''::text) AND (length(kind) <= 200))),
+    CONSTRAINT work_items_names_not_blank CHECK ((work_not_blank(kind) AND ((scope IS NULL) OR work_not_blank(scope)) AND ((dedup_key IS NULL) OR work_not_blank(dedup_key)))) NOT VALID,
     CONSTRAINT work_items_payload_depth CHECK ((NOT jsonb_path_exists(payload, 'strict $.**{64}'::jsonpath))) NOT VALID,
     CONSTRAINT work_items_payload_fits CHECK ((octet_length((payload)::text) <= 131072)),
     CONSTRAINT work_items_pkey PRIMARY KEY (id),
@@ -455,6 +456,12 @@ BEGIN
     END;
 END
 $function$;
+
+CREATE OR REPLACE FUNCTION public.work_not_blank(p_name text)
+ RETURNS boolean
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+RETURN (p_name ~ '[^\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]'::text);
 
 CREATE OR REPLACE FUNCTION public.work_note_attempt(p_id bigint, p_outcome text, p_error text DEFAULT NULL::text, p_traceback text DEFAULT NULL::text)
  RETURNS void

@@ -17,6 +17,19 @@ ALTER TABLE work_schedules ADD CONSTRAINT work_schedules_payload_depth
     CHECK (NOT jsonb_path_exists(payload, 'strict $.**{64}'))
     NOT VALID;
 
+-- A kind, scope or dedup key that is only whitespace is refused, as every Python path
+-- refuses it (str.strip, whose whitespace is exactly this class: the test compares them
+-- character by character). 0001's `<> ''` let ' ' or U+2028 in by plain SQL: an item no
+-- Worker could ever serve, since a Registry takes no such kind.
+CREATE FUNCTION work_not_blank(p_name text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN p_name ~ '[^\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]';
+
+ALTER TABLE work_items ADD CONSTRAINT work_items_names_not_blank
+    CHECK (work_not_blank(kind) AND (scope IS NULL OR work_not_blank(scope))
+           AND (dedup_key IS NULL OR work_not_blank(dedup_key)))
+    NOT VALID;
+
 -- The claim, as in 0002, but a candidate whose scope's claim lock is taken no longer
 -- empties the batch. Before, the batch limit was applied to the candidates and then
 -- the try-lock filtered them, so a refused head (a claim of another Worker taking the

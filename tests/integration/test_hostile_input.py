@@ -242,3 +242,27 @@ async def test_a_handler_that_loses_postgresql_in_its_transaction_stalls_not_fai
     assert state.status is Status.SUCCEEDED
     assert (state.failures, state.stalls, attempts) == (0, 1, [1, 2])
     assert worker.statistics().events.get("database_lost") == 1
+
+
+def test_the_table_and_python_agree_on_what_is_blank(pg: Conn) -> None:
+    """work_not_blank's class is Python's whitespace (str.strip, which every Python
+    path uses), character by character over all of Unicode."""
+    rows = pg.execute(
+        "SELECT c FROM generate_series(1, 1114111) AS c"
+        " WHERE c NOT BETWEEN 55296 AND 57343 AND NOT work_not_blank(chr(c))"
+    ).fetchall()
+    assert [c for (c,) in rows] == [c for c in range(1, 0x110000) if chr(c).isspace()]
+
+
+@pytest.mark.parametrize("column", ["kind", "scope", "dedup_key"])
+@pytest.mark.parametrize("name", [" ", "\u2028", "\t\n", "\u3000"])
+def test_the_table_refuses_a_blank_name_from_plain_sql(pg: Conn, column: str, name: str) -> None:
+    """A blank kind could never be served (no Registry takes it): refused by name, as
+    enqueue refuses it."""
+    values = {"kind": "Quick", "scope": None, "dedup_key": None, column: name}
+    with pytest.raises(psycopg.errors.CheckViolation) as caught:
+        pg.execute(
+            "INSERT INTO work_items (kind, scope, dedup_key) VALUES (%s, %s, %s)",
+            (values["kind"], values["scope"], values["dedup_key"]),
+        )
+    assert caught.value.diag.constraint_name == "work_items_names_not_blank"
