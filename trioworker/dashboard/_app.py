@@ -310,9 +310,10 @@ async def read_form(request: Request) -> Form:
         body += chunk
         if len(body) > MAX_FORM_BYTES:
             raise Refused(413, "the form is too large")
-    try:
-        return parse_qs(body.decode(), keep_blank_values=True, max_num_fields=2000)
-    except (UnicodeDecodeError, ValueError):
+    try:  # strict: a value that is not UTF-8 is refused, never read with U+FFFD in it
+        return parse_qs(body.decode(), keep_blank_values=True, max_num_fields=2000,
+                        errors="strict")  # fmt: skip
+    except ValueError:  # UnicodeDecodeError is one
         raise Refused(400, "the form could not be read") from None
 
 
