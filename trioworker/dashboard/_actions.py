@@ -28,7 +28,8 @@ MAX_NAME = 200
 #: CR in the page as LF, a form posted without the page's script sends every line break
 #: as CRLF, and NUL is never part of a name. A name with one is refused, not changed.
 UNSENDABLE = {"\r": "a line break", "\n": "a line break", "\x00": "a NUL"}
-_ID = re.compile(r"[0-9]{1,19}")  # ASCII digits only: int() takes every script's digits
+#: An id or a count: ASCII digits only (int() takes every script's digits).
+ASCII_NUMBER = re.compile(r"[0-9]{1,19}")
 _SECONDS = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6})?")
 
 
@@ -83,7 +84,7 @@ def _number(form: Form, field: str) -> str | None:
 
 def _id(text: str) -> int:
     text = text.strip()
-    if not _ID.fullmatch(text) or not 1 <= int(text) <= 2**63 - 1:
+    if not ASCII_NUMBER.fullmatch(text) or not 1 <= int(text) <= 2**63 - 1:
         raise Refused(400, f"not an item id: {text[:40]!r}")
     return int(text)
 

@@ -26,8 +26,8 @@ from starlette.routing import Route
 from .._errors import DatabaseUnavailable, InvalidWorkItem, StoreError
 from .._postgres import PostgresStore
 from . import _views
-from ._actions import ACTIONS, Form, Outcome, Refused
-from ._format import FILTERS
+from ._actions import ACTIONS, ASCII_NUMBER, Form, Outcome, Refused
+from ._format import FILTERS, finalize
 from ._guardrails import Guardrails
 from ._reader import Reader
 from ._security import SESSION_SECONDS, Guard, same_origin
@@ -61,6 +61,7 @@ def _environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=finalize,  # every value written visibly: _format's docstring
     )
     env.filters.update(FILTERS)
     return env
@@ -134,11 +135,10 @@ class Dashboard:
         kind = request.query_params.get("kind") or None
         if kind is not None and len(kind) > MAX_SEARCH:
             raise Refused(400, "kind is too long")
-        try:
-            offset = max(0, min(int(request.query_params.get("offset", "0")), 10**7))
-        except ValueError:
-            offset = 0
-        return await _views.failures(self.reader, kind, offset)
+        offset = request.query_params.get("offset", "0")
+        if not ASCII_NUMBER.fullmatch(offset):
+            raise Refused(400, f"offset must be a whole number, not {offset[:40]!r}")
+        return await _views.failures(self.reader, kind, min(int(offset), 10**7))
 
     def render(self, request: Request, name: str, data: dict[str, Any], status: int = 200
                ) -> HTMLResponse:  # fmt: skip
@@ -162,7 +162,7 @@ class Dashboard:
 
     async def find_item(self, request: Request) -> Response:
         text = request.query_params.get("id", "").strip().lstrip("#")
-        if not text.isdigit() or not 1 <= int(text) <= 2**63 - 1:
+        if not ASCII_NUMBER.fullmatch(text) or not 1 <= int(text) <= 2**63 - 1:
             return self.render(request, "missing", {"what": f"item {text[:40]!r}"}, status=404)
         return RedirectResponse(f"/items/{int(text)}", status_code=303)
 
