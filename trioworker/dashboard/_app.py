@@ -83,7 +83,7 @@ class Dashboard:
     """The app and what it holds: the store, the guard, templates and static files."""
 
     def __init__(self, store: PostgresStore, *, allow_actions: bool, guard: Guard,
-                 allowed_hosts: frozenset[str] | None) -> None:  # fmt: skip
+                 allowed_hosts: frozenset[str]) -> None:  # fmt: skip
         self.store = store
         self.reader = Reader(store)
         self.allow_actions = allow_actions
