@@ -5,7 +5,8 @@ Pure: no I/O and no framework, so each rule is unit-tested on its own. The model
 the operator's token, either as `Authorization: Bearer TOKEN` (a header no browser sends
 by itself, so a page of another site cannot forge it) or through a session cookie from
 signing in with the token, in which case the form must also carry the session's CSRF
-token and the request must come from the dashboard's own origin.
+token and the request must come from the dashboard's own origin. Sessions are kept
+here too, so signing out ends one for good, whoever holds a copy of its cookie.
 A request names the dashboard in its Host header: a loopback name or address, or one
 of the names the operator allowed (DNS rebinding: another site's name is refused).
 """
@@ -29,6 +30,8 @@ SESSION_SECONDS = 12 * 3600.0
 CLOCK_SLACK = 60.0
 #: The loopback host names (every loopback address is accepted too, however spelled).
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+#: The most sessions kept at once; past it, the oldest ends.
+MAX_SESSIONS = 1000
 #: IPv4 in the forms inet_aton reads (and so the socket a dashboard binds): 127.1,
 #: 0x7f.0.0.1, 2130706433.
 _NUMERIC_V4 = re.compile(r"[0-9a-fx.]+")
@@ -108,6 +111,7 @@ class Guard:
         self._key = key if key is not None else secrets.token_bytes(32)
         self._token = self._mac("token", token) if token else None
         self._clock = clock
+        self._sessions: dict[str, None] = {}  # the live ones, oldest first
 
     def _mac(self, purpose: str, value: str) -> bytes:
         return hmac.new(self._key, f"{purpose}\0{value}".encode(), hashlib.sha256).digest()
@@ -120,22 +124,36 @@ class Guard:
         return hmac.compare_digest(self._mac("token", candidate), self._token)
 
     def new_session(self) -> str:
-        """A session cookie's value: when it was issued, a nonce, and their signature."""
+        """A session cookie's value: when it was issued, a nonce, and their signature.
+        It is valid until it expires or `end_session` ends it."""
         issued = f"{int(self._clock())}.{secrets.token_urlsafe(16)}"
-        return f"{issued}.{self._mac('session', issued).hex()}"
+        value = f"{issued}.{self._mac('session', issued).hex()}"
+        self._sessions[value] = None
+        while len(self._sessions) > MAX_SESSIONS:
+            del self._sessions[next(iter(self._sessions))]
+        return value
 
     def session_valid(self, value: str | None) -> bool:
-        """Whether `value` is a session this process issued, not yet expired."""
+        """Whether `value` is a session this process issued, not ended nor expired."""
         if not value or value.count(".") != 2:  # noqa: PLR2004  issued.nonce.mac
             return False
         issued, _, mac = value.rpartition(".")
         if not hmac.compare_digest(self._mac("session", issued).hex(), mac):
             return False
+        if value not in self._sessions:  # ended (signed out), or forgotten
+            return False
         try:
             age = self._clock() - int(issued.partition(".")[0])
         except ValueError:  # pragma: no cover  (signed by us, so it parses)
             return False
-        return -CLOCK_SLACK <= age < SESSION_SECONDS
+        if age >= SESSION_SECONDS:
+            del self._sessions[value]
+            return False
+        return age >= -CLOCK_SLACK
+
+    def end_session(self, value: str) -> None:
+        """Sign `value` out: no copy of its cookie acts again."""
+        self._sessions.pop(value, None)
 
     def csrf_token(self, session: str) -> str:
         """The CSRF token of a session: what its forms carry."""
