@@ -106,6 +106,13 @@ def test_quiesce_pause_and_resume_reach_exactly_the_scope_shown(
     _lookalike_untouched(pg)
     assert one(pg, "SELECT count(*) FROM work_items WHERE status = 'Cancelled'") == 1
 
+    # The item page's scope link finds that scope, not its look-alike.
+    open_page(browser, f"{dashboard.url}/items/{first}")
+    browser.find_element(By.CSS_SELECTOR, "#fields a[href^='/scopes']").click()
+    until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, ROW), what="the scope found")
+    shown = browser.find_elements(By.CSS_SELECTOR, "#scopes tr[data-scope]")
+    assert [row.get_attribute("data-scope") for row in shown] == [SCOPE]
+
 
 def test_a_name_a_form_cannot_send_back_is_refused_not_changed(
     browser: Chrome, queue: tuple[Conn, Dashboard]

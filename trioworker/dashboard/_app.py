@@ -147,7 +147,7 @@ class Dashboard:
         kind = request.query_params.get("kind") or None
         if kind is not None and len(kind) > MAX_SEARCH:
             raise Refused(400, "kind is too long")
-        offset = request.query_params.get("offset", "0")
+        offset = request.query_params.get("offset") or "0"
         if not ASCII_NUMBER.fullmatch(offset):
             raise Refused(400, f"offset must be a whole number, not {offset[:40]!r}")
         return await _views.failures(self.reader, kind, min(int(offset), 10**7))
@@ -368,7 +368,7 @@ def _first(form: Form, field: str) -> str | None:
 
 
 def _search(request: Request) -> str | None:
-    search = request.query_params.get("q", "").strip()
+    search = request.query_params.get("q", "")  # as typed: `' ws '` finds no `'ws'`
     if len(search) > MAX_SEARCH:
         raise Refused(400, "the search is too long")
     return search or None
