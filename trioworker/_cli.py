@@ -375,6 +375,11 @@ def _dashboard(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
         help="listen on this address (127.0.0.1: this machine)",
     )
     dashboard.add_argument(
+        "--allowed-host", action="append", default=[], metavar="NAME",
+        help="a host name it answers to (repeat for more); needed with a --host beyond"
+        " loopback, so no other site's page can read it (DNS rebinding)",
+    )  # fmt: skip
+    dashboard.add_argument(
         "--port", type=number(integer=True, minimum=0, maximum=65535), default=8080,
         metavar="PORT", help="0: any free one, logged (8080)",
     )  # fmt: skip

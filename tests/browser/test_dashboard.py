@@ -10,17 +10,16 @@ Screenshots of the main pages go to docs/dashboard/*.png.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
 import psycopg
 import pytest
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver import Chrome
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.wait import WebDriverWait
 
+from tests.browser.driving import click, notice, open_page, until
 from tests.browser.queue import APP, Conn, counts, ids, one, populate, settled
 from tests.browser.support import (
     SCREENSHOTS,
@@ -34,7 +33,6 @@ from tests.support.database import Databases
 from tests.support.processes import WorkerProcess, wait_for, workers
 
 STATUSES = ["Queued", "Running", "Succeeded", "Failed", "Cancelled"]
-FLAKY = (StaleElementReferenceException, NoSuchElementException)
 
 
 @attrs.frozen
@@ -61,18 +59,6 @@ def queue(databases: Databases, tmp_path_factory: pytest.TempPathFactory) -> Ite
         actions = start_dashboard(dsn, "--allow-actions", env={"TRIOWORKER_DASHBOARD_TOKEN": TOKEN})
         wait_for(lambda: settled(pg), 60, f"the Worker to settle the queue:\n{worker.output()}")
         yield Queue(pg, worker, read_only, actions)
-
-
-def until(browser: Chrome, check: Callable[[], Any], timeout: float = 20, what: str = "") -> Any:
-    """The first true value of `check()`, tried while the page refreshes under it."""
-    return WebDriverWait(browser, timeout, poll_frequency=0.1, ignored_exceptions=FLAKY).until(
-        lambda _: check(), message=what
-    )
-
-
-def open_page(browser: Chrome, url: str) -> None:
-    browser.get(url)
-    until(browser, lambda: browser.find_element(By.ID, "live"), what=f"{url} to load")
 
 
 def data(browser: Chrome, css: str, name: str = "data-n") -> str:
@@ -258,21 +244,6 @@ def test_an_action_without_the_token_is_refused_and_changes_nothing(
     assert _state(pg) == before
 
 
-def _click(browser: Chrome, css: str) -> None:
-    """Click the button at `css`, found afresh if a refresh swapped it out."""
-
-    def click() -> bool:
-        browser.find_element(By.CSS_SELECTOR, css).click()
-        return True
-
-    until(browser, click, what=f"to click {css}")
-
-
-def _notice(browser: Chrome, expected: str) -> None:
-    notice = browser.find_element(By.ID, "notice")
-    until(browser, lambda: expected in notice.text, what=f"a notice saying {expected!r}")
-
-
 def test_actions_with_the_token_work(browser: Chrome, queue: Queue) -> None:
     """Signed in with the token, the page's buttons pause, resume, retry, cancel and
     quiesce, each seen in the database; a script may use the token as a Bearer header."""
@@ -289,23 +260,23 @@ def test_actions_with_the_token_work(browser: Chrome, queue: Queue) -> None:
     until(browser, lambda: browser.current_url.endswith("/scopes"), what="back on /scopes")
     assert browser.find_element(By.ID, "mode").text.startswith("actions on")
 
-    _click(browser, '#scopes tr[data-scope="cfg-3"] button[data-action="pause"]')
-    _notice(browser, "scope cfg-3 paused")
+    click(browser, '#scopes tr[data-scope="cfg-3"] button[data-action="pause"]')
+    notice(browser, "scope cfg-3 paused")
     assert one(pg, "SELECT count(*) FROM work_pauses WHERE scope = 'cfg-3'") == 1
     screenshot(browser, "scopes-actions")
 
     # Quiesce cfg-2: paused, its Crawl asked to stop, and waited for.
     crawl = one(pg, "SELECT id FROM work_items WHERE scope = 'cfg-2' AND status = 'Running'")
-    _click(browser, '#scopes tr[data-scope="cfg-2"] button[data-action="quiesce"]')
-    _notice(browser, "scope cfg-2 is quiet")
+    click(browser, '#scopes tr[data-scope="cfg-2"] button[data-action="quiesce"]')
+    notice(browser, "scope cfg-2 is quiet")
     assert one(pg, "SELECT status FROM work_items WHERE id = %s", [crawl]) != "Running"
     assert one(pg, "SELECT count(*) FROM work_pauses WHERE scope = 'cfg-2'") == 1
 
     # Cancel cfg-1's Crawl from the Running page: it leaves the page by itself.
     open_page(browser, url + "/running")
     crawl = one(pg, "SELECT id FROM work_items WHERE scope = 'cfg-1' AND status = 'Running'")
-    _click(browser, f'#running tr[data-id="{crawl}"] button[data-action="cancel"]')
-    _notice(browser, f"item {crawl} is running: asked it to stop")
+    click(browser, f'#running tr[data-id="{crawl}"] button[data-action="cancel"]')
+    notice(browser, f"item {crawl} is running: asked it to stop")
     wait_for(lambda: one(pg, "SELECT status FROM work_items WHERE id = %s", [crawl])
              == "Cancelled", 20, "the Crawl to stop")  # fmt: skip
     until(browser, lambda: not browser.find_elements(By.CSS_SELECTOR, f'tr[data-id="{crawl}"]'),
@@ -314,15 +285,15 @@ def test_actions_with_the_token_work(browser: Chrome, queue: Queue) -> None:
     # Retry a failure: it runs (and fails) again, two more attempts.
     open_page(browser, url + "/failures")
     failed = min(ids(pg, "status = 'Failed'"))
-    _click(browser, f'li.failure[data-id="{failed}"] button[data-action="retry"]')
-    _notice(browser, f"item {failed} queued again")
+    click(browser, f'li.failure[data-id="{failed}"] button[data-action="retry"]')
+    notice(browser, f"item {failed} queued again")
     wait_for(lambda: one(pg, "SELECT attempt FROM work_items WHERE id = %s", [failed]) == 4,
              20, "the retried item's two new attempts")  # fmt: skip
 
     # Resume the kind paused at the start, from the Pauses page.
     open_page(browser, url + "/pauses")
-    _click(browser, 'tr[data-pause="kind:Backup"] button[data-action="resume"]')
-    _notice(browser, "kind Backup resumed")
+    click(browser, 'tr[data-pause="kind:Backup"] button[data-action="resume"]')
+    notice(browser, "kind Backup resumed")
     assert one(pg, "SELECT count(*) FROM work_pauses WHERE kind = 'Backup'") == 0
     log = queue.actions.output()
     assert "pause by 127.0.0.1: scope cfg-3 paused" in log and TOKEN not in log

@@ -7,6 +7,7 @@ They run only on a dashboard started with --allow-actions, for a request that
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,6 +24,13 @@ MAX_QUIESCE_SECONDS = 300.0
 DEFAULT_QUIESCE_SECONDS = 30.0
 MAX_RETRY_IDS = 1000
 MAX_NAME = 200
+#: What an HTML form cannot carry back as the page showed it: the HTML parser reads a
+#: CR in the page as LF, a form posted without the page's script sends every line break
+#: as CRLF, and NUL is never part of a name. A name with one is refused, not changed.
+UNSENDABLE = {"\r": "a line break", "\n": "a line break", "\x00": "a NUL"}
+#: An id or a count: ASCII digits only (int() takes every script's digits).
+ASCII_NUMBER = re.compile(r"[0-9]{1,19}")
+_SECONDS = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6})?")
 
 
 class Refused(Exception):
@@ -43,38 +51,64 @@ class Outcome:
     details: dict[str, Any] = attrs.field(factory=dict)
 
 
-def _one(form: Form, field: str) -> str | None:
-    values = [v.strip() for v in form.get(field, []) if v.strip()]
+def _given(form: Form, field: str) -> str | None:
+    """The field's value exactly as sent (an empty one is no value), given once."""
+    values = [v for v in form.get(field, []) if v]
     if len(values) > 1:
         raise Refused(400, f"give {field} once")
     return values[0] if values else None
 
 
+def _name(form: Form, field: str) -> str | None:
+    """A kind or scope exactly as sent, never stripped: the one the page showed."""
+    name = _given(form, field)
+    if name is None:
+        return None
+    if len(name) > MAX_NAME:
+        raise Refused(400, f"a {field} is at most {MAX_NAME} characters")
+    for char, what in UNSENDABLE.items():
+        if char in name:
+            raise Refused(
+                400,
+                f"the dashboard cannot act on a {field} with {what} in it: a browser's form"
+                " does not send it back as shown (use the CLI)",
+            )
+    return name
+
+
+def _number(form: Form, field: str) -> str | None:
+    """A number's text (surrounding whitespace dropped)."""
+    text = _given(form, field)
+    return None if text is None else text.strip() or None
+
+
 def _id(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise Refused(400, f"not an item id: {text[:40]!r}") from None
-    if not 1 <= value <= 2**63 - 1:
-        raise Refused(400, f"not an item id: {value}")
-    return value
+    text = text.strip()
+    if not ASCII_NUMBER.fullmatch(text) or not 1 <= int(text) <= 2**63 - 1:
+        raise Refused(400, f"not an item id: {text[:40]!r}")
+    return int(text)
 
 
 def _target(form: Form) -> tuple[str | None, str | None]:
-    kind, scope = _one(form, "kind"), _one(form, "scope")
+    kind, scope = _name(form, "kind"), _name(form, "scope")
     if (kind is None) == (scope is None):
         raise Refused(400, "give exactly one of kind and scope")
-    if len(kind or scope or "") > MAX_NAME:
-        raise Refused(400, f"a kind or scope is at most {MAX_NAME} characters")
     return kind, scope
 
 
+def shown(name: str) -> str:
+    """A name as a message writes it: bare when it reads unambiguously, else quoted
+    with its escapes (`' ws '`, `'a\\x1bb'`)."""
+    plain = name.isprintable() and name == name.strip() and name[:1] not in "'\""
+    return name if plain else repr(name)
+
+
 def _named(kind: str | None, scope: str | None) -> str:
-    return f"kind {kind}" if kind is not None else f"scope {scope}"
+    return f"kind {shown(kind)}" if kind is not None else f"scope {shown(scope or '')}"
 
 
 async def cancel(store: Store, form: Form) -> Outcome:
-    text = _one(form, "id")
+    text = _number(form, "id")
     if text is None:
         raise Refused(400, "give the id of the item to cancel")
     id = _id(text)
@@ -90,7 +124,7 @@ async def cancel(store: Store, form: Form) -> Outcome:
 
 
 async def retry(store: Store, form: Form) -> Outcome:
-    texts = [v.strip() for v in form.get("id", []) if v.strip()]
+    texts = [v for v in form.get("id", []) if v.strip()]
     if not texts:
         raise Refused(400, "give the ids of the items to retry")
     if len(texts) > MAX_RETRY_IDS:
@@ -126,24 +160,22 @@ async def resume(store: Store, form: Form) -> Outcome:
 
 
 async def quiesce(store: Store, form: Form) -> Outcome:
-    scope = _one(form, "scope")
-    if scope is None or len(scope) > MAX_NAME:
+    scope = _name(form, "scope")
+    if scope is None:
         raise Refused(400, "give the scope to quiesce")
-    text = _one(form, "timeout")
-    try:
-        timeout = float(text) if text is not None else DEFAULT_QUIESCE_SECONDS
-    except ValueError:
-        raise Refused(400, f"timeout must be a number of seconds, not {text!r}") from None
+    text = _number(form, "timeout")
+    if text is not None and not _SECONDS.fullmatch(text):
+        raise Refused(400, f"timeout must be a number of seconds, not {text[:40]!r}")
+    timeout = float(text) if text is not None else DEFAULT_QUIESCE_SECONDS
     if not 0 < timeout <= MAX_QUIESCE_SECONDS:
         raise Refused(400, f"timeout must be above 0 and at most {MAX_QUIESCE_SECONDS:g} s")
     result = await quiesce_scope(store, scope, timeout=timeout)
     done, waited, holder = result.done, result.waited, result.holder
+    named = _named(None, scope)
     if done:
-        message = f"scope {scope} is quiet (waited {waited:.1f} s)"
+        message = f"{named} is quiet (waited {waited:.1f} s)"
     else:
-        message = f"scope {scope} is still busy after {waited:.1f} s" + (
-            f" ({holder})" if holder else ""
-        )
+        message = f"{named} is still busy after {waited:.1f} s" + (f" ({holder})" if holder else "")
     details = {"scope": scope, "done": done, "waited": waited, "holder": holder}
     return Outcome(message, 200 if done else 202, details)  # 202: paused, not yet quiet
 

@@ -8,6 +8,7 @@ which static/dashboard.js fetches every two seconds and swaps in.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
@@ -26,8 +27,8 @@ from starlette.routing import Route
 from .._errors import DatabaseUnavailable, InvalidWorkItem, StoreError
 from .._postgres import PostgresStore
 from . import _views
-from ._actions import ACTIONS, Form, Outcome, Refused
-from ._format import FILTERS
+from ._actions import ACTIONS, ASCII_NUMBER, Form, Outcome, Refused
+from ._format import FILTERS, finalize
 from ._guardrails import Guardrails
 from ._reader import Reader
 from ._security import SESSION_SECONDS, Guard, same_origin
@@ -39,8 +40,11 @@ FRAGMENT_HEADER = "x-trioworker-fragment"
 REFRESH_MS = 2000
 MAX_FORM_BYTES = 64 * 1024
 MAX_SEARCH = 200
-#: A wrong token costs the caller this long (a token is long; this keeps guessing slow).
+#: A wrong token, signing in or as a Bearer header, costs this long; tokens are checked
+#: one at a time (the wait included), so guessing in parallel gains nothing.
 WRONG_TOKEN_DELAY = 1.0
+#: Past this many token checks waiting their turn, another is answered 429 at once.
+MAX_WAITING_CHECKS = 16
 STATIC = {
     "dashboard.css": "text/css; charset=utf-8",
     "dashboard.js": "text/javascript; charset=utf-8",
@@ -61,6 +65,7 @@ def _environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=finalize,  # every value written visibly: _format's docstring
     )
     env.filters.update(FILTERS)
     return env
@@ -71,9 +76,15 @@ def _static() -> dict[str, bytes]:
     return {name: folder.joinpath(name).read_bytes() for name in STATIC}
 
 
+#: A path of this dashboard as a browser reads it, whatever it would first strip or
+#: turn around: printable ASCII only (a browser drops tabs and line breaks from a URL,
+#: so `/\t/host` is `//host`, and reads `\` as `/`), starting with one `/`.
+_SAME_ORIGIN_PATH = re.compile(r"/(?![/\\])[\x21-\x5b\x5d-\x7e]*")
+
+
 def safe_next(value: str | None, default: str = "/") -> str:
-    """A path on this dashboard to go back to (never another site: `//host` is one)."""
-    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
+    """A path on this dashboard to go back to, or `default`: never another site's."""
+    if not value or not _SAME_ORIGIN_PATH.fullmatch(value):
         return default
     return value
 
@@ -82,11 +93,13 @@ class Dashboard:
     """The app and what it holds: the store, the guard, templates and static files."""
 
     def __init__(self, store: PostgresStore, *, allow_actions: bool, guard: Guard,
-                 allowed_hosts: frozenset[str] | None) -> None:  # fmt: skip
+                 allowed_hosts: frozenset[str]) -> None:  # fmt: skip
         self.store = store
         self.reader = Reader(store)
         self.allow_actions = allow_actions
         self.guard = guard
+        self.token_turn = trio.Lock()  # one token check at a time, wrong ones' wait included
+        self.waiting_checks = 0
         self.templates = _environment()
         self.static = _static()
         pages: list[tuple[str, str, Page]] = [
@@ -134,11 +147,10 @@ class Dashboard:
         kind = request.query_params.get("kind") or None
         if kind is not None and len(kind) > MAX_SEARCH:
             raise Refused(400, "kind is too long")
-        try:
-            offset = max(0, min(int(request.query_params.get("offset", "0")), 10**7))
-        except ValueError:
-            offset = 0
-        return await _views.failures(self.reader, kind, offset)
+        offset = request.query_params.get("offset") or "0"
+        if not ASCII_NUMBER.fullmatch(offset):
+            raise Refused(400, f"offset must be a whole number, not {offset[:40]!r}")
+        return await _views.failures(self.reader, kind, min(int(offset), 10**7))
 
     def render(self, request: Request, name: str, data: dict[str, Any], status: int = 200
                ) -> HTMLResponse:  # fmt: skip
@@ -162,7 +174,7 @@ class Dashboard:
 
     async def find_item(self, request: Request) -> Response:
         text = request.query_params.get("id", "").strip().lstrip("#")
-        if not text.isdigit() or not 1 <= int(text) <= 2**63 - 1:
+        if not ASCII_NUMBER.fullmatch(text) or not 1 <= int(text) <= 2**63 - 1:
             return self.render(request, "missing", {"what": f"item {text[:40]!r}"}, status=404)
         return RedirectResponse(f"/items/{int(text)}", status_code=303)
 
@@ -202,7 +214,24 @@ class Dashboard:
         value = request.cookies.get(self.cookie_name(request))
         return value if self.guard.session_valid(value) else None
 
-    def authorize(self, request: Request, form: Form) -> None:
+    async def token_matches(self, candidate: str | None, request: Request, how: str) -> bool:
+        """Whether `candidate` is the token. Checks take turns, and a wrong one holds
+        its turn for WRONG_TOKEN_DELAY: a second per guess, however many are sent at
+        once, and the same for a sign-in and a Bearer header."""
+        if self.waiting_checks >= MAX_WAITING_CHECKS:
+            raise Refused(429, "too many token checks at once: try again later")
+        self.waiting_checks += 1
+        try:
+            async with self.token_turn:
+                if self.guard.token_matches(candidate):
+                    return True
+                log.warning("dashboard: %s with a wrong token from %s", how, _client(request))
+                await trio.sleep(WRONG_TOKEN_DELAY)
+                return False
+        finally:
+            self.waiting_checks -= 1
+
+    async def authorize(self, request: Request, form: Form) -> None:
         """Let an action through, or raise Refused (see docs/dashboard.md)."""
         if not self.allow_actions:
             raise Refused(403, "actions are disabled: this dashboard is read-only"
@@ -212,7 +241,8 @@ class Dashboard:
         header = request.headers.get("authorization")
         if header is not None:
             scheme, _, credential = header.partition(" ")
-            if scheme.lower() != "bearer" or not self.guard.token_matches(credential.strip()):
+            token = credential.strip() if scheme.lower() == "bearer" else None
+            if not await self.token_matches(token, request, "a Bearer header"):
                 raise Refused(401, "wrong token")
             return  # a header no browser adds by itself: nothing to forge across sites
         session = self.session(request)
@@ -228,20 +258,17 @@ class Dashboard:
         if request.method == "GET":
             nxt = safe_next(request.query_params.get("next"))
             return self.render(request, "login", {"error": None, "next": nxt})
+        nxt = "/"
         try:
             form = await read_form(request)
+            nxt = safe_next(_first(form, "next"))
+            if not same_origin(request.headers, request.url.scheme):
+                raise Refused(403, "refused: the request comes from another site")
+            if not await self.token_matches(_first(form, "token"), request, "a sign-in"):
+                raise Refused(401, "wrong token")
         except Refused as refused:
-            return self.render(request, "login", {"error": refused.message, "next": "/"},
+            return self.render(request, "login", {"error": refused.message, "next": nxt},
                                status=refused.status)  # fmt: skip
-        nxt = safe_next(_first(form, "next"))
-        if not same_origin(request.headers, request.url.scheme):
-            return self.render(request, "login", {"error": "refused: the request comes from"
-                               " another site", "next": nxt}, status=403)  # fmt: skip
-        if not self.guard.token_matches(_first(form, "token")):
-            log.warning("dashboard: a sign-in with a wrong token from %s", _client(request))
-            await trio.sleep(WRONG_TOKEN_DELAY)
-            return self.render(request, "login", {"error": "wrong token", "next": nxt},
-                               status=401)  # fmt: skip
         log.info("dashboard: signed in from %s", _client(request))
         response = RedirectResponse(nxt, status_code=303)
         response.set_cookie(
@@ -251,6 +278,24 @@ class Dashboard:
         return response
 
     async def logout(self, request: Request) -> Response:
+        """End the request's session on the server (no copy of its cookie acts again)
+        and drop its cookie; like an action, from the dashboard's own page with the
+        session's CSRF token."""
+        try:
+            form = await read_form(request)
+            if not same_origin(request.headers, request.url.scheme):
+                raise Refused(403, "refused: the request comes from another site")
+            session = self.session(request)
+            if session is not None:
+                if not self.guard.csrf_valid(session, _first(form, "csrf")):
+                    raise Refused(403, "refused: the form's CSRF token is missing or wrong")
+                self.guard.end_session(session)
+                log.info("dashboard: signed out from %s", _client(request))
+        except Refused as refused:
+            log.warning("dashboard: sign-out refused (%d: %s) for %s", refused.status,
+                        refused.message, _client(request))  # fmt: skip
+            data = {"message": refused.message, "ok": False, "next": "/"}
+            return self.render(request, "outcome", data, status=refused.status)
         response = RedirectResponse("/", status_code=303)
         response.delete_cookie(self.cookie_name(request), httponly=True, samesite="strict")
         return response
@@ -263,7 +308,7 @@ class Dashboard:
             if name not in ACTIONS:
                 raise Refused(404, f"no action {name!r}")
             form = await read_form(request)
-            self.authorize(request, form)
+            await self.authorize(request, form)
             outcome = await _carried_out(ACTIONS[name](self.store, form))
         except Refused as refused:
             log.warning("dashboard: %s refused (%d: %s) for %s", name, refused.status,
@@ -310,9 +355,10 @@ async def read_form(request: Request) -> Form:
         body += chunk
         if len(body) > MAX_FORM_BYTES:
             raise Refused(413, "the form is too large")
-    try:
-        return parse_qs(body.decode(), keep_blank_values=True, max_num_fields=2000)
-    except (UnicodeDecodeError, ValueError):
+    try:  # strict: a value that is not UTF-8 is refused, never read with U+FFFD in it
+        return parse_qs(body.decode(), keep_blank_values=True, max_num_fields=2000,
+                        errors="strict")  # fmt: skip
+    except ValueError:  # UnicodeDecodeError is one
         raise Refused(400, "the form could not be read") from None
 
 
@@ -322,7 +368,7 @@ def _first(form: Form, field: str) -> str | None:
 
 
 def _search(request: Request) -> str | None:
-    search = request.query_params.get("q", "").strip()
+    search = request.query_params.get("q", "")  # as typed: `' ws '` finds no `'ws'`
     if len(search) > MAX_SEARCH:
         raise Refused(400, "the search is too long")
     return search or None

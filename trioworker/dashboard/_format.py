@@ -1,10 +1,21 @@
-"""How the dashboard writes numbers, durations and times (Jinja filters)."""
+"""How the dashboard writes numbers, durations, times and stored text (Jinja filters).
+
+Stored text (kinds, scopes, errors, payloads) comes from other programs: every page
+writes it HTML-escaped (autoescape), and each character a reader would not see, or
+that would reorder what they see, as its escape (`visible`, applied by `finalize` to
+every value a template writes). A form's field that must send a name back exactly
+takes `exact` instead.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
-import json
+import re
 from typing import Any
+
+from markupsafe import Markup, escape
+
+from .._jsontext import pretty
 
 
 def number(value: int | None) -> str:
@@ -39,8 +50,62 @@ def moment(value: dt.datetime | None) -> str:
     return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def pretty_json(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+#: What a page would hide or act on rather than show: C0 and C1 controls and DEL (ESC
+#: and BEL of terminal sequences), lone surrogates, line and paragraph separators, the
+#: bidirectional controls that reorder a line, and invisible format characters.
+_HIDDEN = "\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff"
+_HIDDEN_IN_LINE = re.compile(f"[\x00-\x1f{_HIDDEN}]")
+_HIDDEN_IN_BLOCK = re.compile(f"[\x00-\x08\x0b-\x1f{_HIDDEN}]")  # keeps tab, newline
+_EDGES = re.compile(r"^\s+|\s+$")
 
 
-FILTERS = {"number": number, "duration": duration, "moment": moment, "json": pretty_json}
+def _escaped(match: re.Match[str]) -> str:
+    return match[0].encode("unicode_escape").decode("ascii")  # \x1b, \n, \u202e
+
+
+def visible(text: str, *, lines: bool = False) -> str:
+    """`text` with each hidden character written as its escape (ESC as `\\x1b`); with
+    `lines` (an error, a traceback, JSON), tabs and newlines stay as they are."""
+    return (_HIDDEN_IN_BLOCK if lines else _HIDDEN_IN_LINE).sub(_escaped, text)
+
+
+def finalize(value: Any) -> Any:
+    """What a template writes for `{{ value }}`: text made visible on one line (markup
+    the templates made themselves, and numbers, pass as they are)."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return visible(value)
+    return value
+
+
+def exact(value: object) -> Markup:
+    """A form field's value exactly as stored (HTML-escaped only), so the form sends
+    back the very name the page shows."""
+    return escape(value)
+
+
+def name(value: str) -> Markup:
+    """A kind or scope for reading: visible, its leading and trailing whitespace marked
+    (so `' ws '` does not pass for `'ws'`)."""
+    shown = str(escape(visible(value)))  # the spans below are its only markup
+    return Markup(_EDGES.sub(lambda m: f'<span class="edge">{m[0]}</span>', shown))
+
+
+def text(value: str) -> Markup:
+    """An error or a traceback for a <pre>: visible, its lines kept."""
+    return escape(visible(value, lines=True))
+
+
+def json_text(value: Any) -> Markup:
+    """A decoded payload (or an UndecodableValue) as indented JSON for a <pre>."""
+    return text(pretty(value))
+
+
+FILTERS = {
+    "number": number,
+    "duration": duration,
+    "moment": moment,
+    "json": json_text,
+    "exact": exact,
+    "name": name,
+    "text": text,
+}

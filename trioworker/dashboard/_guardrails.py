@@ -1,10 +1,13 @@
-"""An ASGI middleware for every response: the Host check and the security headers."""
+"""An ASGI middleware for every request: the Host and query string checks, and the
+security headers on every response."""
 
 from __future__ import annotations
 
+from urllib.parse import parse_qsl
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._security import host_name
+from ._security import host_allowed
 
 #: Pages load only the dashboard's own script and stylesheet; nothing may frame them.
 HEADERS = [
@@ -19,11 +22,26 @@ HEADERS = [
 ]  # fmt: skip
 
 
+def query_problem(query: bytes) -> str | None:
+    """Why a query string cannot be read as text (None: it can). Each value must be
+    UTF-8 once percent-decoded, without NUL: what a page or the database would read
+    otherwise is not what was sent (U+FFFD in its place, or a refusal)."""
+    try:
+        text = query.decode("ascii")  # a browser percent-encodes everything else
+        fields = parse_qsl(text, keep_blank_values=True, errors="strict")
+    except ValueError:  # UnicodeDecodeError is one
+        return "the query string is not percent-encoded UTF-8"
+    if any("\x00" in name or "\x00" in value for name, value in fields):
+        return "a query value holds a NUL"
+    return None
+
+
 class Guardrails:
-    """Refuses a request whose Host is not one of `allowed_hosts` (None: any), and adds
+    """Refuses a request whose Host does not name the dashboard (a loopback name or
+    address, or one of `allowed_hosts`) or whose query string cannot be read, and adds
     the security headers (and `Cache-Control: no-store` unless set) to every answer."""
 
-    def __init__(self, app: ASGIApp, allowed_hosts: frozenset[str] | None) -> None:
+    def __init__(self, app: ASGIApp, allowed_hosts: frozenset[str]) -> None:
         self.app = app
         self.allowed_hosts = allowed_hosts
 
@@ -31,11 +49,15 @@ class Guardrails:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.allowed_hosts is not None:
-            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
-            if host_name(host) not in self.allowed_hosts:
-                await _refuse(send, f"unexpected Host {host[:100]!r}")
-                return
+        host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+        if not host_allowed(host, self.allowed_hosts):
+            await _refuse(send, f"unexpected Host {host[:100]!r}: this dashboard answers on"
+                          " its own address only")  # fmt: skip
+            return
+        problem = query_problem(scope.get("query_string", b""))
+        if problem is not None:
+            await _refuse(send, f"bad request: {problem}")
+            return
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -51,7 +73,7 @@ class Guardrails:
 
 
 async def _refuse(send: Send, why: str) -> None:
-    body = f"{why}: this dashboard answers on its own address only\n".encode()
+    body = f"{why}\n".encode()
     await send({
         "type": "http.response.start",
         "status": 400,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import stat
+from collections.abc import Collection
 from functools import partial
 from typing import cast
 
@@ -18,7 +20,7 @@ from starlette.applications import Starlette
 from .._errors import ConfigurationError
 from .._postgres import PostgresStore
 from ._app import Dashboard
-from ._security import LOOPBACK_NAMES, MIN_TOKEN_LENGTH, Guard, is_loopback
+from ._security import MIN_TOKEN_LENGTH, Guard, allowed_hosts, is_loopback
 
 log = logging.getLogger("trioworker.dashboard")
 
@@ -55,8 +57,37 @@ def read_token(token_file: str | None = None) -> str | None:
     return token
 
 
-def check_settings(*, allow_actions: bool, token: str | None) -> None:
-    """Refuse, before anything starts, actions without a token or with a short one."""
+def listens_beyond_loopback(host: str) -> bool:
+    """Whether a dashboard bound to `host` is reachable from other machines: `host` is
+    neither a loopback address however spelled nor a name whose every address is one.
+    A name that does not resolve is not (the bind will say it cannot listen there)."""
+    if is_loopback(host):
+        return False
+    if not host.strip():  # the socket binds every address
+        return True
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError):
+        return False
+    return not all(is_loopback(str(info[4][0])) for info in found)
+
+
+def check_settings(
+    *,
+    allow_actions: bool,
+    token: str | None,
+    host: str | None = None,
+    allowed_hosts: Collection[str] = (),
+) -> None:
+    """Refuse, before anything starts, actions without a token or with a short one, a
+    bad --allowed-host, and (given `host`) a bind beyond loopback with no allowed host
+    names: any site could read the queue through DNS rebinding."""
+    try:
+        _allowed_names(allowed_hosts)
+    except ValueError as exc:
+        raise ConfigurationError(f"--allowed-host: {exc}") from None
+    if host is not None and not allowed_hosts and listens_beyond_loopback(host):
+        raise _beyond_loopback(host)
     if not allow_actions:
         return
     if token is None:
@@ -70,17 +101,37 @@ def check_settings(*, allow_actions: bool, token: str | None) -> None:
         )
 
 
+def _beyond_loopback(host: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"the dashboard would listen on {host!r}, beyond this machine: name the host names"
+        " it answers to with --allowed-host NAME (repeat for more), so that no other"
+        " site's page can read the queue through it (DNS rebinding)"
+    )
+
+
+def _allowed_names(values: Collection[str]) -> frozenset[str]:
+    if isinstance(values, str):  # one name, not its characters
+        values = [values]
+    return allowed_hosts(values)
+
+
 def create_app(
-    store: PostgresStore, *, host: str, allow_actions: bool, token: str | None
+    store: PostgresStore,
+    *,
+    host: str,
+    allow_actions: bool,
+    token: str | None,
+    allowed_hosts: Collection[str] = (),
 ) -> Starlette:
-    """The dashboard for `store` as an ASGI app, as served on `host` (bound to a
-    loopback address, it answers only to loopback host names)."""
-    check_settings(allow_actions=allow_actions, token=token)
+    """The dashboard for `store` as an ASGI app, as served on `host`: it answers to
+    loopback names and addresses, and to `allowed_hosts` (which a `host` beyond
+    loopback needs)."""
+    check_settings(allow_actions=allow_actions, token=token, host=host, allowed_hosts=allowed_hosts)
     return Dashboard(
         store,
         allow_actions=allow_actions,
         guard=Guard(token if allow_actions else None),
-        allowed_hosts=LOOPBACK_NAMES if is_loopback(host) else None,
+        allowed_hosts=_allowed_names(allowed_hosts),
     ).app
 
 
@@ -91,12 +142,15 @@ async def serve(
     port: int = DEFAULT_PORT,
     allow_actions: bool = False,
     token: str | None = None,
+    allowed_hosts: Collection[str] = (),
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the dashboard until cancelled; `task_status.started(url)` once it listens
     (port 0: any free port, which the URL names). Read-only unless `allow_actions`,
-    which needs `token` (see `read_token`)."""
-    app = create_app(store, host=host, allow_actions=allow_actions, token=token)
+    which needs `token` (see `read_token`). Beyond loopback, `allowed_hosts` names the
+    host names it answers to (see `create_app`)."""
+    app = create_app(store, host=host, allow_actions=allow_actions, token=token,
+                     allowed_hosts=allowed_hosts)  # fmt: skip
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
@@ -113,6 +167,13 @@ async def serve(
         raise ConfigurationError(
             f"the dashboard cannot listen on {host} port {port}: {exc.strerror or exc}"
         ) from None
+    # What the sockets are bound to decides, whatever `host` looked like.
+    bound = [str(sock.getsockname()[0]) for sock in sockets.insecure_sockets]
+    beyond = not all(is_loopback(address) for address in bound)
+    if beyond and not allowed_hosts:
+        for sock in sockets.insecure_sockets:
+            sock.close()
+        raise _beyond_loopback(host)
     # Starlette is an ASGI app; it types its calls with its own (equivalent) aliases.
     asgi = cast("ASGIFramework", app)
     try:
@@ -128,11 +189,13 @@ async def serve(
             url = binds[0]
             mode = "actions allowed with the token" if allow_actions else "read-only"
             log.info("dashboard listening on %s (%s)", url, mode)
-            if not is_loopback(host):
+            if beyond:
                 log.warning(
-                    "the dashboard listens on %s, beyond this machine: anyone who reaches it"
-                    " can read the queue; put it behind TLS and access control",
+                    "the dashboard listens on %s, beyond this machine, answering to %s:"
+                    " anyone who reaches it can read the queue; put it behind TLS and"
+                    " access control",
                     host,
+                    ", ".join(sorted(_allowed_names(allowed_hosts))),
                 )
             task_status.started(url)
     finally:

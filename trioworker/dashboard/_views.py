@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._jsontext import loads_or_mark
 from .._model import Status
 from .._status import ALIVE_WITHIN
 from ._chart import minutes, throughput_svg
@@ -127,7 +128,10 @@ async def item(reader: Reader, id: int) -> dict[str, Any] | None:
     got = await reader.snapshot(clock={}, item={"id": id}, item_attempts={"id": id})
     if not got["item"]:
         return None
-    row = got["item"][0]
+    row = dict(got["item"][0])
+    # Read as text, decoded here: what Python cannot decode stands as an UndecodableValue.
+    row["payload"] = loads_or_mark(row["payload"])
+    row["trace_context"] = loads_or_mark(row["trace_context"])
     return {
         "now": got["clock"][0]["now"],
         "item": row,

@@ -141,7 +141,10 @@ FROM work_pauses AS p
 ORDER BY p.paused_at, p.id;
 
 -- name: item
-SELECT id, kind, scope, payload, priority, status, attempt, stalls, failures, worker_id,
+-- payload and trace_context as text: the dashboard decodes them itself (_jsontext), so
+-- a value psycopg's JSON loader cannot read (a 5,000-digit number) is shown, not a 500.
+SELECT id, kind, scope, payload::text AS payload, trace_context::text AS trace_context,
+       priority, status, attempt, stalls, failures, worker_id,
        requested_at, run_after, started_at, finished_at, heartbeat_at, lease_expires_at,
        dedup_key, cancel_requested, reason, error, traceback,
        EXTRACT(EPOCH FROM lease_expires_at - now())::float8 AS lease_left,
