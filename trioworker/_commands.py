@@ -458,7 +458,12 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         raise UsageError("--token-file goes with --allow-actions")
     try:
         token = read_token(args.token_file) if args.allow_actions else None
-        check_settings(allow_actions=args.allow_actions, token=token)
+        check_settings(
+            allow_actions=args.allow_actions,
+            token=token,
+            host=args.host,
+            allowed_hosts=args.allowed_host,
+        )
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
     check_schema(args.dsn)
@@ -473,7 +478,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
             nursery.start_soon(_stop_on_signals, nursery.cancel_scope)
             await nursery.start(
                 partial(serve, store, host=args.host, port=args.port,
-                        allow_actions=args.allow_actions, token=token)
+                        allow_actions=args.allow_actions, token=token,
+                        allowed_hosts=args.allowed_host)
             )  # fmt: skip
 
     trio.run(main)

@@ -25,11 +25,12 @@ def ascii_only(text: str) -> str:
     return text.encode("ascii", "backslashreplace").decode("ascii")
 
 
-#: What a terminal would act on rather than show: the C0 controls, DEL and the C1
-#: controls (ESC and CSI start the escape sequences that move the cursor, set the
-#: title (OSC) or make links), lone surrogates (no terminal's encoding takes them), and
-#: the line separators and bidirectional controls that break or reorder a line.
-_HIDDEN = "\x7f-\x9f\ud800-\udfff\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069"
+#: What a terminal or a page would act on or hide rather than show: the C0 controls, DEL
+#: and the C1 controls (ESC and CSI start the escape sequences that move the cursor, set
+#: the title (OSC) or make links), lone surrogates (no encoding takes them), the line
+#: separators and bidirectional controls that break or reorder a line, and the
+#: invisible format characters (soft hyphen, zero-width spaces and joiners, BOM).
+_HIDDEN = "\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff"
 _HIDDEN_IN_LINE = re.compile(f"[\x00-\x1f{_HIDDEN}]")
 _HIDDEN_IN_BLOCK = re.compile(f"[\x00-\x08\x0b-\x1f{_HIDDEN}]")  # not \t, \n
 

@@ -141,12 +141,27 @@ def test_every_loopback_spelling_keeps_the_host_allow_list(
 
 
 def test_a_bind_beyond_loopback_needs_the_host_names_it_answers_to(dsn: str) -> None:
-    """`--host 0.0.0.0` without `--allowed-host` is refused before it listens, naming
-    the option."""
-    result = trioworker("dashboard", "--host", "0.0.0.0", "--port", "0", dsn=dsn, timeout=30)
-    assert result.returncode != 0, result.stderr
+    """`--host 0.0.0.0` without `--allowed-host` is a usage error (exit 2) before it
+    connects (the DSN here reaches nothing), naming the option."""
+    unreachable = "host=127.0.0.1 port=1 connect_timeout=1"
+    result = trioworker(
+        "dashboard", "--host", "0.0.0.0", "--port", "0", dsn=unreachable, timeout=30
+    )
+    assert result.returncode == 2, result.stderr
     assert "--allowed-host" in result.stderr and "Traceback" not in result.stderr
     assert "dashboard listening" not in result.stderr
+
+
+def test_the_command_line_passes_its_allowed_hosts_on(
+    dsn: str, start_dashboard: Callable[..., Dashboard]
+) -> None:
+    """`dashboard --host 0.0.0.0 --allowed-host queue.example` starts, answers a
+    request naming that host and refuses one naming another."""
+    url = start_dashboard(dsn, "--host", "0.0.0.0", "--allowed-host", "queue.example").url
+    port = urllib.parse.urlsplit(url).port
+    local = f"http://127.0.0.1:{port}/healthz"
+    assert request(local, headers={"Host": f"queue.example:{port}"}).status == 200
+    assert request(local, headers={"Host": f"evil.example:{port}"}).status == 400
 
 
 async def test_bound_beyond_loopback_it_answers_only_to_the_allowed_hosts(

@@ -16,6 +16,7 @@ from typing import Any
 from markupsafe import Markup, escape
 
 from .._jsontext import pretty
+from .._text import visible
 
 
 def number(value: int | None) -> str:
@@ -50,25 +51,6 @@ def moment(value: dt.datetime | None) -> str:
     return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-#: What a page would hide or act on rather than show: C0 and C1 controls and DEL (ESC
-#: and BEL of terminal sequences), lone surrogates, line and paragraph separators, the
-#: bidirectional controls that reorder a line, and invisible format characters.
-_HIDDEN = "\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff"
-_HIDDEN_IN_LINE = re.compile(f"[\x00-\x1f{_HIDDEN}]")
-_HIDDEN_IN_BLOCK = re.compile(f"[\x00-\x08\x0b-\x1f{_HIDDEN}]")  # keeps tab, newline
-_EDGES = re.compile(r"^\s+|\s+$")
-
-
-def _escaped(match: re.Match[str]) -> str:
-    return match[0].encode("unicode_escape").decode("ascii")  # \x1b, \n, \u202e
-
-
-def visible(text: str, *, lines: bool = False) -> str:
-    """`text` with each hidden character written as its escape (ESC as `\\x1b`); with
-    `lines` (an error, a traceback, JSON), tabs and newlines stay as they are."""
-    return (_HIDDEN_IN_BLOCK if lines else _HIDDEN_IN_LINE).sub(_escaped, text)
-
-
 def finalize(value: Any) -> Any:
     """What a template writes for `{{ value }}`: text made visible on one line (markup
     the templates made themselves, and numbers, pass as they are)."""
@@ -81,6 +63,9 @@ def exact(value: object) -> Markup:
     """A form field's value exactly as stored (HTML-escaped only), so the form sends
     back the very name the page shows."""
     return escape(value)
+
+
+_EDGES = re.compile(r"^\s+|\s+$")
 
 
 def name(value: str) -> Markup:
