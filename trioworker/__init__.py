@@ -8,9 +8,7 @@ PostgreSQL cancels its own handler half a lease after its last good heartbeat.
 # "no running event loop".
 import trio_asyncio  # noqa: F401  isort: skip
 
-from ._context import Context
-from ._dsn import DSN_ENV, resolve_dsn
-from ._errors import (
+from trioworker._core.errors import (
     ConfigurationError,
     DatabaseUnavailable,
     HandlerTimeout,
@@ -21,8 +19,7 @@ from ._errors import (
     StoreTimeout,
     TrioWorkerError,
 )
-from ._migrate import check_schema, migrate
-from ._model import (
+from trioworker._core.model import (
     CancelOutcome,
     Enqueued,
     Fired,
@@ -38,13 +35,16 @@ from ._model import (
     WorkerInfo,
     WorkItem,
 )
-from ._policy import DoNotRetry, RetryPolicy
-from ._postgres import FencedTransaction, PostgresStore, Transaction, open_store
-from ._registry import Registry
-from ._schedule import Schedule
-from ._settings import Settings
-from ._store import Store
-from ._worker import Worker, WorkerStatistics
+from trioworker._core.policy import DoNotRetry, RetryPolicy
+from trioworker._core.registry import Registry
+from trioworker._core.schedule import Schedule
+from trioworker._core.settings import Settings
+from trioworker._postgres.dsn import DSN_ENV, resolve_dsn
+from trioworker._postgres.migrate import check_schema, migrate
+from trioworker._postgres.store import FencedTransaction, PostgresStore, Transaction, open_store
+from trioworker._store.api import Store
+from trioworker._worker.context import Context
+from trioworker._worker.worker import Worker, WorkerStatistics
 
 __all__ = [
     "DSN_ENV",

@@ -1,6 +1,6 @@
 import sys
 
-from trioworker._cli import main
+from trioworker._cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -29,15 +29,15 @@ from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from ._errors import ConfigurationError
-from ._policy import describe_error
-from ._validation import MAX_TRACE_CONTEXT_BYTES
+from trioworker._core.errors import ConfigurationError
+from trioworker._core.policy import describe_error
+from trioworker._core.validation import MAX_TRACE_CONTEXT_BYTES
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.util.types import AttributeValue
 
-    from ._model import WorkItem
+    from trioworker._core.model import WorkItem
 
 #: The span name's first word; the item's kind follows it.
 SPAN_NAME = "trioworker.attempt"

@@ -42,7 +42,7 @@ from trioworker import (
     WorkItem,
     open_store,
 )
-from trioworker._cli import main as cli
+from trioworker._cli.main import main as cli
 
 ENDINGS = ["ok", "Exception", "DoNotRetry", "KeyboardInterrupt", "SystemExit", "BaseException",
            "BrokenStr"]  # fmt: skip

@@ -44,7 +44,7 @@ BAD_OPTIONS = [
 #: two seconds), then once more without the dashboard's extra; prints [code, stderr]s.
 CHILD = """
 import contextlib, io, json, os, sys
-from trioworker._cli import main
+from trioworker._cli.main import main
 
 def run(argv, token):
     os.environ.pop("TRIOWORKER_DASHBOARD_TOKEN", None)

@@ -13,7 +13,7 @@ import trio
 
 from tests.support.processes import wait_for, workers
 from trioworker import Registry, RetryPolicy, Settings, Status, Worker, open_store
-from trioworker._jsontext import UndecodableValue
+from trioworker._core.jsontext import UndecodableValue
 
 Conn = psycopg.Connection[Any]
 FAST = ["--lease", "4", "--heartbeat", "1", "--poll", "0.2", "--stop-grace", "1"]

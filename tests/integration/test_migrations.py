@@ -14,7 +14,7 @@ import pytest
 from tests.support.database import Databases
 from tests.support.schema import describe
 from trioworker import SchemaNotReady, check_schema, media, migrate
-from trioworker._migrate import pending_migrations
+from trioworker._postgres.migrate import pending_migrations
 
 ROOT = Path(__file__).parents[2]
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.harness import Harness
 from trioworker import InvalidWorkItem, NewItem, Status
-from trioworker._schedule import Schedule
+from trioworker._core.schedule import Schedule
 
 LEASE = 30.0
 KINDS = ("A", "B", "Tick")

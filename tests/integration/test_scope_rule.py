@@ -26,7 +26,7 @@ from tests.support.lines import (
     wedges,
 )
 from trioworker import PostgresStore, Status
-from trioworker._postgres import RUNNING_SCOPE_INDEX
+from trioworker._postgres.store import RUNNING_SCOPE_INDEX
 
 LEASE = 30.0
 KINDS = ("A", "B", "C", "X", "K", "Crawl", "Purge")

@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from trioworker import Context, Registry, Settings, Worker, WorkItem
-from trioworker._errors import DatabaseUnavailable, StoreError
+from trioworker._core.errors import DatabaseUnavailable, StoreError
 from trioworker.testing import MemoryStore
 
 #: A step of a scripted store call: "fail" (DatabaseUnavailable), "refuse" (a

@@ -1,5 +1,5 @@
 """What `enqueue` reads from the command line, checked before anything connects
-(trioworker._input): the depth bound, the line splitting, the bounded reads."""
+(trioworker._cli.input): the depth bound, the line splitting, the bounded reads."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from trioworker._input import READ_LIMIT, UsageError, check_value, lines_of, parse_json
-from trioworker._jsontext import MAX_DEPTH, depth
+from trioworker._cli.input import READ_LIMIT, UsageError, check_value, lines_of, parse_json
+from trioworker._core.jsontext import MAX_DEPTH, depth
 
 
 def nested(levels: int, inner: Any = None) -> Any:

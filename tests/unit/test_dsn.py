@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trioworker import ConfigurationError
-from trioworker._dsn import _password, redact, redact_dsn, resolve_dsn, secrets
+from trioworker._postgres.dsn import _password, redact, redact_dsn, resolve_dsn, secrets
 
 
 def test_a_bad_dsn_says_what_is_wrong_with_it() -> None:
@@ -42,7 +42,7 @@ def test_redact_dsn_shows_what_libpq_would_use() -> None:
 
 def test_without_a_dsn_libpq_s_choice_is_spelled_out(monkeypatch: pytest.MonkeyPatch) -> None:
     """An empty DSN is never a silent choice: the PG* variables libpq would use."""
-    from trioworker._dsn import describe_defaults
+    from trioworker._postgres.dsn import describe_defaults
 
     for name, value in [
         ("PGUSER", "alice"), ("PGHOST", "db.example"), ("PGDATABASE", "media"), ("PGPORT", "6543"),
@@ -58,7 +58,7 @@ def test_libpq_defaults_it_does_not_know_are_described(monkeypatch: pytest.Monke
     says what libpq falls back to."""
     import psycopg
 
-    from trioworker._dsn import describe_defaults
+    from trioworker._postgres.dsn import describe_defaults
 
     class Option:
         def __init__(self, keyword: bytes) -> None:

@@ -27,8 +27,8 @@ from tests.unit._fakes import (
     sleeping,
 )
 from trioworker import Context, Registry, RetryPolicy, Settings, Status, WorkItem
-from trioworker._executor import Executor, too_late, unless_cancelled
-from trioworker._policy import Action, Decision
+from trioworker._core.policy import Action, Decision
+from trioworker._worker.executor import Executor, too_late, unless_cancelled
 
 EXECUTOR = "trioworker.executor"
 NO_JITTER = RetryPolicy(max_attempts=2, initial_delay=10.0, jitter=0.0)

@@ -31,9 +31,9 @@ from trioworker import (
     Status,
     WorkItem,
 )
-from trioworker._executor import Executor
-from trioworker._jsontext import UndecodableValue
-from trioworker._policy import UNSTORABLE_ERROR, Action, Decision
+from trioworker._core.jsontext import UndecodableValue
+from trioworker._core.policy import UNSTORABLE_ERROR, Action, Decision
+from trioworker._worker.executor import Executor
 
 EXECUTOR = "trioworker.executor"
 ONCE = RetryPolicy(max_attempts=1)

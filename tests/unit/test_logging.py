@@ -10,14 +10,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from trioworker._logging import (
+from trioworker._core.model import WorkItem
+from trioworker._worker.logging import (
     JsonFormatter,
     RedactingFilter,
     TextFormatter,
     configure,
     item_logger,
 )
-from trioworker._model import WorkItem
 
 ITEM = WorkItem(id=7, kind="Crawl", scope="cfg-1", payload={}, attempt=2)
 FIELDS = {"item_id": 7, "attempt": 2, "kind": "Crawl", "scope": "cfg-1", "worker_id": "w1"}

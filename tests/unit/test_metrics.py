@@ -11,8 +11,9 @@ import pytest
 import trio
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from trioworker._errors import ConfigurationError, DatabaseUnavailable
-from trioworker._metrics import (
+from trioworker._core.errors import ConfigurationError, DatabaseUnavailable
+from trioworker._core.model import StoreStatistics
+from trioworker._worker.metrics import (
     EVENT_COUNTERS,
     HELP,
     Metrics,
@@ -20,7 +21,6 @@ from trioworker._metrics import (
     queue_depth,
     serve_metrics,
 )
-from trioworker._model import StoreStatistics
 
 
 class FakeStore:

@@ -25,9 +25,9 @@ from trioworker import (
     Settings,
     Worker,
     WorkItem,
-    _store,
 )
-from trioworker._validation import MAX_TRACE_CONTEXT_BYTES
+from trioworker._core.validation import MAX_TRACE_CONTEXT_BYTES
+from trioworker._store import api as _store
 from trioworker.otel import (
     OtelTracer,
     _exporters,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trioworker import Lost
-from trioworker._policy import (
+from trioworker._core.policy import (
     ERROR_LIMIT,
     REDUCED_ERROR_LIMIT,
     UNSTORABLE_ERROR,
@@ -21,7 +21,7 @@ from trioworker._policy import (
     reduced,
     undecodable_payload,
 )
-from trioworker._retry import Backoff, backoff_delay
+from trioworker._core.retry import Backoff, backoff_delay
 
 POLICY = RetryPolicy(max_attempts=3, initial_delay=2.0, max_delay=60.0, jitter=0.0)
 RETURNED = Outcome()
@@ -254,7 +254,7 @@ def test_a_traceback_that_cannot_be_formatted_says_so(monkeypatch: pytest.Monkey
     def broken(error: BaseException) -> list[str]:
         raise RuntimeError("formatting broke")
 
-    monkeypatch.setattr("trioworker._policy.traceback.format_exception", broken)
+    monkeypatch.setattr("trioworker._core.policy.traceback.format_exception", broken)
     assert describe_traceback(ValueError("x")) == (
         "(the traceback could not be formatted: RuntimeError)\n"
     )

@@ -8,7 +8,7 @@ import psycopg.errors
 import pytest
 
 from trioworker import DatabaseUnavailable, SchemaNotReady, StoreError
-from trioworker._postgres import PostgresStore, _connect_kwargs
+from trioworker._postgres.store import PostgresStore, _connect_kwargs
 
 STORE = PostgresStore("host=db user=app password=s3cr3t")
 

@@ -8,8 +8,8 @@ import trio.testing
 
 from tests.unit._fakes import ScriptedStore
 from trioworker import InvalidWorkItem
-from trioworker._model import ScopeHolder
-from trioworker._quiesce import QUIESCE_POLL, QuiesceResult, describe, quiesce
+from trioworker._core.model import ScopeHolder
+from trioworker._store.quiesce import QUIESCE_POLL, QuiesceResult, describe, quiesce
 
 
 async def ghost(store: ScriptedStore, scope: str = "s", lease: float = 60.0) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trioworker import Registry
-from trioworker._policy import RetryPolicy
+from trioworker._core.policy import RetryPolicy
 
 
 async def handler(item: object, ctx: object) -> None: ...
@@ -93,7 +93,7 @@ def test_a_kinds_timeout_is_kept_with_its_handler() -> None:
 def test_a_periodic_schedule_keeps_what_it_was_given() -> None:
     """The registry's schedule is the Schedule of its arguments (priority 0 unless
     given, the name defaulting to the kind)."""
-    from trioworker._schedule import Schedule
+    from trioworker._core.schedule import Schedule
 
     registry = Registry()
     nightly = registry.periodic("Crawl", cron="0 3 * * *", scope="7", payload={"a": 1})
@@ -118,8 +118,8 @@ def test_retention_is_a_periodic_prune_with_its_own_retry_policy() -> None:
     every hour (or `every`), carrying the age in seconds (a timedelta is converted)."""
     import datetime as dt
 
-    from trioworker._retention import RETENTION_KIND, prune_finished
-    from trioworker._schedule import Schedule
+    from trioworker._core.schedule import Schedule
+    from trioworker._worker.retention import RETENTION_KIND, prune_finished
 
     registry = Registry()
     schedule = registry.retention(dt.timedelta(days=7))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from trioworker._policy import Action, Outcome, RetryPolicy, decide
-from trioworker._retry import Backoff, backoff_delay
+from trioworker._core.policy import Action, Outcome, RetryPolicy, decide
+from trioworker._core.retry import Backoff, backoff_delay
 
 
 def test_the_default_jitter_is_a_fifth_either_way() -> None:

@@ -10,8 +10,14 @@ from collections.abc import Iterator
 import pytest
 
 from trioworker import ConfigurationError
-from trioworker._schedule import Schedule, first_due, plan, schedule_dedup_key, schedule_request
-from trioworker._validation import EnqueueRequest
+from trioworker._core.schedule import (
+    Schedule,
+    first_due,
+    plan,
+    schedule_dedup_key,
+    schedule_request,
+)
+from trioworker._core.validation import EnqueueRequest
 
 
 def at(text: str) -> dt.datetime:

@@ -7,10 +7,10 @@ import datetime as dt
 import pytest
 
 from trioworker import ConfigurationError, InvalidWorkItem, Registry, Settings
-from trioworker._dsn import redact, redact_dsn, resolve_dsn
-from trioworker._migrate import migrations_dir
-from trioworker._queries import QUERIES, parse
-from trioworker._validation import MAX_PAYLOAD_BYTES, validate_enqueue
+from trioworker._core.validation import MAX_PAYLOAD_BYTES, validate_enqueue
+from trioworker._postgres.dsn import redact, redact_dsn, resolve_dsn
+from trioworker._postgres.migrate import migrations_dir
+from trioworker._postgres.queries import QUERIES, parse
 
 NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 

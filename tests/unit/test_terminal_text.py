@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from rich.console import Console, RenderableType
 
-from trioworker._logging import TextFormatter
-from trioworker._show import render_item
-from trioworker._status import render
-from trioworker._text import visible
+from trioworker._cli.show import render_item
+from trioworker._cli.status import render
+from trioworker._core.text import visible
+from trioworker._worker.logging import TextFormatter
 
 #: rich's own styling on a terminal, stripped before looking at what the text became.
 SGR = re.compile(r"\x1b\[[0-9;]*m")
@@ -146,9 +146,9 @@ def test_quiesce_and_the_final_error_line_escape_what_they_quote(
 ) -> None:
     """What quiesce says holds a scope (the item's kind, its Worker) and the one line a
     failed command ends with show control characters escaped."""
-    from trioworker._cli import report
-    from trioworker._model import ScopeHolder
-    from trioworker._quiesce import describe
+    from trioworker._cli.main import report
+    from trioworker._core.model import ScopeHolder
+    from trioworker._store.quiesce import describe
 
     holder = ScopeHolder(id=3, attempt=1, kind="K\x1b]0;t\x07", worker_id="w\x1b[2J",
                          cancel_requested=False, lease_left=2.0)  # fmt: skip
@@ -163,7 +163,7 @@ def test_show_renders_a_payload_that_could_not_be_decoded() -> None:
     {"undecodable": why, "text": the stored text}, the other fields exactly."""
     import json
 
-    from trioworker._jsontext import UndecodableValue
+    from trioworker._core.jsontext import UndecodableValue
 
     item = dict.fromkeys(("requested_at", "run_after", "started_at", "heartbeat_at",
                           "lease_expires_at", "finished_at", "scope", "reason", "dedup_key",
@@ -177,7 +177,7 @@ def test_show_renders_a_payload_that_could_not_be_decoded() -> None:
         "payload\n(cannot be shown as JSON: nested too deeply for Python to decode)\n"
         "[[[[\\x1b]0;t\\x07\n"
     ) in shown
-    from trioworker._show import to_json
+    from trioworker._cli.show import to_json
 
     decoded = json.loads(to_json(details))
     assert decoded["item"]["payload"] == {
@@ -192,7 +192,7 @@ def test_show_renders_a_payload_that_could_not_be_decoded() -> None:
 def test_argparses_own_errors_escape_what_they_echo(capsys: pytest.CaptureFixture[str]) -> None:
     """An unknown argument holding escape sequences: argparse's error (exit 2) shows it
     escaped."""
-    from trioworker._cli import build_parser
+    from trioworker._cli.main import build_parser
 
     with pytest.raises(SystemExit) as exited:
         build_parser().parse_args(["status", "\x1b]0;PWNED\x07"])
@@ -211,7 +211,7 @@ def test_shell_word_is_the_same_word_to_bash(word: str) -> None:
     word, and the printed form holds no control character."""
     import subprocess
 
-    from trioworker._text import shell_word
+    from trioworker._core.text import shell_word
 
     quoted = shell_word(word)
     assert not CONTROL.search(quoted) and visible(quoted) == quoted

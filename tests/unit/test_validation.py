@@ -8,8 +8,8 @@ import re
 import pytest
 
 from trioworker import InvalidWorkItem
-from trioworker._jsontext import MAX_DEPTH
-from trioworker._validation import (
+from trioworker._core.jsontext import MAX_DEPTH
+from trioworker._core.validation import (
     MAX_NAME_LENGTH,
     MAX_PAYLOAD_BYTES,
     MAX_RUN_AFTER_DISTANCE,
@@ -194,7 +194,7 @@ def test_a_trace_context_reaches_the_store_as_compact_json() -> None:
     """A carrier of str to str (any mapping) is written as compact JSON text."""
     import types
 
-    from trioworker._validation import MAX_TRACE_CONTEXT_BYTES
+    from trioworker._core.validation import MAX_TRACE_CONTEXT_BYTES
 
     carrier = types.MappingProxyType({"traceparent": TRACEPARENT, "tracestate": "a=1,b=2"})
     request = validate_enqueue("K", now=NOW, trace_context=carrier)
@@ -213,7 +213,7 @@ def test_no_trace_context_or_an_empty_one_stores_none(carrier: object) -> None:
 
 def test_a_trace_context_of_exactly_the_limit_is_taken_and_one_byte_more_refused() -> None:
     """The limit counts the compact JSON's UTF-8 bytes: 4096 pass, 4097 do not."""
-    from trioworker._validation import MAX_TRACE_CONTEXT_BYTES
+    from trioworker._core.validation import MAX_TRACE_CONTEXT_BYTES
 
     overhead = len('{"k":""}')
     fits = {"k": "x" * (MAX_TRACE_CONTEXT_BYTES - overhead)}
@@ -245,7 +245,7 @@ def test_a_trace_context_not_of_str_to_str_is_refused(carrier: object, message: 
 def test_enqueue_many_checks_each_items_trace_context() -> None:
     """A NewItem's trace context is checked as enqueue's, and named by index."""
     from trioworker import NewItem
-    from trioworker._validation import validate_many
+    from trioworker._core.validation import validate_many
 
     good = NewItem("K", trace_context={"traceparent": TRACEPARENT})
     requests = validate_many([good, NewItem("K")], now=NOW)
@@ -263,7 +263,7 @@ def test_enqueue_many_checks_every_field_as_enqueue_does() -> None:
     """Each NewItem becomes the request enqueue would make of the same arguments (the
     default priority is 0), and kinds are checked against the known ones."""
     from trioworker import NewItem
-    from trioworker._validation import validate_many
+    from trioworker._core.validation import validate_many
 
     run_at = NOW + dt.timedelta(hours=1)
     item = NewItem("K", scope="s", payload={"n": 1}, dedup_key="d", run_after=run_at, priority=4)
@@ -289,7 +289,7 @@ def test_enqueue_many_checks_every_field_as_enqueue_does() -> None:
 def test_enqueue_many_takes_only_a_sequence_of_new_items(shape: str, message: str) -> None:
     """A string, a set, or anything but NewItem in the batch is refused, naming it."""
     from trioworker import NewItem
-    from trioworker._validation import validate_many
+    from trioworker._core.validation import validate_many
 
     items = {"str": "KK", "set": {NewItem("K")}, "dict": [NewItem("K"), {"kind": "K"}]}[shape]
     with pytest.raises(InvalidWorkItem) as raised:
@@ -310,7 +310,7 @@ def test_enqueue_many_takes_only_a_sequence_of_new_items(shape: str, message: st
 )
 def test_a_pause_names_one_kind_or_one_scope(kind: object, scope: object, error: str) -> None:
     """Exactly one of the two, each checked like an item's."""
-    from trioworker._validation import pause_target
+    from trioworker._core.validation import pause_target
 
     with pytest.raises(InvalidWorkItem) as raised:
         pause_target(kind, scope)
@@ -319,7 +319,7 @@ def test_a_pause_names_one_kind_or_one_scope(kind: object, scope: object, error:
 
 def test_a_pause_target_is_returned_as_given() -> None:
     """(kind, None) or (None, scope)."""
-    from trioworker._validation import pause_target
+    from trioworker._core.validation import pause_target
 
     assert pause_target("K", None) == ("K", None)
     assert pause_target(None, "7") == (None, "7")
@@ -327,7 +327,7 @@ def test_a_pause_target_is_returned_as_given() -> None:
 
 def test_a_served_scope_follows_the_rules_of_an_items_scope() -> None:
     """A Worker's or quiesce's scope: a non-empty string (None is not a scope)."""
-    from trioworker._validation import validate_scope
+    from trioworker._core.validation import validate_scope
 
     assert validate_scope("7") == "7"
     for bad, error in [

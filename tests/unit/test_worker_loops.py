@@ -30,7 +30,7 @@ from tests.unit._fakes import (
     sleeping,
 )
 from trioworker import Context, Registry, Settings, Worker, WorkItem
-from trioworker._model import Fired, WorkerInfo
+from trioworker._core.model import Fired, WorkerInfo
 
 WORKER = "trioworker.worker"
 
@@ -655,7 +655,7 @@ class FakeWatchdog:
 @pytest.fixture
 def fake_watchdog(monkeypatch: pytest.MonkeyPatch) -> type[FakeWatchdog]:
     FakeWatchdog.made = []
-    monkeypatch.setattr("trioworker._worker.Watchdog", FakeWatchdog)
+    monkeypatch.setattr("trioworker._worker.worker.Watchdog", FakeWatchdog)
     return FakeWatchdog
 
 

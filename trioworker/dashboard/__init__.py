@@ -14,7 +14,7 @@ except ImportError as exc:  # pragma: no cover  (the test environment has the ex
         f"the dashboard needs its extra: pip install 'trioworker[dashboard]' ({exc})"
     ) from exc
 
-from ._server import (
+from trioworker.dashboard._server import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     TOKEN_ENV,

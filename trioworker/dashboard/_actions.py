@@ -13,9 +13,9 @@ from typing import Any
 
 import attrs
 
-from .._model import CancelOutcome
-from .._quiesce import quiesce as quiesce_scope
-from .._store import Store
+from trioworker._core.model import CancelOutcome
+from trioworker._store.api import Store
+from trioworker._store.quiesce import quiesce as quiesce_scope
 
 Form = dict[str, list[str]]
 #: The longest a quiesce action waits for a scope's Running item (a request is held

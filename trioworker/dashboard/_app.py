@@ -24,14 +24,14 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from .._errors import DatabaseUnavailable, InvalidWorkItem, StoreError
-from .._postgres import PostgresStore
-from . import _views
-from ._actions import ACTIONS, ASCII_NUMBER, Form, Outcome, Refused
-from ._format import FILTERS, finalize
-from ._guardrails import Guardrails
-from ._reader import Reader
-from ._security import SESSION_SECONDS, Guard, same_origin
+from trioworker._core.errors import DatabaseUnavailable, InvalidWorkItem, StoreError
+from trioworker._postgres.store import PostgresStore
+from trioworker.dashboard import _views
+from trioworker.dashboard._actions import ACTIONS, ASCII_NUMBER, Form, Outcome, Refused
+from trioworker.dashboard._format import FILTERS, finalize
+from trioworker.dashboard._guardrails import Guardrails
+from trioworker.dashboard._reader import Reader
+from trioworker.dashboard._security import SESSION_SECONDS, Guard, same_origin
 
 log = logging.getLogger("trioworker.dashboard")
 

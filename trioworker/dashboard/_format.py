@@ -15,8 +15,8 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-from .._jsontext import pretty
-from .._text import visible
+from trioworker._core.jsontext import pretty
+from trioworker._core.text import visible
 
 
 def number(value: int | None) -> str:

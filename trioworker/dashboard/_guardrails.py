@@ -7,7 +7,7 @@ from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._security import host_allowed
+from trioworker.dashboard._security import host_allowed
 
 #: Pages load only the dashboard's own script and stylesheet; nothing may frame them.
 HEADERS = [

@@ -12,12 +12,12 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
-from .._postgres import PostgresStore
-from .._queries import QUERIES as CORE_QUERIES
-from .._queries import parse
+from trioworker._postgres.queries import QUERIES as CORE_QUERIES
+from trioworker._postgres.queries import parse
+from trioworker._postgres.store import PostgresStore
 
 QUERIES = {
-    **parse(resources.files("trioworker").joinpath("sql/dashboard.sql").read_text()),
+    **parse(resources.files("trioworker.dashboard").joinpath("queries.sql").read_text()),
     # What `status` reads too: the same statement, from the queue's own file.
     "unserved": CORE_QUERIES["unserved_kinds"],
 }

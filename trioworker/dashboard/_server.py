@@ -17,10 +17,10 @@ from hypercorn.typing import ASGIFramework
 from hypercorn.utils import wrap_app
 from starlette.applications import Starlette
 
-from .._errors import ConfigurationError
-from .._postgres import PostgresStore
-from ._app import Dashboard
-from ._security import MIN_TOKEN_LENGTH, Guard, allowed_hosts, is_loopback
+from trioworker._core.errors import ConfigurationError
+from trioworker._postgres.store import PostgresStore
+from trioworker.dashboard._app import Dashboard
+from trioworker.dashboard._security import MIN_TOKEN_LENGTH, Guard, allowed_hosts, is_loopback
 
 log = logging.getLogger("trioworker.dashboard")
 

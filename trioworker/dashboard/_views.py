@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._jsontext import loads_or_mark
-from .._model import Status
-from .._status import ALIVE_WITHIN
-from ._chart import minutes, throughput_svg
-from ._reader import Reader, Rows
+from trioworker._cli.status import ALIVE_WITHIN
+from trioworker._core.jsontext import loads_or_mark
+from trioworker._core.model import Status
+from trioworker.dashboard._chart import minutes, throughput_svg
+from trioworker.dashboard._reader import Reader, Rows
 
 STATUSES = [s.value for s in Status]
 #: The chart's span: the last hour, a bar a minute.

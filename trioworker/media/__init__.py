@@ -12,13 +12,13 @@ each kind does and why Purge needs the rule.
 
 from pathlib import Path
 
-from .. import Registry
-from ._files import PROXY_KINDS, proxy_dir
-from ._handlers import HANDLERS, register
-from ._library import Audit, Library, MissingProxies
-from ._observer import OBSERVER_ENV, Span, overlaps, read_spans
-from ._plan import Burst, group_bursts
-from ._sample import make_originals, make_orphan_proxies
+from trioworker import Registry
+from trioworker.media._files import PROXY_KINDS, proxy_dir
+from trioworker.media._handlers import HANDLERS, register
+from trioworker.media._library import Audit, Library, MissingProxies
+from trioworker.media._observer import OBSERVER_ENV, Span, overlaps, read_spans
+from trioworker.media._plan import Burst, group_bursts
+from trioworker.media._sample import make_originals, make_orphan_proxies
 
 #: Every media kind, ready for `--app trioworker.media:registry`; its tables come from
 #: its own migrations (`python -m trioworker migrate --app trioworker.media:registry`).

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any, LiteralString, cast
 
-from .. import Context
+from trioworker import Context
 
 Statement = tuple[str, dict[str, Any]]
 

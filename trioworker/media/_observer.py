@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from .. import Context, WorkItem
+from trioworker import Context, WorkItem
 
 OBSERVER_ENV = "TRIOWORKER_MEDIA_OBSERVER_LOG"
 

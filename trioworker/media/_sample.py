@@ -8,7 +8,7 @@ import random
 import time
 from pathlib import Path
 
-from . import _files
+from trioworker.media import _files
 
 
 def make_originals(

@@ -19,8 +19,8 @@ from typing import Any, Literal, LiteralString
 import attrs
 import trio
 
-from ._errors import DatabaseUnavailable, Lost
-from ._model import (
+from trioworker._core.errors import DatabaseUnavailable, Lost
+from trioworker._core.model import (
     FINISHED,
     AttemptRecord,
     CancelOutcome,
@@ -38,9 +38,14 @@ from ._model import (
     WorkerInfo,
     WorkItem,
 )
-from ._schedule import Schedule, first_due, plan, schedule_request
-from ._store import NotifyCallback, trace_context_or_current, with_current_trace
-from ._validation import EnqueueRequest, pause_target, validate_enqueue, validate_many
+from trioworker._core.schedule import Schedule, first_due, plan, schedule_request
+from trioworker._core.validation import (
+    EnqueueRequest,
+    pause_target,
+    validate_enqueue,
+    validate_many,
+)
+from trioworker._store.api import NotifyCallback, trace_context_or_current, with_current_trace
 
 Fault = Literal["fail", "hang"] | None
 

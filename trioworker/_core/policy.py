@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import attrs
 
-from ._errors import Lost
-from ._retry import backoff_delay
-from ._text import ascii_only, storable
+from trioworker._core.errors import Lost
+from trioworker._core.retry import backoff_delay
+from trioworker._core.text import ascii_only, storable
 
 
 class CancelReason(enum.Enum):

@@ -12,11 +12,11 @@ import sys
 from collections.abc import Collection, Iterable, Iterator
 from typing import Any, BinaryIO
 
-from ._errors import ConfigurationError, InvalidWorkItem
-from ._jsontext import MAX_DEPTH
-from ._model import NewItem
-from ._text import not_unicode
-from ._validation import MAX_PAYLOAD_BYTES, MAX_RUN_AFTER_DISTANCE, validate_many
+from trioworker._core.errors import ConfigurationError, InvalidWorkItem
+from trioworker._core.jsontext import MAX_DEPTH
+from trioworker._core.model import NewItem
+from trioworker._core.text import not_unicode
+from trioworker._core.validation import MAX_PAYLOAD_BYTES, MAX_RUN_AFTER_DISTANCE, validate_many
 
 #: The most read from a payload file (or standard input), and from one line of an items
 #: file: room for a payload at its limit written out with spaces and escapes, and a

@@ -24,8 +24,8 @@ import psycopg
 import psycopg.conninfo
 from yoyo import get_backend, read_migrations
 
-from ._dsn import describe_defaults, redact, redact_dsn
-from ._errors import ConfigurationError, DatabaseUnavailable, SchemaNotReady
+from trioworker._core.errors import ConfigurationError, DatabaseUnavailable, SchemaNotReady
+from trioworker._postgres.dsn import describe_defaults, redact, redact_dsn
 
 log = logging.getLogger("trioworker.migrate")
 
@@ -42,8 +42,9 @@ class HasMigrations(Protocol):
 
 def migrations_dir() -> Path:
     """The queue's own migrations: shipped in the wheel, or the checkout's `migrations/`."""
-    packaged = Path(__file__).parent / "_migrations"
-    return packaged if packaged.is_dir() else Path(__file__).parent.parent / "migrations"
+    package = Path(__file__).parents[1]
+    packaged = package / "_migrations"
+    return packaged if packaged.is_dir() else package.parent / "migrations"
 
 
 def _sources(apps: Iterable[HasMigrations]) -> list[str]:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import attrs
 import trio
 
-from ._model import ScopeHolder
-from ._store import Store
-from ._text import visible
-from ._validation import validate_scope
+from trioworker._core.model import ScopeHolder
+from trioworker._core.text import visible
+from trioworker._core.validation import validate_scope
+from trioworker._store.api import Store
 
 #: How often the scope's Running item is looked at.
 QUIESCE_POLL = 0.1

@@ -22,11 +22,15 @@ import trio
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
-from . import _bridge
-from ._dsn import redact, redact_dsn
-from ._errors import DatabaseUnavailable, Lost, SchemaNotReady, StoreError, StoreTimeout
-from ._jsontext import UndecodableValue, loads_or_mark
-from ._model import (
+from trioworker._core.errors import (
+    DatabaseUnavailable,
+    Lost,
+    SchemaNotReady,
+    StoreError,
+    StoreTimeout,
+)
+from trioworker._core.jsontext import UndecodableValue, loads_or_mark
+from trioworker._core.model import (
     FINISHED,
     AttemptRecord,
     CancelOutcome,
@@ -44,11 +48,18 @@ from ._model import (
     WorkerInfo,
     WorkItem,
 )
-from ._queries import QUERIES
-from ._retry import Backoff
-from ._schedule import Schedule, first_due, plan, schedule_request
-from ._store import NotifyCallback, trace_context_or_current, with_current_trace
-from ._validation import EnqueueRequest, pause_target, validate_enqueue, validate_many
+from trioworker._core.retry import Backoff
+from trioworker._core.schedule import Schedule, first_due, plan, schedule_request
+from trioworker._core.validation import (
+    EnqueueRequest,
+    pause_target,
+    validate_enqueue,
+    validate_many,
+)
+from trioworker._postgres import bridge as _bridge
+from trioworker._postgres.dsn import redact, redact_dsn
+from trioworker._postgres.queries import QUERIES
+from trioworker._store.api import NotifyCallback, trace_context_or_current, with_current_trace
 
 log = logging.getLogger("trioworker.store")
 

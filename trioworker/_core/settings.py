@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from ._errors import ConfigurationError
+from trioworker._core.errors import ConfigurationError
 
 
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:

@@ -17,18 +17,18 @@ from typing import Any, NoReturn
 
 import trio
 
-from ._errors import ConfigurationError, DatabaseUnavailable, InvalidWorkItem
-from ._executor import Tracer
-from ._input import UsageError, read_items, read_lines, read_payload
-from ._migrate import check_schema, migrate
-from ._model import FINISHED, Enqueued, Status
-from ._postgres import PostgresStore, open_store
-from ._registry import Registry
-from ._retry import Backoff
-from ._settings import Settings
-from ._text import shell_word
-from ._validation import pause_target, validate_enqueue, validate_scope
-from ._worker import Worker
+from trioworker._cli.input import UsageError, read_items, read_lines, read_payload
+from trioworker._core.errors import ConfigurationError, DatabaseUnavailable, InvalidWorkItem
+from trioworker._core.model import FINISHED, Enqueued, Status
+from trioworker._core.registry import Registry
+from trioworker._core.retry import Backoff
+from trioworker._core.settings import Settings
+from trioworker._core.text import shell_word
+from trioworker._core.validation import pause_target, validate_enqueue, validate_scope
+from trioworker._postgres.migrate import check_schema, migrate
+from trioworker._postgres.store import PostgresStore, open_store
+from trioworker._worker.executor import Tracer
+from trioworker._worker.worker import Worker
 
 log = logging.getLogger("trioworker")
 
@@ -166,7 +166,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from ._status import gather, print_status
+    from trioworker._cli.status import gather, print_status
 
     check_schema(args.dsn)
     status = with_store(args.dsn, gather)
@@ -271,7 +271,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_quiesce(args: argparse.Namespace) -> int:
-    from ._quiesce import quiesce
+    from trioworker._store.quiesce import quiesce
 
     try:
         validate_scope(args.scope)
@@ -293,7 +293,7 @@ def cmd_quiesce(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from ._show import item_details, print_item, to_json
+    from trioworker._cli.show import item_details, print_item, to_json
 
     check_schema(args.dsn)
     details = with_store(args.dsn, lambda store: item_details(store, args.id))
@@ -349,7 +349,7 @@ def otel_tracer() -> Tracer:
     the global one, so a handler's own spans go the same way."""
     from opentelemetry import trace
 
-    from .otel import OtelTracer, provider_from_environment
+    from trioworker.otel import OtelTracer, provider_from_environment
 
     if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return OtelTracer()
@@ -378,7 +378,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         ) as store:
             metrics = None
             if args.metrics_port is not None:
-                from ._metrics import serve_metrics
+                from trioworker._worker.metrics import serve_metrics
 
                 metrics = serve_metrics(args.metrics_port, store)
             worker = Worker(
@@ -451,7 +451,7 @@ def wait_for_schema(dsn: str, timeout: float, registry: Registry) -> None:
 def cmd_dashboard(args: argparse.Namespace) -> int:
     """Serve the web dashboard until SIGTERM/SIGINT (docs/dashboard.md)."""
     try:
-        from .dashboard import check_settings, read_token, serve
+        from trioworker.dashboard import check_settings, read_token, serve
     except ImportError as exc:  # the message names the extra to install
         raise UsageError(str(exc)) from None
     if args.token_file is not None and not args.allow_actions:
@@ -495,6 +495,6 @@ async def _stop_on_signals(scope: trio.CancelScope) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .media.demo import run_demo
+    from trioworker.media.demo import run_demo
 
     return run_demo(args.dsn if args.dsn_given else None, args)

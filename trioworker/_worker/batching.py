@@ -12,8 +12,8 @@ import math
 import attrs
 import trio
 
-from ._errors import StoreError
-from ._store import Store
+from trioworker._core.errors import StoreError
+from trioworker._store.api import Store
 
 MAX_BATCH = 500
 

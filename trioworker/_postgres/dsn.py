@@ -9,7 +9,7 @@ import urllib.parse
 import psycopg.conninfo
 import psycopg.pq
 
-from ._errors import ConfigurationError
+from trioworker._core.errors import ConfigurationError
 
 DSN_ENV = "TRIOWORKER_DSN"
 

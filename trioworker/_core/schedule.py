@@ -17,8 +17,8 @@ from typing import Any
 import attrs
 from cronsim import CronSim, CronSimError
 
-from ._errors import ConfigurationError, InvalidWorkItem
-from ._validation import EnqueueRequest, validate_enqueue
+from trioworker._core.errors import ConfigurationError, InvalidWorkItem
+from trioworker._core.validation import EnqueueRequest, validate_enqueue
 
 _SECOND = dt.timedelta(seconds=1)
 

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 import trio
 
-from ._errors import DatabaseUnavailable
-from ._model import WorkItem
+from trioworker._core.errors import DatabaseUnavailable
+from trioworker._core.model import WorkItem
 
 if TYPE_CHECKING:
-    from ._store import FencedTransactionLike, Store
+    from trioworker._store.api import FencedTransactionLike, Store
 
 T = TypeVar("T")
 

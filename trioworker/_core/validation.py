@@ -9,9 +9,9 @@ from typing import Any
 
 import attrs
 
-from ._errors import InvalidWorkItem
-from ._jsontext import MAX_DEPTH, depth
-from ._model import NewItem
+from trioworker._core.errors import InvalidWorkItem
+from trioworker._core.jsontext import MAX_DEPTH, depth
+from trioworker._core.model import NewItem
 
 #: Largest payload accepted, as UTF-8 JSON.
 MAX_PAYLOAD_BYTES = 64 * 1024

@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ._errors import ConfigurationError, StoreError
-from ._model import StoreStatistics, counts_by_kind
+from trioworker._core.errors import ConfigurationError, StoreError
+from trioworker._core.model import StoreStatistics, counts_by_kind
 
 log = logging.getLogger("trioworker.metrics")
 

@@ -12,9 +12,9 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ._jsontext import UndecodableValue, pretty
-from ._store import Store
-from ._text import visible
+from trioworker._core.jsontext import UndecodableValue, pretty
+from trioworker._core.text import visible
+from trioworker._store.api import Store
 
 
 async def item_details(store: Store, id: int) -> dict[str, Any] | None:

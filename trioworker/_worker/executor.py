@@ -18,12 +18,10 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from ._context import Context
-from ._errors import DatabaseUnavailable, HandlerTimeout, StoreError
-from ._jsontext import UndecodableValue
-from ._logging import item_logger
-from ._model import Heartbeat, WorkItem
-from ._policy import (
+from trioworker._core.errors import DatabaseUnavailable, HandlerTimeout, StoreError
+from trioworker._core.jsontext import UndecodableValue
+from trioworker._core.model import Heartbeat, WorkItem
+from trioworker._core.policy import (
     Action,
     CancelReason,
     Decision,
@@ -32,10 +30,12 @@ from ._policy import (
     reduced,
     undecodable_payload,
 )
-from ._registry import Registry
-from ._retry import Backoff
-from ._settings import Settings
-from ._store import Store
+from trioworker._core.registry import Registry
+from trioworker._core.retry import Backoff
+from trioworker._core.settings import Settings
+from trioworker._store.api import Store
+from trioworker._worker.context import Context
+from trioworker._worker.logging import item_logger
 
 log = logging.getLogger("trioworker.executor")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING
 
-from ._model import WorkItem
+from trioworker._core.model import WorkItem
 
 if TYPE_CHECKING:
-    from ._context import Context
+    from trioworker._worker.context import Context
 
 #: The kind of the retention item.
 RETENTION_KIND = "trioworker.retention"

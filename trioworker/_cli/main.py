@@ -23,16 +23,17 @@ from typing import Any, NoReturn
 
 import attrs
 
-from . import _commands, _logging
-from ._commands import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
-from ._dsn import DSN_ENV, describe_defaults, redact, resolve_dsn, secrets
-from ._errors import TrioWorkerError
-from ._input import UsageError
-from ._quiesce import QUIESCE_POLL
-from ._settings import Settings
-from ._text import not_unicode, visible
-from ._validation import MAX_PRIORITY, MAX_RUN_AFTER_DISTANCE, MIN_PRIORITY
-from ._worker import default_worker_id
+from trioworker._cli import commands as _commands
+from trioworker._cli.commands import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from trioworker._cli.input import UsageError
+from trioworker._core.errors import TrioWorkerError
+from trioworker._core.settings import Settings
+from trioworker._core.text import not_unicode, visible
+from trioworker._core.validation import MAX_PRIORITY, MAX_RUN_AFTER_DISTANCE, MIN_PRIORITY
+from trioworker._postgres.dsn import DSN_ENV, describe_defaults, redact, resolve_dsn, secrets
+from trioworker._store.quiesce import QUIESCE_POLL
+from trioworker._worker import logging as _logging
+from trioworker._worker.worker import default_worker_id
 
 log = logging.getLogger("trioworker")
 

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping, MutableMapping
 from types import TracebackType
 from typing import Any
 
-from ._model import WorkItem
-from ._text import visible
+from trioworker._core.model import WorkItem
+from trioworker._core.text import visible
 
 ITEM_FIELDS = ("item_id", "attempt", "kind", "scope", "worker_id")
 

@@ -23,13 +23,13 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from ._executor import Tracer
-from ._memory import MemoryFencedTransaction, MemoryStore, Write
-from ._model import ItemState
-from ._pgserver import PrivateCluster
-from ._registry import Registry
-from ._settings import Settings
-from ._worker import Worker
+from trioworker._core.model import ItemState
+from trioworker._core.registry import Registry
+from trioworker._core.settings import Settings
+from trioworker._worker.executor import Tracer
+from trioworker._worker.worker import Worker
+from trioworker.testing.cluster import PrivateCluster
+from trioworker.testing.memory import MemoryFencedTransaction, MemoryStore, Write
 
 __all__ = [
     "MemoryFencedTransaction",

@@ -21,4 +21,4 @@ def parse(text: str) -> dict[str, LiteralString]:
     return queries
 
 
-QUERIES = parse(resources.files("trioworker").joinpath("sql/queries.sql").read_text())
+QUERIES = parse(resources.files("trioworker._postgres").joinpath("queries.sql").read_text())

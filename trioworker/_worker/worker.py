@@ -23,15 +23,15 @@ from collections.abc import Sequence
 import attrs
 import trio
 
-from ._batching import CompletionBatcher
-from ._errors import SchemaNotReady, StoreError
-from ._executor import EventSink, Executor, FailStop, Tracer
-from ._model import Status, WorkerInfo, WorkItem
-from ._registry import Registry
-from ._retry import Backoff
-from ._settings import Settings
-from ._store import Store
-from ._watchdog import TICK_EVERY, Watchdog
+from trioworker._core.errors import SchemaNotReady, StoreError
+from trioworker._core.model import Status, WorkerInfo, WorkItem
+from trioworker._core.registry import Registry
+from trioworker._core.retry import Backoff
+from trioworker._core.settings import Settings
+from trioworker._store.api import Store
+from trioworker._worker.batching import CompletionBatcher
+from trioworker._worker.executor import EventSink, Executor, FailStop, Tracer
+from trioworker._worker.watchdog import TICK_EVERY, Watchdog
 
 log = logging.getLogger("trioworker.worker")
 

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import attrs
 
-from ._model import WorkItem
-from ._policy import RetryPolicy
-from ._schedule import Schedule
+from trioworker._core.model import WorkItem
+from trioworker._core.policy import RetryPolicy
+from trioworker._core.schedule import Schedule
 
 if TYPE_CHECKING:
-    from ._context import Context
+    from trioworker._worker.context import Context
 
 Handler: TypeAlias = Callable[[WorkItem, "Context"], Awaitable[Any]]
 
@@ -106,7 +106,7 @@ class Registry:
         """Delete finished items older than `older_than` (seconds or a timedelta), every
         `every` seconds, as one periodic unscoped item: one Worker at a time does it,
         in short bounded batches (`python -m trioworker run --retain 7d` calls this)."""
-        from ._retention import RETENTION_KIND, prune_finished
+        from trioworker._worker.retention import RETENTION_KIND, prune_finished
 
         seconds = older_than.total_seconds() if isinstance(older_than, dt.timedelta) else older_than
         if not (math.isfinite(seconds) and seconds >= 0):

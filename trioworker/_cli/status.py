@@ -10,9 +10,9 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from ._model import Status, counts_by_kind
-from ._postgres import PostgresStore
-from ._text import visible
+from trioworker._core.model import Status, counts_by_kind
+from trioworker._core.text import visible
+from trioworker._postgres.store import PostgresStore
 
 STATUS_ORDER = [s.value for s in Status]
 #: A Worker not seen for this long is reported gone, and its kinds unserved.

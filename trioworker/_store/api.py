@@ -15,7 +15,7 @@ from typing import Any, LiteralString, Protocol
 import attrs
 import trio
 
-from ._model import (
+from trioworker._core.model import (
     AttemptRecord,
     CancelOutcome,
     Enqueued,
@@ -32,7 +32,7 @@ from ._model import (
     WorkerInfo,
     WorkItem,
 )
-from ._schedule import Schedule
+from trioworker._core.schedule import Schedule
 
 #: Called with the notification's scope ("" for unscoped work, None after a reconnect).
 NotifyCallback = Callable[[str | None], None]
@@ -218,7 +218,7 @@ def with_current_trace(items: Sequence[NewItem]) -> Sequence[NewItem]:
 @functools.cache
 def _current_trace_context() -> Callable[[], dict[str, str] | None] | None:
     try:
-        from .otel import current_trace_context
+        from trioworker.otel import current_trace_context
     except ImportError:  # no opentelemetry (the otel extra): nothing to carry
         return None
     return current_trace_context
