@@ -7,8 +7,9 @@ $TRIOWORKER_MEDIA_OBSERVER_LOG. The harness points both at the same file.
 
 from __future__ import annotations
 
+from examples import media
 from tests.apps.recording import record, record_attempt
-from trioworker import Context, DoNotRetry, Registry, WorkItem, media
+from trioworker import Context, DoNotRetry, Registry, WorkItem
 
 registry = Registry()
 registry.handler("Record")(record_attempt)

@@ -12,8 +12,8 @@ import time
 
 import trio
 
+from examples.media import _observer
 from trioworker import Context, Registry, RetryPolicy, WorkItem
-from trioworker.media import _observer
 
 registry = Registry()
 

@@ -14,6 +14,9 @@ import psycopg
 import pytest
 import trio
 
+from examples import media
+from examples.media import _files
+from examples.media._db import MediaDb
 from trioworker import (
     Context,
     ItemState,
@@ -23,11 +26,8 @@ from trioworker import (
     Status,
     Worker,
     WorkItem,
-    media,
     open_store,
 )
-from trioworker.media import _files
-from trioworker.media._db import MediaDb
 
 SETTINGS = Settings(lease=8, heartbeat=1, poll=0.5, recovery_every=1)
 Conn = psycopg.Connection[Any]

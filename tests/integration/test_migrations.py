@@ -11,9 +11,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from examples import media
 from tests.support.database import Databases
 from tests.support.schema import describe
-from trioworker import SchemaNotReady, check_schema, media, migrate
+from trioworker import SchemaNotReady, check_schema, migrate
 from trioworker._postgres.migrate import pending_migrations
 
 ROOT = Path(__file__).parents[2]
@@ -56,7 +57,7 @@ def test_migrate_creates_only_the_queues_tables_and_an_app_adds_its_own(
     empty_dsn: str,
 ) -> None:
     """`python -m trioworker migrate` creates the queue's tables and nothing else; the
-    media demo's tables come only with `--app trioworker.media:registry`, and a Worker
+    media demo's tables come only with `--app examples.media:registry`, and a Worker
     of that app refuses a database without them."""
     env = {**os.environ, "TRIOWORKER_DSN": empty_dsn}
     cli = [sys.executable, "-m", "trioworker", "migrate"]
@@ -65,7 +66,7 @@ def test_migrate_creates_only_the_queues_tables_and_an_app_adds_its_own(
     check_schema(empty_dsn)
     with pytest.raises(SchemaNotReady, match="migrate --app"):
         check_schema(empty_dsn, media.registry)
-    app = [*cli, "--app", "trioworker.media:registry"]
+    app = [*cli, "--app", "examples.media:registry"]
     out = subprocess.run(app, env=env, check=True, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "applied 0001.media-library"
     assert tables(empty_dsn) == sorted(QUEUE_TABLES + MEDIA_TABLES)

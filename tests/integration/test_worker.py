@@ -13,6 +13,7 @@ import pytest
 import trio
 import trio_asyncio
 
+from examples.media._observer import overlaps
 from tests.integration.test_cli import trioworker
 from tests.support.fault_proxy import FaultProxy
 from tests.support.lines import running_per_scope
@@ -29,7 +30,6 @@ from trioworker import (
     WorkItem,
     open_store,
 )
-from trioworker.media._observer import overlaps
 
 SHORT = Settings(lease=4, heartbeat=1, poll=1, stop_grace=1, recovery_every=0.5)
 FAST = ["--lease", "4", "--heartbeat", "1", "--poll", "1", "--stop-grace", "1"]

@@ -28,9 +28,10 @@ import attrs
 import psycopg
 import trio
 
+from examples import media
 from tests.support.fault_proxy import FaultProxy
 from tests.support.processes import ROOT
-from trioworker import media, migrate
+from trioworker import migrate
 from trioworker.testing import PrivateCluster
 
 APP = "tests.apps.chaos:registry"

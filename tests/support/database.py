@@ -22,7 +22,8 @@ from collections.abc import Iterator
 import psycopg
 from psycopg import sql
 
-from trioworker import media, migrate
+from examples import media
+from trioworker import migrate
 
 log = logging.getLogger(__name__)
 

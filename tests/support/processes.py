@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from trioworker.media._observer import Span, read_spans
+from examples.media._observer import Span, read_spans
 
 ROOT = Path(__file__).parents[2]
 APP = "tests.apps.recording:registry"

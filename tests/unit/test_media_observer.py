@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trioworker.media import Span, overlaps, read_spans
+from examples.media import Span, overlaps, read_spans
 
 
 def span(id: int, start: float, end: float | None, scope: str | None = "c") -> Span:

@@ -495,6 +495,14 @@ async def _stop_on_signals(scope: trio.CancelScope) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from trioworker.media.demo import run_demo
-
-    return run_demo(args.dsn if args.dsn_given else None, args)
+    """A launcher of the media-library demo, an example application that lives in the
+    repository (examples/media), not in the package: run from a checkout, it runs it."""
+    try:
+        demo = importlib.import_module("examples.media.demo")
+    except ImportError:
+        raise UsageError(
+            "the demo is an example application in the repository, not in the package:"
+            " from a checkout, run ./dev demo (or python -m examples.media)"
+        ) from None
+    code: int = demo.run_demo(args.dsn if args.dsn_given else None, args)
+    return code

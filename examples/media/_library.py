@@ -13,8 +13,8 @@ import attrs
 import psycopg
 from psycopg.rows import dict_row
 
-from trioworker.media import _files
-from trioworker.media._db import query
+from examples.media import _files
+from examples.media._db import query
 
 
 @attrs.frozen

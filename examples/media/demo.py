@@ -41,7 +41,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from trioworker import DSN_ENV, PostgresStore, media, migrate, open_store
+from examples import media
+from trioworker import DSN_ENV, PostgresStore, migrate, open_store
 
 USERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
 FOLDERS = ["photos", "phone"]
@@ -137,7 +138,7 @@ class Demo:
         env |= {DSN_ENV: self.dsn, media.OBSERVER_ENV: str(self.observer)}
         with (self.logs / f"{name}.log").open("w") as log:
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "trioworker", "run", "--app", "trioworker.media:registry",
+                [sys.executable, "-m", "trioworker", "run", "--app", "examples.media:registry",
                  "--worker-id", name, *scope_args, *WORKER_ARGS],
                 env=env,
                 stdout=log,
@@ -370,7 +371,7 @@ def run_demo(dsn: str | None, args: argparse.Namespace) -> int:
                 cluster = PrivateCluster()
                 cluster.start()
             except RuntimeError as exc:
-                console.print(f"[red]cannot start PostgreSQL:[/] {exc}")
+                console.print(Text("cannot start PostgreSQL: ", style="red") + Text(str(exc)))
                 return 1
             dsn = cluster.dsn()
         # The demo's terminal is for the table: migration chatter stays out of it.

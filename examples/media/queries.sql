@@ -1,5 +1,5 @@
 -- Every statement the media library sends, each under a `-- name:` header (parsed in
--- trioworker/media/_db.py). Handlers run them only in the Worker's fenced transactions
+-- examples/media/_db.py). Handlers run them only in the Worker's fenced transactions
 -- (`ctx.transaction()`), so an attempt that lost its item writes nothing.
 
 -- name: config

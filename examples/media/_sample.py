@@ -8,7 +8,7 @@ import random
 import time
 from pathlib import Path
 
-from trioworker.media import _files
+from examples.media import _files
 
 
 def make_originals(

@@ -23,7 +23,7 @@ def _parse(text: str) -> dict[str, LiteralString]:
     return {name: cast(LiteralString, body.strip().rstrip(";")) for name, body in pairs}
 
 
-QUERIES = _parse(resources.files("trioworker.media").joinpath("queries.sql").read_text())
+QUERIES = _parse(resources.files("examples.media").joinpath("queries.sql").read_text())
 
 
 class MediaDb:

@@ -20,11 +20,11 @@ from typing import Any
 
 import trio
 
+from examples.media import _files
+from examples.media._db import MediaDb, Statement
+from examples.media._observer import observed
+from examples.media._plan import chunks, group_bursts
 from trioworker import Context, DoNotRetry, Registry, RetryPolicy, WorkItem
-from trioworker.media import _files
-from trioworker.media._db import MediaDb, Statement
-from trioworker.media._observer import observed
-from trioworker.media._plan import chunks, group_bursts
 
 #: Media handlers retry through a database restart or a short outage.
 RETRY = RetryPolicy(max_attempts=10, initial_delay=0.5, max_delay=10.0)

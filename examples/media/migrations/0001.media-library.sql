@@ -1,4 +1,4 @@
--- The media library's own tables (trioworker.media): storage configs, the assets a
+-- The media library's own tables (examples.media): storage configs, the assets a
 -- crawl registers, their proxy files, bursts, and share tokens.
 --
 -- A storage config is a folder of originals plus a proxy folder; it is the scope of its

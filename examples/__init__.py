@@ -1,0 +1,1 @@
+"""Example applications of trioworker, each using only its public API."""
