@@ -42,7 +42,7 @@ async def _claim_loop(dsn: str, duration: float, name: str, barrier: Any) -> dic
     held: list[tuple[str, float, float]] = []  # (scope, claimed, completion sent)
     unscoped = 0
     async with open_store(dsn, max_connections=1, application_name=name) as store:
-        await store.query("busy_scopes")  # the pool's connection is open and warm
+        await store.queue_counts()  # the pool's connection is open and warm
         await trio.to_thread.run_sync(barrier.wait, abandon_on_cancel=True)
         stop_at = time.monotonic() + duration
         while time.monotonic() < stop_at:

@@ -21,7 +21,7 @@ FROM generate_series(0, %(n)s - 1) AS g;
 
 -- name: pause_scopes
 -- Pause %(scopes)s scopes, as `python -m trioworker pause --scope` does, one by one.
-SELECT count(*) FILTER (WHERE work_pause(NULL, %(prefix)s || g)) AS paused
+SELECT count(*) FILTER (WHERE work_pause_v1(NULL, %(prefix)s || g)) AS paused
 FROM generate_series(0, %(scopes)s - 1) AS g;
 
 -- name: insert_mixed
@@ -47,7 +47,7 @@ CREATE INDEX bench_plain_queued ON work_items (priority DESC, run_after, id)
 -- name: claim
 -- trioworker's claim as plain SQL calls it: the public function, one item of the
 -- kinds the benchmark's Worker serves.
-SELECT id, kind, scope, attempt FROM work_claim(%(worker_id)s, %(lease)s, 1, %(kinds)s);
+SELECT id, kind, scope, attempt FROM work_claim_v1(%(worker_id)s, %(lease)s, 1, %(kinds)s);
 
 -- name: plain_claim
 -- The baseline: a claim without scope lines, so it walks every Queued item of a busy
@@ -123,9 +123,9 @@ UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
 SELECT pg_notify('bench', 'x');
 COMMIT;
 
--- name: busy_scopes
--- The same count as trioworker's own `busy_scopes` query, sent on a plain connection.
-SELECT count(*) AS n FROM work_items WHERE status = 'Running' AND scope IS NOT NULL;
+-- name: pauses
+-- The same statement as trioworker's own `pauses` read, sent on a plain connection.
+SELECT kind, scope, paused_at FROM work_pauses ORDER BY paused_at;
 
 -- name: enqueue
 -- An enqueue as any application sends it: a plain INSERT.

@@ -44,15 +44,15 @@ CREATE TABLE work_items (
     CONSTRAINT work_items_dedup_key_sane CHECK (((dedup_key <> ''::text) AND (length(dedup_key) <= 200))),
     CONSTRAINT work_items_heads_are_queued_and_scoped CHECK (((NOT is_head) OR ((status = 'Queued'::text) AND (scope IS NOT NULL)))),
     CONSTRAINT work_items_kind_sane CHECK (((kind <> ''::text) AND (length(kind) <= 200))),
-    CONSTRAINT work_items_names_not_blank CHECK ((work_not_blank(kind) AND ((scope IS NULL) OR work_not_blank(scope)) AND ((dedup_key IS NULL) OR work_not_blank(dedup_key)))) NOT VALID,
-    CONSTRAINT work_items_payload_depth CHECK ((NOT jsonb_path_exists(payload, 'strict $.**{64}'::jsonpath))) NOT VALID,
+    CONSTRAINT work_items_names_not_blank CHECK ((work_not_blank(kind) AND ((scope IS NULL) OR work_not_blank(scope)) AND ((dedup_key IS NULL) OR work_not_blank(dedup_key)))),
+    CONSTRAINT work_items_payload_depth CHECK ((NOT jsonb_path_exists(payload, 'strict $.**{64}'::jsonpath))),
     CONSTRAINT work_items_payload_fits CHECK ((octet_length((payload)::text) <= 131072)),
     CONSTRAINT work_items_pkey PRIMARY KEY (id),
     CONSTRAINT work_items_priority_sane CHECK (((priority >= '-1000'::integer) AND (priority <= 1000))),
     CONSTRAINT work_items_running_has_lease CHECK (((status = 'Running'::text) = (lease_expires_at IS NOT NULL))),
     CONSTRAINT work_items_scope_sane CHECK (((scope <> ''::text) AND (length(scope) <= 200))),
     CONSTRAINT work_items_status_known CHECK ((status = ANY (ARRAY['Queued'::text, 'Running'::text, 'Succeeded'::text, 'Failed'::text, 'Cancelled'::text]))),
-    CONSTRAINT work_items_trace_context_sane CHECK (((jsonb_typeof(trace_context) = 'object'::text) AND (NOT jsonb_path_exists(trace_context, '$.*?(@.type() != "string")'::jsonpath)) AND (octet_length((trace_context)::text) <= 8192))) NOT VALID,
+    CONSTRAINT work_items_trace_context_sane CHECK (((jsonb_typeof(trace_context) = 'object'::text) AND (NOT jsonb_path_exists(trace_context, '$.*?(@.type() != "string")'::jsonpath)) AND (octet_length((trace_context)::text) <= 8192))),
     CONSTRAINT work_items_traceback_fits CHECK ((length(traceback) <= 20000))
 );
 
@@ -88,7 +88,7 @@ CREATE TABLE work_schedules (
     last_due timestamp with time zone,
     last_item bigint,
     updated_at timestamp with time zone NOT NULL DEFAULT now(),
-    CONSTRAINT work_schedules_payload_depth CHECK ((NOT jsonb_path_exists(payload, 'strict $.**{64}'::jsonpath))) NOT VALID,
+    CONSTRAINT work_schedules_payload_depth CHECK ((NOT jsonb_path_exists(payload, 'strict $.**{64}'::jsonpath))),
     CONSTRAINT work_schedules_pkey PRIMARY KEY (name)
 );
 
@@ -118,7 +118,7 @@ CREATE TABLE work_workers (
 );
 
 
-CREATE OR REPLACE FUNCTION public.work_claim(p_worker text, p_lease double precision, p_limit integer, p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
+CREATE OR REPLACE FUNCTION public.work_claim_v1(p_worker text, p_lease double precision, p_limit integer, p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
  RETURNS SETOF work_items
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -126,14 +126,13 @@ CREATE OR REPLACE FUNCTION public.work_claim(p_worker text, p_lease double preci
  SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
-    was text := current_setting('trioworker.internal', true);
+    was text := work_internal_begin();
     passed text[] := '{}';  -- scopes whose claim lock another transaction holds
     wanted integer := p_limit;  -- items the batch still takes
     window_size integer := p_limit;  -- candidates this round reads
     refused text[];
     got record;  -- (not r: the claim's statement names a table alias r)
 BEGIN
-    PERFORM set_config('trioworker.internal', 'on', true);
     FOR pass IN 1..5 LOOP
         refused := NULL;
         FOR got IN
@@ -251,11 +250,11 @@ BEGIN
         passed := passed || refused;
         window_size := window_size * 8;
     END LOOP;
-    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
+    PERFORM work_internal_end(was);
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION public.work_finish(p_ids bigint[], p_attempts integer[], p_status text, p_reason text DEFAULT NULL::text, p_error text DEFAULT NULL::text, p_wait boolean DEFAULT true, p_traceback text DEFAULT NULL::text)
+CREATE OR REPLACE FUNCTION public.work_finish_v1(p_ids bigint[], p_attempts integer[], p_status text, p_reason text DEFAULT NULL::text, p_error text DEFAULT NULL::text, p_wait boolean DEFAULT true, p_traceback text DEFAULT NULL::text)
  RETURNS SETOF bigint
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -263,54 +262,48 @@ CREATE OR REPLACE FUNCTION public.work_finish(p_ids bigint[], p_attempts integer
  SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
-    was text := current_setting('trioworker.internal', true);
+    was text := work_internal_begin();
     was_timeout text := current_setting('lock_timeout');
     done_ids bigint[];
     done_scopes text[];
 BEGIN
-    PERFORM set_config('trioworker.internal', 'on', true);
     IF p_status NOT IN ('Succeeded', 'Failed', 'Cancelled') THEN
-        RAISE EXCEPTION 'work_finish: % is not a final status', p_status;
+        RAISE EXCEPTION 'work_finish_v1: % is not a final status', p_status;
     END IF;
 
-    BEGIN
-        IF NOT p_wait THEN
-            PERFORM set_config('lock_timeout', '50ms', true);
-        END IF;
-        WITH done AS (
-            UPDATE work_items AS w
-            SET status = p_status, finished_at = now(), lease_expires_at = NULL,
-                reason = CASE WHEN p_status = 'Succeeded' THEN w.reason ELSE p_reason END,
-                error = CASE WHEN p_status = 'Failed' THEN p_error ELSE w.error END,
-                traceback = CASE WHEN p_status = 'Failed' THEN p_traceback ELSE w.traceback END,
-                failures = w.failures + (p_status = 'Failed')::integer
-            FROM unnest(p_ids, p_attempts) AS d (id, attempt)
-            WHERE w.id = d.id AND w.attempt = d.attempt AND w.status = 'Running'
-            RETURNING w.id, w.scope
-        )
-        SELECT array_agg(done.id), array_agg(done.scope) FILTER (WHERE done.scope IS NOT NULL)
-        INTO done_ids, done_scopes FROM done;
-        PERFORM set_config('lock_timeout', was_timeout, true);
-    EXCEPTION WHEN lock_not_available THEN
-        -- Another transaction holds one of the rows: write the rest now; the caller
-        -- writes that one on its own.
-        WITH done AS (
-            UPDATE work_items AS w
-            SET status = p_status, finished_at = now(), lease_expires_at = NULL,
-                reason = CASE WHEN p_status = 'Succeeded' THEN w.reason ELSE p_reason END,
-                error = CASE WHEN p_status = 'Failed' THEN p_error ELSE w.error END,
-                traceback = CASE WHEN p_status = 'Failed' THEN p_traceback ELSE w.traceback END,
-                failures = w.failures + (p_status = 'Failed')::integer
-            FROM unnest(p_ids, p_attempts) AS d (id, attempt)
-            WHERE w.id = d.id AND w.attempt = d.attempt AND w.status = 'Running'
-              AND w.id IN (SELECT l.id FROM work_items AS l
-                           WHERE l.id = ANY(p_ids) AND l.status = 'Running'
-                           FOR UPDATE SKIP LOCKED)
-            RETURNING w.id, w.scope
-        )
-        SELECT array_agg(done.id), array_agg(done.scope) FILTER (WHERE done.scope IS NOT NULL)
-        INTO done_ids, done_scopes FROM done;
-    END;
+    -- One UPDATE, tried at most twice: with p_wait false the first try waits 50 ms at
+    -- most for a held row, and the second passes over the rows still held.
+    FOR pass IN 1..2 LOOP
+        BEGIN
+            IF NOT p_wait AND pass = 1 THEN
+                PERFORM set_config('lock_timeout', '50ms', true);
+            END IF;
+            WITH done AS (
+                UPDATE work_items AS w
+                SET status = p_status, finished_at = now(), lease_expires_at = NULL,
+                    reason = CASE WHEN p_status = 'Succeeded' THEN w.reason ELSE p_reason END,
+                    error = CASE WHEN p_status = 'Failed' THEN p_error ELSE w.error END,
+                    traceback = CASE WHEN p_status = 'Failed' THEN p_traceback
+                                     ELSE w.traceback END,
+                    failures = w.failures + (p_status = 'Failed')::integer
+                FROM unnest(p_ids, p_attempts) AS d (id, attempt)
+                WHERE w.id = d.id AND w.attempt = d.attempt AND w.status = 'Running'
+                  AND (pass = 1 OR w.id IN (SELECT l.id FROM work_items AS l
+                                            WHERE l.id = ANY(p_ids) AND l.status = 'Running'
+                                            FOR UPDATE SKIP LOCKED))
+                RETURNING w.id, w.scope
+            )
+            SELECT array_agg(done.id),
+                   array_agg(done.scope) FILTER (WHERE done.scope IS NOT NULL)
+            INTO done_ids, done_scopes FROM done;
+            PERFORM set_config('lock_timeout', was_timeout, true);
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            -- Another transaction holds one of the rows: the next pass writes the rest;
+            -- the caller writes that one on its own.
+            NULL;
+        END;
+    END LOOP;
     IF p_status <> 'Succeeded' AND done_ids IS NOT NULL THEN
         -- Its attempt, worker and start are still on the row.
         PERFORM work_note_attempt(d, lower(p_status), p_error, p_traceback)
@@ -319,10 +312,27 @@ BEGIN
     IF done_scopes IS NOT NULL THEN
         PERFORM work_settle_scopes(done_scopes);
     END IF;
-    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
+    PERFORM work_internal_end(was);
     RETURN QUERY SELECT unnest(done_ids);
 END
 $function$;
+
+CREATE OR REPLACE FUNCTION public.work_internal_begin()
+ RETURNS text
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    was text := COALESCE(current_setting('trioworker.internal', true), '');
+BEGIN
+    PERFORM set_config('trioworker.internal', 'on', true);
+    RETURN was;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_internal_end(p_was text)
+ RETURNS void
+ LANGUAGE sql
+AS $function$ SELECT set_config('trioworker.internal', p_was, true) $function$;
 
 CREATE OR REPLACE FUNCTION public.work_items_arrive()
  RETURNS trigger
@@ -481,7 +491,7 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION public.work_pause(p_kind text, p_scope text)
+CREATE OR REPLACE FUNCTION public.work_pause_v1(p_kind text, p_scope text)
  RETURNS boolean
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -489,11 +499,10 @@ CREATE OR REPLACE FUNCTION public.work_pause(p_kind text, p_scope text)
  SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
-    was text := current_setting('trioworker.internal', true);
+    was text := work_internal_begin();
     added boolean;
     lock_wait text := current_setting('lock_timeout');
 BEGIN
-    PERFORM set_config('trioworker.internal', 'on', true);
     INSERT INTO work_pauses (kind, scope) VALUES (p_kind, p_scope) ON CONFLICT DO NOTHING;
     added := FOUND;
     IF p_scope IS NOT NULL THEN
@@ -519,7 +528,7 @@ BEGIN
             PERFORM pg_notify('trioworker_settle', p_scope);
         END;
     END IF;
-    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
+    PERFORM work_internal_end(was);
     RETURN added;
 END
 $function$;
@@ -543,7 +552,7 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION public.work_recover(p_max_stalls integer, p_batch integer)
+CREATE OR REPLACE FUNCTION public.work_recover_v1(p_max_stalls integer, p_batch integer)
  RETURNS TABLE(id bigint, kind text, scope text, attempt integer, stalls integer, status text, reason text)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -552,12 +561,11 @@ CREATE OR REPLACE FUNCTION public.work_recover(p_max_stalls integer, p_batch int
 AS $function$
 #variable_conflict use_column
 DECLARE
-    was text := current_setting('trioworker.internal', true);
+    was text := work_internal_begin();
     r record;
     ended text;
     scopes text[] := '{}';
 BEGIN
-    PERFORM set_config('trioworker.internal', 'on', true);
     FOR r IN
         SELECT w.id, w.kind, w.scope, w.attempt, w.stalls, w.cancel_requested
         FROM work_items AS w
@@ -585,11 +593,11 @@ BEGIN
                      FROM work_items AS w WHERE w.id = r.id;
     END LOOP;
     PERFORM work_settle_scopes(scopes);
-    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
+    PERFORM work_internal_end(was);
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION public.work_repair(p_limit integer)
+CREATE OR REPLACE FUNCTION public.work_repair_v1(p_limit integer)
  RETURNS TABLE(scope text, promoted integer)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -598,11 +606,10 @@ CREATE OR REPLACE FUNCTION public.work_repair(p_limit integer)
 AS $function$
 #variable_conflict use_column
 DECLARE
-    was text := current_setting('trioworker.internal', true);
+    was text := work_internal_begin();
     wedged text;
     result record;
 BEGIN
-    PERFORM set_config('trioworker.internal', 'on', true);
     FOR wedged IN
         WITH RECURSIVE scopes AS (
             (SELECT w.scope FROM work_items AS w
@@ -648,11 +655,11 @@ BEGIN
             RETURN NEXT;
         END IF;
     END LOOP;
-    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
+    PERFORM work_internal_end(was);
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION public.work_request_cancel(p_id bigint)
+CREATE OR REPLACE FUNCTION public.work_request_cancel_v1(p_id bigint)
  RETURNS text
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -660,10 +667,9 @@ CREATE OR REPLACE FUNCTION public.work_request_cancel(p_id bigint)
  SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
-    was text := current_setting('trioworker.internal', true);
+    was text := work_internal_begin();
     r record;
 BEGIN
-    PERFORM set_config('trioworker.internal', 'on', true);
     UPDATE work_items
     SET status = CASE WHEN status = 'Queued' THEN 'Cancelled' ELSE status END,
         finished_at = CASE WHEN status = 'Queued' THEN now() ELSE finished_at END,
@@ -675,48 +681,8 @@ BEGIN
     IF r.status = 'Cancelled' THEN
         PERFORM work_settle_scopes(ARRAY[r.scope]);
     END IF;
-    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
+    PERFORM work_internal_end(was);
     RETURN r.status;
-END
-$function$;
-
-CREATE OR REPLACE FUNCTION public.work_requeue(p_ids bigint[], p_attempts integer[], p_cause text, p_delay double precision DEFAULT 0, p_error text DEFAULT NULL::text, p_traceback text DEFAULT NULL::text)
- RETURNS TABLE(id bigint, status text)
- LANGUAGE plpgsql
- SET plan_cache_mode TO 'force_generic_plan'
- SET jit TO 'off'
- SET enable_seqscan TO 'off'
-AS $function$
-#variable_conflict use_column
-DECLARE
-    was text := current_setting('trioworker.internal', true);
-    r record;
-    ended text;
-    scopes text[] := '{}';
-BEGIN
-    PERFORM set_config('trioworker.internal', 'on', true);
-    IF p_cause NOT IN ('release', 'retry') THEN
-        RAISE EXCEPTION 'work_requeue: cause must be release or retry, not %', p_cause;
-    END IF;
-    FOR r IN
-        SELECT w.id, w.scope, w.run_after FROM work_items AS w
-        JOIN unnest(p_ids, p_attempts) AS d (id, attempt)
-          ON w.id = d.id AND w.attempt = d.attempt
-        WHERE w.status = 'Running'
-        ORDER BY w.id
-        FOR UPDATE OF w
-    LOOP
-        ended := work_requeue_row(r.id, p_cause, p_delay, p_error, p_traceback);
-        id := r.id;
-        status := ended;
-        RETURN NEXT;
-        scopes := scopes || r.scope;
-        IF ended = 'Queued' AND r.scope IS NULL AND p_cause = 'release' THEN
-            PERFORM pg_notify('trioworker', '');
-        END IF;
-    END LOOP;
-    PERFORM work_settle_scopes(scopes);
-    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
 END
 $function$;
 
@@ -792,7 +758,46 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION public.work_resume(p_kind text, p_scope text)
+CREATE OR REPLACE FUNCTION public.work_requeue_v1(p_ids bigint[], p_attempts integer[], p_cause text, p_delay double precision DEFAULT 0, p_error text DEFAULT NULL::text, p_traceback text DEFAULT NULL::text)
+ RETURNS TABLE(id bigint, status text)
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET enable_seqscan TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    was text := work_internal_begin();
+    r record;
+    ended text;
+    scopes text[] := '{}';
+BEGIN
+    IF p_cause NOT IN ('release', 'retry') THEN
+        RAISE EXCEPTION 'work_requeue_v1: cause must be release or retry, not %', p_cause;
+    END IF;
+    FOR r IN
+        SELECT w.id, w.scope, w.run_after FROM work_items AS w
+        JOIN unnest(p_ids, p_attempts) AS d (id, attempt)
+          ON w.id = d.id AND w.attempt = d.attempt
+        WHERE w.status = 'Running'
+        ORDER BY w.id
+        FOR UPDATE OF w
+    LOOP
+        ended := work_requeue_row(r.id, p_cause, p_delay, p_error, p_traceback);
+        id := r.id;
+        status := ended;
+        RETURN NEXT;
+        scopes := scopes || r.scope;
+        IF ended = 'Queued' AND r.scope IS NULL AND p_cause = 'release' THEN
+            PERFORM pg_notify('trioworker', '');
+        END IF;
+    END LOOP;
+    PERFORM work_settle_scopes(scopes);
+    PERFORM work_internal_end(was);
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_resume_v1(p_kind text, p_scope text)
  RETURNS boolean
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -800,10 +805,9 @@ CREATE OR REPLACE FUNCTION public.work_resume(p_kind text, p_scope text)
  SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
-    was text := current_setting('trioworker.internal', true);
+    was text := work_internal_begin();
     removed boolean;
 BEGIN
-    PERFORM set_config('trioworker.internal', 'on', true);
     DELETE FROM work_pauses
     WHERE kind IS NOT DISTINCT FROM p_kind AND scope IS NOT DISTINCT FROM p_scope;
     removed := FOUND;
@@ -812,12 +816,12 @@ BEGIN
     ELSIF removed THEN
         PERFORM pg_notify('trioworker', '');
     END IF;
-    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
+    PERFORM work_internal_end(was);
     RETURN removed;
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION public.work_retry(p_ids bigint[])
+CREATE OR REPLACE FUNCTION public.work_retry_v1(p_ids bigint[])
  RETURNS SETOF bigint
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -825,11 +829,10 @@ CREATE OR REPLACE FUNCTION public.work_retry(p_ids bigint[])
  SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
-    was text := current_setting('trioworker.internal', true);
+    was text := work_internal_begin();
     r record;
     scopes text[] := '{}';
 BEGIN
-    PERFORM set_config('trioworker.internal', 'on', true);
     FOR r IN
         SELECT w.id, w.scope, w.dedup_key FROM work_items AS w
         WHERE w.id = ANY(p_ids) AND w.status IN ('Failed', 'Cancelled')
@@ -851,11 +854,11 @@ BEGIN
         RETURN NEXT r.id;
     END LOOP;
     PERFORM work_settle_scopes(scopes);
-    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
+    PERFORM work_internal_end(was);
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION public.work_seconds_until_due(p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
+CREATE OR REPLACE FUNCTION public.work_seconds_until_due_v1(p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
  RETURNS double precision
  LANGUAGE plpgsql
  STABLE
@@ -994,7 +997,7 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION public.work_settle_noted(p_limit integer)
+CREATE OR REPLACE FUNCTION public.work_settle_noted_v1(p_limit integer)
  RETURNS integer
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -1002,12 +1005,11 @@ CREATE OR REPLACE FUNCTION public.work_settle_noted(p_limit integer)
  SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
-    was text := current_setting('trioworker.internal', true);
+    was text := work_internal_begin();
     s text;
     result record;
     n integer := 0;
 BEGIN
-    PERFORM set_config('trioworker.internal', 'on', true);
     FOR s IN
         SELECT scope FROM (SELECT DISTINCT scope FROM work_unsettled_scopes LIMIT p_limit) AS u
         ORDER BY hashtext(scope), scope
@@ -1020,7 +1022,7 @@ BEGIN
         END IF;
         n := n + 1;
     END LOOP;
-    PERFORM set_config('trioworker.internal', COALESCE(was, ''), true);
+    PERFORM work_internal_end(was);
     RETURN n;
 END
 $function$;

@@ -31,6 +31,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from trioworker._core.errors import ConfigurationError
 from trioworker._core.policy import describe_error
+from trioworker._core.public import public_names as _public_names
 from trioworker._core.validation import MAX_TRACE_CONTEXT_BYTES
 
 if TYPE_CHECKING:
@@ -202,3 +203,5 @@ __all__ = [
     "current_trace_context",
     "provider_from_environment",
 ]
+
+_public_names(__name__, globals(), __all__)

@@ -16,7 +16,7 @@ Conn = psycopg.Connection[Any]
 APP = "tests.browser.app:registry"
 
 SETUP = """
-SELECT work_pause(NULL, 'album-9'), work_pause('Report', NULL);
+SELECT work_pause_v1(NULL, 'album-9'), work_pause_v1('Report', NULL);
 INSERT INTO work_items (kind, scope, payload) VALUES
     ('Crawl', 'cfg-1', '{"root": "/srv/photos"}'),
     ('Crawl', 'cfg-2', '{"root": "/srv/music"}'),

@@ -56,7 +56,7 @@ INSERT INTO work_items (kind, scope, status, attempt, worker_id, started_at, hea
 VALUES (%(kind)s, %(busy)s, 'Running', 1, %(worker)s, now(), now(), now() + interval '1 h');
 INSERT INTO work_items (kind, scope) VALUES (%(kind)s, %(busy)s), (%(kind)s, %(scope)s);
 INSERT INTO work_items (kind, payload) VALUES ('Poison', ('[' || repeat('1', 5000) || ']')::jsonb);
-SELECT work_pause(%(kind)s, NULL), work_pause(NULL, %(scope)s);
+SELECT work_pause_v1(%(kind)s, NULL), work_pause_v1(NULL, %(scope)s);
 INSERT INTO work_workers (id, host, pid, kinds, scopes, unscoped, concurrency)
 VALUES (%(worker)s, %(hostile)s, 1, ARRAY[%(kind)s], ARRAY[%(scope)s], true, 1);
 INSERT INTO work_schedules (name, kind, scope, spec, next_due)

@@ -17,7 +17,6 @@ from tests.support.processes import ROOT, wait_for
 from trioworker import (
     Context,
     DatabaseUnavailable,
-    Heartbeat,
     Lost,
     PostgresStore,
     Registry,
@@ -26,6 +25,7 @@ from trioworker import (
     Worker,
     WorkItem,
 )
+from trioworker._core.model import Heartbeat
 
 Conn = psycopg.Connection[Any]
 THUMBNAILS = "CREATE TABLE thumbnails (item_id bigint, attempt int)"

@@ -269,27 +269,28 @@ class Run:
         mine = rng.choice(sorted(owned.items())) if owned else None
         choice = rng.random()
         calls: list[tuple[str, str, tuple[Any, ...]]] = [
-            ("claim", "SELECT id, attempt FROM work_claim(%s, %s, %s, %s)",
+            ("claim", "SELECT id, attempt FROM work_claim_v1(%s, %s, %s, %s)",
              (session.name, LEASE, rng.randint(1, 3), KINDS if session.name == "worker0"
               else rng.sample(KINDS, 2))),
-            ("recover", "SELECT id, NULL FROM work_recover(2, 100)", ()),
-            ("settle noted", "SELECT NULL, NULL, work_settle_noted(100)", ()),
-            ("request cancel", "SELECT NULL, NULL, work_request_cancel(%s)",
+            ("recover", "SELECT id, NULL FROM work_recover_v1(2, 100)", ()),
+            ("settle noted", "SELECT NULL, NULL, work_settle_noted_v1(100)", ()),
+            ("request cancel", "SELECT NULL, NULL, work_request_cancel_v1(%s)",
              (self.interesting_item(),)),
         ]  # fmt: skip
         if mine is not None:
             ids, attempts = [mine[0]], [mine[1]]
             calls += [
-                ("complete", "SELECT f, NULL FROM work_finish(%s, %s, 'Succeeded') AS f",
+                ("complete", "SELECT f, NULL FROM work_finish_v1(%s, %s, 'Succeeded') AS f",
                  (ids, attempts)),
-                ("fail", "SELECT f, NULL FROM work_finish(%s, %s, 'Failed', 'gave up', 'E') AS f",
+                ("fail",
+                 "SELECT f, NULL FROM work_finish_v1(%s, %s, 'Failed', 'gave up', 'E') AS f",
                  (ids, attempts)),
                 ("cancel (fenced)",
-                 "SELECT f, NULL FROM work_finish(%s, %s, 'Cancelled', 'cancel requested') AS f",
+                 "SELECT f, NULL FROM work_finish_v1(%s, %s, 'Cancelled', 'cancel requested') AS f",
                  (ids, attempts)),
-                ("retry", "SELECT id, NULL FROM work_requeue(%s, %s, 'retry', 0, 'E')",
+                ("retry", "SELECT id, NULL FROM work_requeue_v1(%s, %s, 'retry', 0, 'E')",
                  (ids, attempts)),
-                ("release", "SELECT id, NULL FROM work_requeue(%s, %s, 'release')",
+                ("release", "SELECT id, NULL FROM work_requeue_v1(%s, %s, 'release')",
                  (ids, attempts)),
                 ("heartbeat", "UPDATE work_items SET heartbeat_at = now(),"
                  " lease_expires_at = now() + interval '1 hour'"
@@ -347,7 +348,7 @@ class Run:
         else:
             raise AssertionError("sessions never finished")
         self.check()
-        assert self.observer.execute("SELECT * FROM work_repair(1000)").fetchall() == []
+        assert self.observer.execute("SELECT * FROM work_repair_v1(1000)").fetchall() == []
         self.drain()
 
     def drain(self) -> None:
@@ -358,15 +359,15 @@ class Run:
         for _ in range(200):
             o.execute("UPDATE work_items SET lease_expires_at = now() - interval '1s'"
                       " WHERE status = 'Running'")  # fmt: skip
-            o.execute("SELECT * FROM work_recover(1000000, 1000)")
-            o.execute("SELECT work_settle_noted(1000)")
+            o.execute("SELECT * FROM work_recover_v1(1000000, 1000)")
+            o.execute("SELECT work_settle_noted_v1(1000)")
             claimed = o.execute(
-                "SELECT id, attempt FROM work_claim('drain', 60, 50, %s)", (KINDS,)
+                "SELECT id, attempt FROM work_claim_v1('drain', 60, 50, %s)", (KINDS,)
             ).fetchall()
             if not claimed:
                 break
             o.execute(
-                "SELECT work_finish(%s, %s, 'Succeeded') AS f",
+                "SELECT work_finish_v1(%s, %s, 'Succeeded') AS f",
                 ([r[0] for r in claimed], [r[1] for r in claimed]),
             )
         stuck = o.execute(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -14,8 +15,8 @@ import pytest
 from examples import media
 from tests.support.database import Databases
 from tests.support.schema import describe
-from trioworker import SchemaNotReady, check_schema, migrate
-from trioworker._postgres.migrate import pending_migrations
+from trioworker import QUEUE_MIGRATION_HEAD, SchemaNotReady, check_schema, migrate
+from trioworker._postgres.migrate import migrations_dir, pending_migrations
 
 ROOT = Path(__file__).parents[2]
 
@@ -104,12 +105,38 @@ def test_migrate_from_several_processes_at_once(empty_dsn: str) -> None:
 
 
 def test_migrate_clears_a_stale_yoyo_lock(empty_dsn: str) -> None:
-    """A yoyo_lock row left by a migrator killed mid-way does not block the next one."""
+    """A yoyo_lock row left by a migrator killed mid-way does not block the next one:
+    an application's migration is still applied after it."""
     migrate(empty_dsn)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO yoyo_lock (locked, ctime, pid) VALUES (1, now(), 424242)")
-        conn.execute("DELETE FROM _yoyo_migration WHERE migration_id = '0003.workers'")
-        conn.execute("DROP TABLE work_workers")
-    assert migrate(empty_dsn) == ["0003.workers"]
-    with psycopg.connect(empty_dsn) as conn:
-        assert describe(conn) == (ROOT / "docs" / "schema.sql").read_text()
+    assert migrate(empty_dsn, media.registry) == ["0001.media-library"]
+    check_schema(empty_dsn, media.registry)
+
+
+#: Every released migration file and the SHA-256 of its bytes. A released migration is
+#: never edited (databases have applied it): a change is a new file, recorded here when
+#: it is released (docs/adr/0009-migrations-queue-and-applications.md).
+RELEASED = {
+    "0001.baseline.sql": "5fc4ba317d062050ffa1adfc2765bfa0b59924556bd29af1f9efea9dd63c8c57",
+}
+
+
+def test_released_migrations_are_never_edited_and_every_file_is_recorded() -> None:
+    """A later edit of a released migration fails here, as does a new file that was not
+    recorded; the queue's last migration is QUEUE_MIGRATION_HEAD."""
+    files = {p.name: p for p in migrations_dir().glob("*.sql")}
+    assert sorted(files) == sorted(RELEASED), "record each new migration in RELEASED"
+    for name, digest in RELEASED.items():
+        actual = hashlib.sha256(files[name].read_bytes()).hexdigest()
+        assert actual == digest, f"{name} was released and must not change: add a migration"
+    assert max(files).removesuffix(".sql") == QUEUE_MIGRATION_HEAD
+
+
+def test_the_guides_migrations_depend_on_the_queues_last() -> None:
+    """Every `-- depends:` the guide shows names QUEUE_MIGRATION_HEAD or an app's own."""
+    for page in (ROOT / "docs" / "guide").glob("*.md"):
+        for line in page.read_text().splitlines():
+            if line.startswith("-- depends:"):
+                named = line.removeprefix("-- depends:").split()
+                assert all(n == QUEUE_MIGRATION_HEAD or "myapp" in n for n in named), (page, line)

@@ -137,7 +137,7 @@ async def test_retry_puts_failed_items_back_with_a_fresh_budget(harness: Harness
     store = harness.store
     failed = await fail_one(harness, scope="s1")
     cancelled = await store.enqueue("A")
-    await store.request_cancel(cancelled.id)
+    await store.cancel(cancelled.id)
     queued = await store.enqueue("B")
     done = await store.enqueue("B", scope="s9")
     claimed = await store.claim("w", LEASE, ["s9"], kinds=["B"], unscoped=False)

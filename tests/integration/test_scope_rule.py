@@ -103,7 +103,7 @@ async def test_claims_of_one_scope_take_turns_and_a_batch_keeps_its_other_items(
     other = await store.enqueue("X", scope="D")
     with session(dsn) as first:
         held = first.execute(
-            "SELECT id, scope FROM work_claim('w1', 30, 1, ARRAY['A', 'B'])"
+            "SELECT id, scope FROM work_claim_v1('w1', 30, 1, ARRAY['A', 'B'])"
         ).fetchall()
         assert [scope for _, scope in held] == ["C"]
         with trio.fail_after(5):
@@ -239,7 +239,7 @@ async def test_request_cancel_racing_the_heads_completion_never_wedges_the_scope
 
             async def cancel_b(delay: float = jitter, id: int = b.id) -> None:
                 await trio.sleep(delay)
-                await store.request_cancel(id)
+                await store.cancel(id)
 
             nursery.start_soon(cancel_b)
         await store.settle_noted_scopes()
@@ -420,7 +420,7 @@ async def test_lines_follow_every_transition(store: PostgresStore, pg: Conn) -> 
     assert second and second.id == ids[1]
     assert await store.release(second.id, second.attempt)
     check()
-    assert await store.request_cancel(ids[1]) is not None
+    assert await store.cancel(ids[1]) is not None
     check()
     pg.execute("DELETE FROM work_items WHERE id = %s", (ids[3],))  # a head, deleted by hand
     assert await store.settle_noted_scopes() == 1

@@ -7,7 +7,8 @@ import datetime as dt
 import pytest
 
 from tests.support.harness import Harness
-from trioworker import CancelOutcome, Heartbeat, InvalidWorkItem, Status
+from trioworker import CancelOutcome, InvalidWorkItem, Status
+from trioworker._core.model import Heartbeat
 
 LEASE = 30.0
 KINDS = ("A", "B", "K", "Crawl", "Purge", "TokenCleanup")
@@ -115,9 +116,9 @@ async def test_heartbeat_reports_ok_then_cancel_requested(harness: Harness) -> N
     item = await harness.store.claim("w", LEASE, kinds=KINDS)
     assert item
     assert await harness.store.heartbeat(item.id, item.attempt, LEASE) is Heartbeat.OK
-    assert await harness.store.request_cancel(item.id) is CancelOutcome.REQUESTED
+    assert await harness.store.cancel(item.id) is CancelOutcome.REQUESTED
     assert await harness.store.heartbeat(item.id, item.attempt, LEASE) is Heartbeat.CANCEL_REQUESTED
-    assert await harness.store.cancel(item.id, item.attempt)
+    assert await harness.store.cancel_attempt(item.id, item.attempt)
     assert harness.items()[0].status is Status.CANCELLED
 
 
@@ -134,7 +135,7 @@ async def test_stale_attempt_writes_nothing_and_is_lost(harness: Harness) -> Non
     assert await harness.store.heartbeat(old.id, old.attempt, LEASE) is Heartbeat.LOST
     assert not await harness.store.complete(old.id, old.attempt)
     assert not await harness.store.fail(old.id, old.attempt, "boom", "Error")
-    assert not await harness.store.cancel(old.id, old.attempt)
+    assert not await harness.store.cancel_attempt(old.id, old.attempt)
     assert not await harness.store.release(old.id, old.attempt)
     assert not await harness.store.retry_later(old.id, old.attempt, 1.0, "Error")
     assert harness.items() == before
@@ -251,7 +252,7 @@ async def test_recovery_cancels_a_stalled_item_whose_cancel_was_requested(
     await harness.store.enqueue("A")
     item = await harness.store.claim("w", LEASE, kinds=KINDS)
     assert item
-    assert await harness.store.request_cancel(item.id) is CancelOutcome.REQUESTED
+    assert await harness.store.cancel(item.id) is CancelOutcome.REQUESTED
     harness.expire_lease(item.id)
     [recovered] = await harness.store.recover_expired_leases(max_stalls=3)
     assert recovered.status is Status.CANCELLED
@@ -260,10 +261,10 @@ async def test_recovery_cancels_a_stalled_item_whose_cancel_was_requested(
 async def test_request_cancel_outcomes(harness: Harness) -> None:
     """Queued: cancelled at once. Finished: left alone. Unknown id: not found."""
     queued = await harness.store.enqueue("A")
-    assert await harness.store.request_cancel(queued.id) is CancelOutcome.CANCELLED
+    assert await harness.store.cancel(queued.id) is CancelOutcome.CANCELLED
     assert harness.items()[0].status is Status.CANCELLED
-    assert await harness.store.request_cancel(queued.id) is CancelOutcome.ALREADY_FINISHED
-    assert await harness.store.request_cancel(999_999) is CancelOutcome.NOT_FOUND
+    assert await harness.store.cancel(queued.id) is CancelOutcome.ALREADY_FINISHED
+    assert await harness.store.cancel(999_999) is CancelOutcome.NOT_FOUND
     assert await harness.store.claim("w", LEASE, kinds=KINDS) is None
 
 

@@ -117,7 +117,7 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
         @rule(data=st.data())
         def request_cancel(self, data: st.DataObject) -> None:
             id = data.draw(st.sampled_from(sorted(self.ids)))
-            a, b = self.both("request_cancel", id)
+            a, b = self.both("cancel", id)
             assert a == b
 
         @invariant()

@@ -20,7 +20,6 @@ from tests.support.lines import running_per_scope
 from tests.support.processes import attempt_spans, observed, wait_for, workers
 from trioworker import (
     Context,
-    Heartbeat,
     PostgresStore,
     Registry,
     Settings,
@@ -30,6 +29,7 @@ from trioworker import (
     WorkItem,
     open_store,
 )
+from trioworker._core.model import Heartbeat
 
 SHORT = Settings(lease=4, heartbeat=1, poll=1, stop_grace=1, recovery_every=0.5)
 FAST = ["--lease", "4", "--heartbeat", "1", "--poll", "1", "--stop-grace", "1"]

@@ -43,7 +43,7 @@ RUNNING_SCOPE_INDEX = "work_items_one_running_per_scope"
 RULE_OFF_SQL = f"""
 DROP INDEX {RUNNING_SCOPE_INDEX};
 
-CREATE OR REPLACE FUNCTION work_claim(
+CREATE OR REPLACE FUNCTION work_claim_v1(
     p_worker text, p_lease double precision, p_limit integer, p_kinds text[],
     p_scopes text[] DEFAULT NULL, p_unscoped boolean DEFAULT true
 ) RETURNS SETOF work_items

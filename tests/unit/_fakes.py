@@ -17,12 +17,12 @@ import trio
 import trio.testing
 
 from trioworker import Context, Registry, Settings, Worker, WorkItem
-from trioworker._core.errors import DatabaseUnavailable, StoreError
+from trioworker._core.errors import DatabaseUnavailable, SchemaNotReady, StoreError
 from trioworker.testing import MemoryStore
 
 #: A step of a scripted store call: "fail" (DatabaseUnavailable), "refuse" (a
-#: StoreError: the database refused the call itself), "hang" (no answer ever), seconds
-#: to wait before answering, or "ok".
+#: StoreError: the database refused the call itself), "unmigrated" (SchemaNotReady),
+#: "hang" (no answer ever), seconds to wait before answering, or "ok".
 Step = str | float
 
 
@@ -48,6 +48,8 @@ class ScriptedStore(MemoryStore):
             raise DatabaseUnavailable(f"{op}: down")
         if step == "refuse":
             raise StoreError(f"{op}: refused")
+        if step == "unmigrated":
+            raise SchemaNotReady(f"{op}: no such table")
         if step == "hang":
             await trio.sleep_forever()
         if isinstance(step, float):

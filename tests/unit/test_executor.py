@@ -28,6 +28,7 @@ from tests.unit._fakes import (
 )
 from trioworker import Context, Registry, RetryPolicy, Settings, Status, WorkItem
 from trioworker._core.policy import Action, Decision
+from trioworker._store.api import CLIENT_METHODS, Client, WorkerStore
 from trioworker._worker.executor import Executor, too_late, unless_cancelled
 
 EXECUTOR = "trioworker.executor"
@@ -157,7 +158,7 @@ async def test_the_fail_stop_names_the_reason_of_the_cancel(
 
     await store.enqueue("Stubborn")
     async with running(store, registry, fail_stop=failstops):
-        await store.request_cancel(1)
+        await store.cancel(1)
         await trio.sleep(30)
     ((at, message),) = failstops.calls
     assert at == 25.0
@@ -263,7 +264,7 @@ async def test_a_cancel_request_writes_cancelled_and_notes_what_the_handler_rais
 
     await store.enqueue("Crawl")
     async with running(store, registry, tracer=tracer) as worker:
-        await store.request_cancel(1)
+        await store.cancel(1)
         await trio.sleep(12)
     assert messages(caplog, EXECUTOR) == [
         "stopped (cancel-requested)",
@@ -371,7 +372,7 @@ async def test_the_handler_gets_its_item_and_the_workers_context(
     @registry.handler("Crawl")
     async def crawl(item: WorkItem, ctx: Context) -> None:
         seen.extend([item.id, item.attempt, item.kind, ctx.item.id, ctx.worker_id])
-        seen.extend([ctx.stopping, ctx.limiter.total_tokens, ctx.store is store])
+        seen.extend([ctx.stopping, ctx.limiter.total_tokens, ctx.store.enqueue.__self__ is store])  # type: ignore[attr-defined]
         seen.append(ctx.log.extra)
         ctx.cancel_scope.cancel()
         seen.append(ctx.stopping)
@@ -426,7 +427,7 @@ async def test_a_write_that_keeps_failing_gives_up_at_the_self_stop_deadline(
     await store.enqueue("Crawl")
     store.fault, store.fault_ops = "fail", frozenset({"cancel"})
     async with running(store, registry, tracer=tracer):
-        await store.request_cancel(1)
+        await store.cancel(1)
         await trio.sleep(50)
     times = store.times["cancel"]
     assert times[0] == 10.0
@@ -692,3 +693,26 @@ async def test_an_attempt_starts_its_heartbeats_and_timeout_only_when_the_first_
         "SlowNoTimeout": Action.COMPLETE,
         "TimedOut": Action.RETRY,
     }
+
+
+async def test_a_handler_gets_the_client_face_and_nothing_of_the_workers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """`ctx.store` offers exactly the Client interface: no claim, heartbeat, fenced
+    write, recovery or advertisement a handler could call behind its Worker's back."""
+    store, registry = ScriptedStore(), Registry()
+    offered: list[set[str]] = []
+
+    @registry.handler("Crawl")
+    async def crawl(item: WorkItem, ctx: Context) -> None:
+        offered.append({n for n in dir(ctx.store) if not n.startswith("_")})
+
+    await store.enqueue("Crawl")
+    async with running(store, registry):
+        await trio.sleep(1)
+    client = {n for n in vars(Client) if not n.startswith("_")}
+    worker = {n for n in vars(WorkerStore) if not n.startswith("_")} - {"statistics"}
+    assert offered == [client] and set(CLIENT_METHODS) == client
+    assert not offered[0] & worker
+    assert {"claim", "claim_batch", "complete", "fail", "cancel_attempt", "release",
+            "recover_expired_leases", "heartbeat", "fenced_transaction"} <= worker  # fmt: skip

@@ -7,11 +7,12 @@ import inspect
 import pytest
 
 import trioworker
+import trioworker.dashboard
+import trioworker.otel
 import trioworker.testing
 
-PUBLIC = [(trioworker, name) for name in trioworker.__all__] + [
-    (trioworker.testing, name) for name in trioworker.testing.__all__
-]
+PUBLIC_MODULES = [trioworker, trioworker.testing, trioworker.otel, trioworker.dashboard]
+PUBLIC = [(module, name) for module in PUBLIC_MODULES for name in module.__all__]
 
 
 @pytest.mark.parametrize(("module", "name"), PUBLIC, ids=[n for _, n in PUBLIC])
@@ -33,3 +34,21 @@ def test_all_is_complete() -> None:
         if not n.startswith("_") and (inspect.isclass(v) or inspect.isfunction(v))
     }  # fmt: skip
     assert exported <= set(trioworker.__all__)
+
+
+@pytest.mark.parametrize(("module", "name"), PUBLIC, ids=[n for _, n in PUBLIC])
+def test_every_public_name_reports_the_public_module_it_is_imported_from(
+    module: object, name: str
+) -> None:
+    """As trio's own public names do: tracebacks and reprs show `trioworker.DoNotRetry`,
+    never the private module that defines it."""
+    value = getattr(module, name)
+    if not (inspect.isclass(value) or inspect.isfunction(value)):
+        return  # a constant: no module of its own
+    assert value.__module__ == module.__name__  # type: ignore[attr-defined]
+
+
+def test_a_handlers_error_and_its_traceback_name_the_public_classes() -> None:
+    assert repr(trioworker.DoNotRetry("x")) == "DoNotRetry('x')"
+    assert trioworker.DoNotRetry.__module__ == "trioworker"
+    assert f"{trioworker.HandlerTimeout.__module__}.HandlerTimeout" == "trioworker.HandlerTimeout"

@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from trioworker._core.errors import ConfigurationError, DatabaseUnavailable
 from trioworker._core.model import StoreStatistics
+from trioworker._store.reads import QueueCounts, counts_by_kind
 from trioworker._worker.metrics import (
     EVENT_COUNTERS,
     HELP,
@@ -35,10 +36,13 @@ class FakeStore:
     def statistics(self) -> StoreStatistics:
         return self.stats
 
-    async def query(self, name: str, **params: Any) -> list[dict[str, Any]]:
+    async def queue_counts(self) -> QueueCounts:
         if self.down:
             raise DatabaseUnavailable("down")
-        return self.rows[name]
+        busy = self.rows["busy_scopes"]
+        return QueueCounts(
+            counts_by_kind(self.rows["counts_by_kind_and_status"]), busy[0]["n"] if busy else 0
+        )
 
 
 @attrs.frozen
@@ -117,11 +121,8 @@ def test_store_counters_and_running_items_are_read_at_scrape_time() -> None:
 def test_queue_depth_fills_in_every_status_of_a_kind() -> None:
     """A kind's statuses without items read 0, so a gauge falls to 0 rather than
     vanishing when its last item moves on."""
-    depth = queue_depth(
-        [{"kind": "A", "status": "Queued", "n": 2}, {"kind": "A", "status": "Failed", "n": 1}],
-        [{"n": 1}],
-        123.0,
-    )
+    rows = [{"kind": "A", "status": "Queued", "n": 2}, {"kind": "A", "status": "Failed", "n": 1}]
+    depth = queue_depth(QueueCounts(counts_by_kind(rows), 1), 123.0)
     assert (depth.busy_scopes, depth.read_at) == (1, 123.0)
     assert depth.by_kind_and_status == {
         ("A", "Queued"): 2,
@@ -130,7 +131,7 @@ def test_queue_depth_fills_in_every_status_of_a_kind() -> None:
         ("A", "Failed"): 1,
         ("A", "Cancelled"): 0,
     }
-    assert queue_depth([], [], 1.0) == QueueDepth({}, 0, 1.0)
+    assert queue_depth(QueueCounts({}, 0), 1.0) == QueueDepth({}, 0, 1.0)
 
 
 async def test_the_refresh_loop_keeps_the_last_reading_through_an_outage(

@@ -27,7 +27,7 @@ from trioworker import (
     WorkItem,
 )
 from trioworker._core.validation import MAX_TRACE_CONTEXT_BYTES
-from trioworker._store import api as _store
+from trioworker._store import tracing as _store
 from trioworker.otel import (
     OtelTracer,
     _exporters,

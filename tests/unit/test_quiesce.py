@@ -39,7 +39,7 @@ async def test_a_running_item_is_asked_once_to_stop_and_watched_until_it_ends(
 
     async def finish() -> None:
         await trio.sleep(10)
-        assert await store.cancel(1, 1)
+        assert await store.cancel_attempt(1, 1)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(finish)
@@ -96,7 +96,7 @@ async def test_a_new_attempt_holding_the_scope_is_asked_to_stop_too(
 
     async def take_over() -> None:
         await trio.sleep(6.5)  # between two looks
-        assert await store.cancel(1, 1)
+        assert await store.cancel_attempt(1, 1)
         await store.resume(scope="s")
         assert await store.claim("ghost2", 60.0, kinds=["A"])
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trioworker import Registry
+from trioworker import ConfigurationError, Registry
 from trioworker._core.policy import RetryPolicy
 
 
@@ -31,7 +31,7 @@ def test_a_kind_gets_its_own_retry_policy_else_the_registrys_default() -> None:
 @pytest.mark.parametrize("kind", ["", "  ", None, 3])
 def test_a_kind_must_be_a_non_empty_string(kind: object) -> None:
     """A blank or non-string kind is refused when registering."""
-    with pytest.raises(ValueError, match=r"^a handler's kind must be a non-empty string$"):
+    with pytest.raises(ConfigurationError, match=r"^a handler's kind must be a non-empty string$"):
         Registry().handler(kind)  # type: ignore[arg-type]
 
 
@@ -46,7 +46,7 @@ def test_a_handler_that_is_not_async_is_refused_at_registration() -> None:
     def sync(item: object, ctx: object) -> int:
         return 1
 
-    with pytest.raises(TypeError, match="the handler of 'Sync' must be an async function"):
+    with pytest.raises(ConfigurationError, match="the handler of 'Sync' must be an async function"):
         registry.handler("Sync")(sync)  # type: ignore[arg-type]
     assert "Sync" not in registry
 
@@ -61,8 +61,8 @@ def test_a_handler_that_is_not_async_is_refused_at_registration() -> None:
 
 
 def test_something_not_callable_is_refused_as_a_handler() -> None:
-    """Not even callable: the same TypeError as a plain function."""
-    with pytest.raises(TypeError, match="the handler of 'Num' must be an async function"):
+    """Not even callable: the same ConfigurationError as a plain function."""
+    with pytest.raises(ConfigurationError, match="the handler of 'Num' must be an async function"):
         Registry().handler("Num")(42)  # type: ignore[arg-type]
 
 
@@ -77,7 +77,7 @@ def test_a_registry_may_carry_the_applications_migrations() -> None:
 @pytest.mark.parametrize("timeout", [0, -1.0, float("inf"), float("nan")])
 def test_a_kinds_timeout_must_be_positive_finite_seconds(timeout: float) -> None:
     """A timeout that could never or would always fire is refused, naming the kind."""
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(ConfigurationError) as raised:
         Registry().handler("K", timeout=timeout)
     assert str(raised.value) == f"the timeout of 'K' must be positive seconds, not {timeout!r}"
 
@@ -108,7 +108,7 @@ def test_two_schedules_may_not_share_a_name() -> None:
     """The name is unique in the database: a second one needs its own name=."""
     registry = Registry()
     registry.periodic("Crawl", every=5)
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(ConfigurationError) as raised:
         registry.periodic("Crawl", every=10)
     assert str(raised.value) == "a schedule named 'Crawl' exists; give name="
 
@@ -118,8 +118,8 @@ def test_retention_is_a_periodic_prune_with_its_own_retry_policy() -> None:
     every hour (or `every`), carrying the age in seconds (a timedelta is converted)."""
     import datetime as dt
 
+    from trioworker._core.retention import RETENTION_KIND, prune_finished
     from trioworker._core.schedule import Schedule
-    from trioworker._worker.retention import RETENTION_KIND, prune_finished
 
     registry = Registry()
     schedule = registry.retention(dt.timedelta(days=7))
@@ -139,6 +139,27 @@ def test_retention_is_a_periodic_prune_with_its_own_retry_policy() -> None:
 @pytest.mark.parametrize("older_than", [-1, float("inf"), float("nan")])
 def test_retention_needs_a_finite_age(older_than: float) -> None:
     """A negative or endless age is refused, saying what was given."""
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(ConfigurationError) as raised:
         Registry().retention(older_than)
     assert str(raised.value) == f"retention: older_than must be >= 0 seconds, not {older_than!r}"
+
+
+def test_the_error_tree_can_be_caught_by_meaning() -> None:
+    """A retryable store error is never a lost attempt nor a missing schema; a missing
+    schema is a configuration mistake, as a bad registration is."""
+    from trioworker import (
+        DatabaseUnavailable,
+        Lost,
+        SchemaNotReady,
+        StoreError,
+        StoreTimeout,
+        TrioWorkerError,
+    )
+
+    assert not issubclass(Lost, StoreError) and not issubclass(SchemaNotReady, StoreError)
+    assert issubclass(SchemaNotReady, ConfigurationError)
+    assert issubclass(StoreTimeout, DatabaseUnavailable) and issubclass(
+        DatabaseUnavailable, StoreError
+    )
+    for error in (Lost, SchemaNotReady, StoreError, ConfigurationError):
+        assert issubclass(error, TrioWorkerError)

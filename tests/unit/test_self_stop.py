@@ -195,7 +195,7 @@ async def test_cancel_requested_writes_cancelled(autojump_clock: trio.testing.Mo
     await store.enqueue("Crawl", scope="7")
     async with running_worker(store, registry):
         await probe.running.wait()
-        await store.request_cancel(1)
+        await store.cancel(1)
         await trio.sleep(11)
     assert probe.cancelled == [pytest.approx(probe.started[0] + 10.0)]
     assert writes(store) == ["cancel"]
@@ -279,7 +279,7 @@ async def test_a_handler_that_mishandles_a_cancel_request_still_ends_cancelled(
     await store.enqueue("Crawl")
     async with running_worker(store, registry):
         await probe.running.wait()
-        await store.request_cancel(1)
+        await store.cancel(1)
         await trio.sleep(15)
     assert writes(store) == ["cancel"]
     assert store.items()[0].status is Status.CANCELLED

@@ -28,13 +28,13 @@ def test_a_query_name_may_not_repeat() -> None:
 
 
 def test_the_claim_and_its_index_live_together() -> None:
-    """The store's claim calls work_claim and names the index whose rejection it
+    """The store's claim calls work_claim_v1 and names the index whose rejection it
     recognises; the function's NOT EXISTS over Running items (for every scope and for
     a list of scopes) and its lock-skipping sit in the one migration with it."""
-    assert "work_claim(" in QUERIES["claim"]
+    assert "work_claim_v1(" in QUERIES["claim"]
     assert "work_items_one_running_per_scope" in QUERIES["claim"]
-    sql = (migrations_dir() / "0002.scope-lines.sql").read_text()
-    claim = sql[sql.index("CREATE FUNCTION work_claim(") :]
+    sql = (migrations_dir() / "0001.baseline.sql").read_text()
+    claim = sql[sql.index("CREATE FUNCTION work_claim_v1(") :]
     claim = " ".join(claim[: claim.index("$$;")].split()).replace("( ", "(")
     assert claim.count("NOT EXISTS (SELECT 1 FROM work_items AS r") == 2
     assert claim.count("FOR UPDATE SKIP LOCKED") == 3

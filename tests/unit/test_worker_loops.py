@@ -29,7 +29,7 @@ from tests.unit._fakes import (
     running,
     sleeping,
 )
-from trioworker import Context, Registry, Settings, Worker, WorkItem
+from trioworker import Context, Registry, SchemaNotReady, Settings, Worker, WorkItem
 from trioworker._core.model import Fired, WorkerInfo
 
 WORKER = "trioworker.worker"
@@ -376,7 +376,7 @@ async def test_a_last_stall_fails_the_item_and_a_cancel_requested_one_is_cancell
     caplog.clear()
     store = ScriptedStore()
     await ghost_claims(store)
-    await store.request_cancel(1)
+    await store.cancel(1)
     async with running(store, registry):
         await trio.sleep(16)
     (cancelled,) = records(caplog, "lease expired")
@@ -692,3 +692,24 @@ async def test_without_a_watchdog_no_thread_is_started(
         await trio.sleep(20)
     assert fake_watchdog.made == []
     assert not any(t.name == "trioworker-watchdog" for t in threading.enumerate())
+
+
+@pytest.mark.parametrize(
+    "op",
+    ["claim", "recover_expired_leases", "settle_noted_scopes", "advertise",
+     "fire_schedules"],
+)  # fmt: skip
+async def test_every_loop_ends_the_worker_on_a_missing_schema(
+    autojump_clock: trio.testing.MockClock, op: str
+) -> None:
+    """SchemaNotReady is no store error to retry: whichever loop meets it, the Worker
+    stops with it (the command line exits 1 saying to migrate)."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("Crawl")(sleeping(1))
+    registry.periodic("Crawl", every=60)
+    store.script[op] = ["unmigrated"]
+    worker = Worker(store, registry, worker_id="w1", fail_stop=Failstops())
+    with pytest.RaisesGroup(pytest.RaisesExc(SchemaNotReady, match=op), flatten_subgroups=True):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run)
+            await trio.sleep(3600)

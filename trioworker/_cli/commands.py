@@ -154,7 +154,7 @@ def _enqueue_from(args: argparse.Namespace, kinds: Collection[str] | None) -> in
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     check_schema(args.dsn)
-    outcome = with_store(args.dsn, lambda store: store.request_cancel(args.id)).value
+    outcome = with_store(args.dsn, lambda store: store.cancel(args.id)).value
     messages = {
         "cancelled": f"item {args.id} cancelled (it had not started)",
         "requested": f"item {args.id} is running; asked it to stop at its next heartbeat",

@@ -14,20 +14,18 @@ from rich.text import Text
 
 from trioworker._core.jsontext import UndecodableValue, pretty
 from trioworker._core.text import visible
-from trioworker._store.api import Store
+from trioworker._store.api import Client
 
 
-async def item_details(store: Store, id: int) -> dict[str, Any] | None:
+async def item_details(store: Client, id: int) -> dict[str, Any] | None:
     """The item's row and its attempts, as JSON-ready values (see `to_json`); None if
     there is none."""
-    item = await store.get_item(id)
-    if item is None:
+    details = await store.show(id)
+    if details is None:
         return None
-    fields = {k: _jsonable(v) for k, v in attrs.asdict(item, recurse=False).items()}
-    fields["status"] = item.status.value
-    attempts = [
-        {k: _jsonable(v) for k, v in attrs.asdict(a).items()} for a in await store.attempts(id)
-    ]
+    fields = {k: _jsonable(v) for k, v in attrs.asdict(details.item, recurse=False).items()}
+    fields["status"] = details.item.status.value
+    attempts = [{k: _jsonable(v) for k, v in attrs.asdict(a).items()} for a in details.attempts]
     return {"item": fields, "attempts": attempts}
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from rich import box
@@ -10,40 +9,14 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from trioworker._core.model import Status, counts_by_kind
 from trioworker._core.text import visible
-from trioworker._postgres.store import PostgresStore
-
-STATUS_ORDER = [s.value for s in Status]
-#: A Worker not seen for this long is reported gone, and its kinds unserved.
-ALIVE_WITHIN = 180.0
+from trioworker._store.api import Client
+from trioworker._store.reads import ALIVE_WITHIN, STATUS_ORDER
 
 
-async def gather(store: PostgresStore, *, failures: int = 10) -> dict[str, Any]:
-    counts = await store.query("counts_by_kind_and_status")
-    running = await store.query("running_items")
-    busy = await store.query("busy_scopes")
-    failed = await store.query("recent_failures", limit=failures)
-    workers = await store.query("workers", alive_within=ALIVE_WITHIN)
-    unserved = await store.query("unserved_kinds", alive_within=ALIVE_WITHIN)
-    schedules = await store.query("schedules")
-    pauses = await store.query("pauses")
-    by_kind = counts_by_kind(counts)
-    return {
-        "counts": by_kind,
-        "totals": {s: sum(k[s] for k in by_kind.values()) for s in STATUS_ORDER},
-        "running": [_jsonable(r) for r in running],
-        "busy_scopes": busy[0]["n"],
-        "recent_failures": [_jsonable(r) for r in failed],
-        "workers": [_jsonable(r) for r in workers],
-        "unserved_kinds": {r["kind"]: r["n"] for r in unserved},
-        "schedules": [_jsonable(r) for r in schedules],
-        "pauses": [_jsonable(r) for r in pauses],
-    }
-
-
-def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v.isoformat() if isinstance(v, dt.datetime) else v for k, v in row.items()}
+async def gather(store: Client, *, failures: int = 10) -> dict[str, Any]:
+    """What `status` shows, as the JSON `status --json` prints."""
+    return (await store.status(failures=failures)).to_json()
 
 
 def _cell(value: str | None, none: str = "-") -> Text:

@@ -1,4 +1,18 @@
-"""The error tree. Driver errors become these at one boundary (the store's bridge)."""
+"""The error tree, by meaning (driver errors become these at one boundary, the
+PostgreSQL store's `_translate`):
+
+    TrioWorkerError
+    ├── InvalidWorkItem        bad enqueue input; nothing was written (a ValueError too)
+    ├── ConfigurationError     fix the setup: a bad --app, DSN, option or registration
+    │   └── SchemaNotReady     the database lacks migrations (run `trioworker migrate`)
+    ├── StoreError             the database refused or failed a call
+    │   └── DatabaseUnavailable    it could not be reached or did not answer: retry
+    │       └── StoreTimeout       no answer within the call's time bound
+    ├── Lost                   this attempt no longer owns its item (not retryable)
+    └── HandlerTimeout         a handler ran past its kind's timeout
+
+So `except StoreError` (retry a write) never swallows `Lost` or a missing schema.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +23,15 @@ class TrioWorkerError(Exception):
 
 class InvalidWorkItem(TrioWorkerError, ValueError):
     """Input to enqueue that cannot become a work item; nothing was written."""
+
+
+class ConfigurationError(TrioWorkerError, ValueError):
+    """Bad settings given to a Worker, a registry or a command: a bad --app, DSN,
+    option, handler or schedule."""
+
+
+class SchemaNotReady(ConfigurationError):
+    """The database lacks migrations this version needs (run `trioworker migrate`)."""
 
 
 class StoreError(TrioWorkerError):
@@ -23,11 +46,7 @@ class StoreTimeout(DatabaseUnavailable):
     """A store call did not finish within its time bound."""
 
 
-class SchemaNotReady(StoreError):
-    """The database lacks migrations this version needs (run `trioworker migrate`)."""
-
-
-class Lost(StoreError):
+class Lost(TrioWorkerError):
     """This attempt no longer owns its work item: its lease ran out and the item was
     taken back (or given to another attempt). Nothing the attempt wrote in a fenced
     transaction was kept, and the Worker writes nothing for it either."""
@@ -40,7 +59,3 @@ class HandlerTimeout(TrioWorkerError):
     def __init__(self, seconds: float) -> None:
         super().__init__(f"timed out after {seconds:g}s")
         self.seconds = seconds
-
-
-class ConfigurationError(TrioWorkerError):
-    """Bad settings given to a Worker or command: a bad --app, DSN or option."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -29,16 +29,6 @@ TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
 FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
 
 
-def counts_by_kind(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
-    """Rows of (kind, status, n) as {kind: {status: n}}, every status present (zero
-    when a kind has none), statuses in `Status` order."""
-    counts: dict[str, dict[str, int]] = {}
-    for row in rows:
-        by_status = counts.setdefault(row["kind"], dict.fromkeys((s.value for s in Status), 0))
-        by_status[row["status"]] = int(row["n"])
-    return counts
-
-
 class Heartbeat(enum.Enum):
     """What a heartbeat learned about its attempt."""
 
@@ -48,7 +38,7 @@ class Heartbeat(enum.Enum):
 
 
 class CancelOutcome(enum.Enum):
-    """What `request_cancel` did."""
+    """What `Client.cancel` did."""
 
     CANCELLED = "cancelled"  # it was Queued and is now Cancelled
     REQUESTED = "requested"  # it is Running; its next heartbeat reports it

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import attrs
 
+from trioworker._core.errors import ConfigurationError
 from trioworker._core.model import WorkItem
 from trioworker._core.policy import RetryPolicy
 from trioworker._core.schedule import Schedule
@@ -58,18 +59,20 @@ class Registry:
         counts as a handler failure ("timed out after Ns"), retried by `retry`.
         """
         if not isinstance(kind, str) or not kind.strip():
-            raise ValueError("a handler's kind must be a non-empty string")
+            raise ConfigurationError("a handler's kind must be a non-empty string")
         if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"the timeout of {kind!r} must be positive seconds, not {timeout!r}")
+            raise ConfigurationError(
+                f"the timeout of {kind!r} must be positive seconds, not {timeout!r}"
+            )
 
         def register(fn: Handler) -> Handler:
             if not _is_async(fn):
-                raise TypeError(
+                raise ConfigurationError(
                     f"the handler of {kind!r} must be an async function (async def), not"
                     f" {fn!r}: the Worker awaits it"
                 )
             if kind in self._registrations:
-                raise ValueError(f"kind {kind!r} already has a handler")
+                raise ConfigurationError(f"kind {kind!r} already has a handler")
             self._registrations[kind] = Registration(kind, fn, retry or self.default_retry, timeout)
             return fn
 
@@ -98,7 +101,7 @@ class Registry:
         """
         schedule = Schedule(kind, cron, every, scope, payload, priority, timezone, name or "")
         if any(s.name == schedule.name for s in self.schedules):
-            raise ValueError(f"a schedule named {schedule.name!r} exists; give name=")
+            raise ConfigurationError(f"a schedule named {schedule.name!r} exists; give name=")
         self.schedules.append(schedule)
         return schedule
 
@@ -106,11 +109,13 @@ class Registry:
         """Delete finished items older than `older_than` (seconds or a timedelta), every
         `every` seconds, as one periodic unscoped item: one Worker at a time does it,
         in short bounded batches (`python -m trioworker run --retain 7d` calls this)."""
-        from trioworker._worker.retention import RETENTION_KIND, prune_finished
+        from trioworker._core.retention import RETENTION_KIND, prune_finished
 
         seconds = older_than.total_seconds() if isinstance(older_than, dt.timedelta) else older_than
         if not (math.isfinite(seconds) and seconds >= 0):
-            raise ValueError(f"retention: older_than must be >= 0 seconds, not {older_than!r}")
+            raise ConfigurationError(
+                f"retention: older_than must be >= 0 seconds, not {older_than!r}"
+            )
         self.handler(RETENTION_KIND, retry=RetryPolicy(max_attempts=3))(prune_finished)
         return self.periodic(RETENTION_KIND, every=every, payload={"older_than": seconds})
 

@@ -32,6 +32,11 @@ log = logging.getLogger("trioworker.migrate")
 #: (namespace, key) of the advisory lock every migrator takes; 29815 is 'tw'.
 MIGRATION_LOCK = (29815, 0)
 
+#: The queue's last migration: an application's first migration depends on it
+#: (`-- depends: 0001.baseline`, written from this constant by `trioworker sql`-minded
+#: tools; a test keeps it the last file of migrations/).
+QUEUE_MIGRATION_HEAD = "0001.baseline"
+
 
 class HasMigrations(Protocol):
     """An application's migrations: a trioworker.Registry made with `migrations=`."""

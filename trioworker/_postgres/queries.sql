@@ -1,12 +1,12 @@
 -- Every statement trioworker sends, each under a `-- name:` header.
 -- Parameters are psycopg named placeholders; identifiers are never interpolated.
--- The transitions themselves are SQL functions (migrations/0002.scope-lines.sql), so
+-- The transitions themselves are SQL functions (migrations/0001.baseline.sql), so
 -- Python and plain SQL take the same path; writes after a claim are fenced by
 -- (id, attempt) there and only touch a Running item.
 
 -- name: enqueue
 -- One row, or none when a Queued item already holds the dedup key. The triggers
--- place the item in its scope's line (migrations/0002).
+-- place the item in its scope's line (migrations/0001.baseline.sql).
 INSERT INTO work_items (kind, scope, payload, priority, dedup_key, run_after, trace_context)
 VALUES (%(kind)s, %(scope)s, %(payload)s::jsonb, %(priority)s, %(dedup_key)s,
         COALESCE(%(run_at)s, now() + make_interval(secs => %(delay)s)),
@@ -37,16 +37,16 @@ SELECT id FROM work_items WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 
 -- name: claim
 -- Up to %(limit)s due items of the served kinds whose scopes are free, never two of
--- one scope (work_claim: NOT EXISTS over Running items and a claim lock per scope;
+-- one scope (work_claim_v1: NOT EXISTS over Running items and a claim lock per scope;
 -- work_items_one_running_per_scope under both, whose name the store recognises).
 -- The payload and trace context come as text, decoded one item at a time: one that
 -- Python cannot decode fails its own item (trioworker._jsontext), never the batch.
 SELECT id, kind, scope, payload::text AS payload, priority, attempt, stalls, failures,
        requested_at, dedup_key, trace_context::text AS trace_context
-FROM work_claim(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s, %(scopes)s, %(unscoped)s);
+FROM work_claim_v1(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s, %(scopes)s, %(unscoped)s);
 
 -- name: seconds_until_due
-SELECT work_seconds_until_due(%(kinds)s, %(scopes)s, %(unscoped)s) AS seconds;
+SELECT work_seconds_until_due_v1(%(kinds)s, %(scopes)s, %(unscoped)s) AS seconds;
 
 -- name: heartbeat
 UPDATE work_items
@@ -65,39 +65,39 @@ FOR NO KEY UPDATE;
 -- name: finish
 -- Succeeded, Failed or Cancelled, for many attempts at once; the ids written. With
 -- wait false, rows another transaction holds are passed over.
-SELECT id FROM work_finish(%(ids)s, %(attempts)s, %(status)s, %(reason)s, %(error)s,
+SELECT id FROM work_finish_v1(%(ids)s, %(attempts)s, %(status)s, %(reason)s, %(error)s,
                            %(wait)s, %(traceback)s) AS id;
 
 -- name: requeue
 -- Release, or retry after an error: back to Queued, or superseded by a Queued item
 -- with the same dedup key ('Running': such an item is being enqueued; try again).
 SELECT id, status
-FROM work_requeue(%(ids)s, %(attempts)s, %(cause)s, %(delay)s, %(error)s, %(traceback)s);
+FROM work_requeue_v1(%(ids)s, %(attempts)s, %(cause)s, %(delay)s, %(error)s, %(traceback)s);
 
 -- name: recover_expired_leases
 SELECT id, kind, scope, attempt, stalls, status, reason
-FROM work_recover(%(max_stalls)s, %(batch)s);
+FROM work_recover_v1(%(max_stalls)s, %(batch)s);
 
 -- name: request_cancel
-SELECT work_request_cancel(%(id)s) AS status;
+SELECT work_request_cancel_v1(%(id)s) AS status;
 
 -- name: settle_noted_scopes
-SELECT work_settle_noted(%(limit)s) AS settled;
+SELECT work_settle_noted_v1(%(limit)s) AS settled;
 
 -- name: repair_heads
-SELECT scope, promoted FROM work_repair(%(limit)s);
+SELECT scope, promoted FROM work_repair_v1(%(limit)s);
 
 -- name: pause
-SELECT work_pause(%(kind)s, %(scope)s) AS changed;
+SELECT work_pause_v1(%(kind)s, %(scope)s) AS changed;
 
 -- name: resume
-SELECT work_resume(%(kind)s, %(scope)s) AS changed;
+SELECT work_resume_v1(%(kind)s, %(scope)s) AS changed;
 
 -- name: pauses
 SELECT kind, scope, paused_at FROM work_pauses ORDER BY paused_at;
 
 -- name: retry_items
-SELECT id FROM work_retry(%(ids)s) AS id;
+SELECT id FROM work_retry_v1(%(ids)s) AS id;
 
 -- name: failed_items
 -- Failed items of a kind (all kinds when NULL) that finished since %(since)s, oldest first.

@@ -59,7 +59,18 @@ from trioworker._core.validation import (
 from trioworker._postgres import bridge as _bridge
 from trioworker._postgres.dsn import redact, redact_dsn
 from trioworker._postgres.queries import QUERIES
-from trioworker._store.api import NotifyCallback, trace_context_or_current, with_current_trace
+from trioworker._store.api import NotifyCallback, Transaction
+from trioworker._store.reads import (
+    ALIVE_WITHIN,
+    Failure,
+    ItemDetails,
+    QueueCounts,
+    QueueStatus,
+    RunningItem,
+    WorkerState,
+    counts_by_kind,
+)
+from trioworker._store.tracing import trace_context_or_current, with_current_trace
 
 log = logging.getLogger("trioworker.store")
 
@@ -97,7 +108,7 @@ def _violates(exc: BaseException, index: str) -> bool:  # pragma: no mutate bloc
     return isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name == index
 
 
-class Transaction:
+class PostgresTransaction:
     """The caller's own transaction (`PostgresStore.transaction()`); pass it to
     `enqueue(tx=...)` to enqueue atomically with the caller's other writes."""
 
@@ -131,7 +142,7 @@ class Transaction:
         return await self._store._call("transaction.rows", op, conn=self._conn)
 
 
-class FencedTransaction(Transaction):
+class PostgresFencedTransaction(PostgresTransaction):
     """A handler's transaction, fenced by its attempt (`Context.transaction()`).
 
     It began by locking the item's row and checking that this attempt (id, attempt)
@@ -256,7 +267,7 @@ class PostgresStore:
         finally:
             await self._pool.putconn(conn)
 
-    def _translate(self, name: str, exc: psycopg.Error) -> StoreError:
+    def _translate(self, name: str, exc: psycopg.Error) -> StoreError | SchemaNotReady:
         message = redact(f"{name}: {type(exc).__name__}: {exc}".strip(), self.dsn)
         if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction):
             return SchemaNotReady(f"{message} (run `python -m trioworker migrate`)")
@@ -310,7 +321,7 @@ class PostgresStore:
             self._dedup_hits += enqueued.deduplicated
             return enqueued
 
-        return await self._call("enqueue", op, conn=tx._conn if tx else None)
+        return await self._call("enqueue", op, conn=_connection_of(tx))
 
     async def _enqueue_on(
         self, conn: psycopg.AsyncConnection[Any], request: EnqueueRequest
@@ -385,24 +396,24 @@ class PostgresStore:
                 results.append(result)
             return results
 
-        return await self._call("enqueue_many", op, conn=tx._conn if tx else None)
+        return await self._call("enqueue_many", op, conn=_connection_of(tx))
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Transaction]:  # pragma: no mutate block
+    async def transaction(self) -> AsyncIterator[PostgresTransaction]:  # pragma: no mutate block
         """A transaction of the caller's own, committed when the block exits cleanly
         (rolled back if it raises)."""
         async with self._transaction() as conn:
-            yield Transaction(self, conn)
+            yield PostgresTransaction(self, conn)
 
     @asynccontextmanager
     async def fenced_transaction(
         self, id: int, attempt: int
-    ) -> AsyncIterator[FencedTransaction]:  # pragma: no mutate block
+    ) -> AsyncIterator[PostgresFencedTransaction]:  # pragma: no mutate block
         """A transaction that commits only while attempt (`id`, `attempt`) owns its
         Running item; raises Lost, writing nothing, when it does not. Handlers reach it
         through `Context.transaction()`."""
         async with self._transaction() as conn:
-            tx = FencedTransaction(self, conn, id, attempt)
+            tx = PostgresFencedTransaction(self, conn, id, attempt)
             if not await tx.execute(QUERIES["lock_attempt"], {"id": id, "attempt": attempt}):
                 raise Lost(f"item {id} attempt {attempt} no longer owns the item; nothing written")
             yield tx
@@ -597,7 +608,7 @@ class PostgresStore:
             await self._finish([(id, attempt)], Status.FAILED, reason, error, traceback=traceback)
         )
 
-    async def cancel(self, id: int, attempt: int) -> bool:  # pragma: no mutate block
+    async def cancel_attempt(self, id: int, attempt: int) -> bool:  # pragma: no mutate block
         return bool(await self._finish([(id, attempt)], Status.CANCELLED, "cancel requested"))
 
     async def _requeue(
@@ -669,7 +680,7 @@ class PostgresStore:
         self._heads_repaired += len(rows)
         return [row["scope"] for row in rows]
 
-    async def request_cancel(self, id: int) -> CancelOutcome:  # pragma: no mutate block
+    async def cancel(self, id: int) -> CancelOutcome:  # pragma: no mutate block
         rows = await self._rows("request_cancel", {"id": id})
         status = rows[0]["status"]
         if status == Status.CANCELLED.value:
@@ -852,11 +863,35 @@ class PostgresStore:
             return None
         return ItemState(**{**_decoded(rows[0]), "status": Status(rows[0]["status"])})
 
-    async def query(
-        self, name: str, **params: Any
-    ) -> list[dict[str, Any]]:  # pragma: no mutate block
-        """Rows of one of the named read queries (status, metrics)."""
-        return await self._rows(name, params)
+    async def show(self, id: int) -> ItemDetails | None:  # pragma: no mutate block
+        """Item `id` and how its attempts ended; None: no such item."""
+        item = await self.get_item(id)
+        return None if item is None else ItemDetails(item, await self.attempts(id))
+
+    async def queue_counts(self) -> QueueCounts:  # pragma: no mutate block
+        counts = await self._rows("counts_by_kind_and_status", {})
+        busy = await self._rows("busy_scopes", {})
+        return QueueCounts(counts_by_kind(counts), int(busy[0]["n"]))
+
+    async def status(self, *, failures: int = 10) -> QueueStatus:  # pragma: no mutate block
+        """What `status` shows: counts, Running items, the latest `failures` failures,
+        Workers, Queued kinds no live Worker serves, schedules and pauses."""
+        alive = {"alive_within": ALIVE_WITHIN}
+        workers = [
+            WorkerState(**{**w, "kinds": tuple(w["kinds"]), "scopes": _tuple(w["scopes"])})
+            for w in await self._rows("workers", alive)
+        ]
+        failed = await self._rows("recent_failures", {"limit": failures})
+        unserved = await self._rows("unserved_kinds", alive)
+        return QueueStatus(
+            counts=await self.queue_counts(),
+            running=[RunningItem(**r) for r in await self._rows("running_items", {})],
+            recent_failures=[Failure(**r) for r in failed],
+            workers=workers,
+            unserved_kinds={r["kind"]: r["n"] for r in unserved},
+            schedules=await self.schedules(),
+            pauses=await self.pauses(),
+        )
 
     def statistics(self) -> StoreStatistics:  # pragma: no mutate block
         return StoreStatistics(
@@ -991,6 +1026,19 @@ def match_inserted(
     if pending is not None:
         raise StoreError("enqueue_many: more rows came back than were asked for")
     return out
+
+
+def _tuple(values: Sequence[str] | None) -> tuple[str, ...] | None:
+    return None if values is None else tuple(values)
+
+
+def _connection_of(tx: Transaction | None) -> psycopg.AsyncConnection[Any] | None:
+    """The connection of a transaction of this store's (None: none given)."""
+    if tx is None:
+        return None
+    if not isinstance(tx, PostgresTransaction):
+        raise TypeError(f"tx must be a transaction of a PostgresStore, not {type(tx).__name__}")
+    return tx._conn
 
 
 def _decoded(row: dict[str, Any]) -> dict[str, Any]:

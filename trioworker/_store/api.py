@@ -1,18 +1,22 @@
-"""The Store protocol: what the executor and Worker need from durable storage.
+"""The two faces of a store (docs/design/architecture.md).
 
-Two implementations: `PostgresStore` and the in-memory `trioworker.testing.MemoryStore`.
-The contract tests run against both, so the fake cannot drift from PostgreSQL.
+- `Client`: what applications, operators and handlers use: enqueue, cancel, retry,
+  pause and resume, the reads (`show`, `status`, ...), and transactions of their own.
+  A handler's `ctx.store` is a `ClientView`: this face and nothing else.
+- `WorkerStore`: what only the Worker and its executor use: claim, heartbeat, the
+  fenced writes after an attempt, lease recovery, settling, advertising.
+
+`Store` is both; `PostgresStore` and the in-memory `trioworker.testing.MemoryStore`
+implement it, and the contract tests hold both to the same behaviour.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, LiteralString, Protocol
 
-import attrs
 import trio
 
 from trioworker._core.model import (
@@ -33,30 +37,40 @@ from trioworker._core.model import (
     WorkItem,
 )
 from trioworker._core.schedule import Schedule
+from trioworker._store.reads import ItemDetails, QueueCounts, QueueStatus
 
 #: Called with the notification's scope ("" for unscoped work, None after a reconnect).
 NotifyCallback = Callable[[str | None], None]
 
+Params = Sequence[Any] | dict[str, Any] | None
 
-class FencedTransactionLike(Protocol):
-    """What `Context.transaction()` yields (`FencedTransaction` on PostgreSQL)."""
+
+class Transaction(Protocol):
+    """A transaction of the caller's own (`Client.transaction()`): pass it as `tx=` to
+    enqueue atomically with the caller's other writes."""
+
+    async def execute(self, query: LiteralString, params: Params = None) -> list[tuple[Any, ...]]:
+        """Run one statement; the rows it returns, as tuples (none for none)."""
+        ...
+
+    async def rows(self, query: LiteralString, params: Params = None) -> list[dict[str, Any]]:
+        """Run one statement; the rows it returns, as dicts."""
+        ...
+
+
+class FencedTransaction(Transaction, Protocol):
+    """What `Context.transaction()` yields: a transaction fenced by its attempt."""
 
     item_id: int
     attempt: int
     completes: bool
 
-    async def execute(
-        self, query: LiteralString, params: Sequence[Any] | dict[str, Any] | None = None
-    ) -> list[tuple[Any, ...]]: ...
-
-    async def rows(
-        self, query: LiteralString, params: Sequence[Any] | dict[str, Any] | None = None
-    ) -> list[dict[str, Any]]: ...
-
     def complete(self) -> None: ...
 
 
-class Store(Protocol):
+class Client(Protocol):
+    """Producers', operators' and handlers' face of the queue."""
+
     async def enqueue(
         self,
         kind: str,
@@ -67,11 +81,62 @@ class Store(Protocol):
         run_after: dt.datetime | dt.timedelta | None = None,
         priority: int = 0,
         trace_context: Mapping[str, str] | None = None,
-        tx: Any = None,
+        tx: Transaction | None = None,
     ) -> Enqueued:
-        """`tx`: a transaction of this store's (`store.transaction()`, or a handler's
+        """`tx`: a transaction of this store's (`transaction()`, or a handler's
         `ctx.transaction()`): the item exists only if it commits."""
         ...
+
+    async def enqueue_many(
+        self, items: Sequence[NewItem], *, tx: Transaction | None = None
+    ) -> list[Enqueued]: ...
+
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]: ...
+
+    async def cancel(self, id: int) -> CancelOutcome:
+        """Cancel a Queued item now, or ask a Running one to stop at its next heartbeat."""
+        ...
+
+    async def retry(self, ids: Sequence[int]) -> list[int]: ...
+
+    async def failed_items(
+        self, *, kind: str | None = None, since: dt.datetime | None = None
+    ) -> list[int]: ...
+
+    async def pause(self, *, kind: str | None = None, scope: str | None = None) -> bool: ...
+
+    async def resume(self, *, kind: str | None = None, scope: str | None = None) -> bool: ...
+
+    async def pauses(self) -> list[Pause]: ...
+
+    async def delete_finished(
+        self,
+        older_than: dt.timedelta,
+        *,
+        statuses: Sequence[Status] = ...,
+        batch: int = ...,
+        on_batch: Callable[[int, float], None] | None = None,
+    ) -> int: ...
+
+    async def scope_holder(self, scope: str) -> tuple[ScopeHolder | None, bool]: ...
+
+    async def get_item(self, id: int) -> ItemState | None: ...
+
+    async def attempts(self, id: int) -> list[AttemptRecord]: ...
+
+    async def show(self, id: int) -> ItemDetails | None: ...
+
+    async def queue_counts(self) -> QueueCounts: ...
+
+    async def status(self, *, failures: int = 10) -> QueueStatus: ...
+
+    async def schedules(self) -> list[ScheduleState]: ...
+
+    def statistics(self) -> StoreStatistics: ...
+
+
+class WorkerStore(Protocol):
+    """The Worker's own face: claims, heartbeats and the fenced writes after them."""
 
     async def claim(
         self,
@@ -117,7 +182,9 @@ class Store(Protocol):
         traceback: str | None = None,
     ) -> bool: ...
 
-    async def cancel(self, id: int, attempt: int) -> bool: ...
+    async def cancel_attempt(self, id: int, attempt: int) -> bool:
+        """End a Running attempt whose cancel was requested as Cancelled (fenced)."""
+        ...
 
     async def release(self, id: int, attempt: int) -> bool: ...
 
@@ -127,44 +194,19 @@ class Store(Protocol):
 
     def fenced_transaction(
         self, id: int, attempt: int
-    ) -> AbstractAsyncContextManager[FencedTransactionLike]: ...
+    ) -> AbstractAsyncContextManager[FencedTransaction]: ...
 
-    async def recover_expired_leases(self, max_stalls: int) -> list[Recovered]: ...
+    async def recover_expired_leases(
+        self, max_stalls: int, *, batch: int = ...
+    ) -> list[Recovered]: ...
 
-    async def settle_noted_scopes(self) -> int: ...
+    async def settle_noted_scopes(self, *, batch: int = ...) -> int: ...
 
-    async def repair_heads(self) -> list[str]: ...
+    async def repair_heads(self, *, batch: int = ...) -> list[str]: ...
 
     async def advertise(self, worker: WorkerInfo) -> None: ...
 
     async def worker_stopped(self, worker_id: str) -> None: ...
-
-    async def request_cancel(self, id: int) -> CancelOutcome: ...
-
-    async def enqueue_many(self, items: Sequence[NewItem], *, tx: Any = None) -> list[Enqueued]: ...
-
-    async def delete_finished(
-        self,
-        older_than: dt.timedelta,
-        *,
-        statuses: Sequence[Status] = ...,
-        batch: int = ...,
-        on_batch: Callable[[int, float], None] | None = None,
-    ) -> int: ...
-
-    async def pause(self, *, kind: str | None = None, scope: str | None = None) -> bool: ...
-
-    async def resume(self, *, kind: str | None = None, scope: str | None = None) -> bool: ...
-
-    async def pauses(self) -> list[Pause]: ...
-
-    async def retry(self, ids: Sequence[int]) -> list[int]: ...
-
-    async def failed_items(
-        self, *, kind: str | None = None, since: dt.datetime | None = None
-    ) -> list[int]: ...
-
-    async def scope_holder(self, scope: str) -> tuple[ScopeHolder | None, bool]: ...
 
     async def sync_schedules(self, schedules: Sequence[Schedule]) -> None: ...
 
@@ -172,53 +214,39 @@ class Store(Protocol):
         self, schedules: Sequence[Schedule]
     ) -> tuple[list[Fired], float | None]: ...
 
-    async def schedules(self) -> list[ScheduleState]: ...
-
-    async def get_item(self, id: int) -> ItemState | None: ...
-
-    async def attempts(self, id: int) -> list[AttemptRecord]: ...
-
     async def listen(
         self,
         on_notify: NotifyCallback,
         *,
         on_settle: NotifyCallback | None = None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        check_every: float = ...,
     ) -> None: ...
 
     def statistics(self) -> StoreStatistics: ...
 
 
-def trace_context_or_current(
-    trace_context: Mapping[str, str] | None,
-) -> Mapping[str, str] | None:
-    """What an enqueue stores as its trace context: `trace_context` as given, or for
-    None the current OpenTelemetry span's, if the otel extra is installed and a span is
-    current (docs/adr/0010-tracing.md)."""
-    if trace_context is not None:
-        return trace_context
-    current = _current_trace_context()
-    return None if current is None else current()
+class Store(Client, WorkerStore, Protocol):
+    """Both faces: what a Worker is given (`Worker(store, registry)`)."""
 
 
-def with_current_trace(items: Sequence[NewItem]) -> Sequence[NewItem]:
-    """`items` for `enqueue_many`, those without a trace context given the current
-    span's (as `trace_context_or_current`); anything else is left for validation."""
-    current = trace_context_or_current(None)
-    if current is None or isinstance(items, str | bytes) or not isinstance(items, Sequence):
-        return items
-    return [
-        attrs.evolve(item, trace_context=current)
-        if isinstance(item, NewItem) and item.trace_context is None
-        else item
-        for item in items
-    ]
+class ClientView:
+    """The client face of a store, and nothing more: what a handler gets as
+    `ctx.store`, so no handler can claim, finish or recover items behind its Worker's
+    back. Each method is the store's own."""
+
+    def __init__(self, store: Client) -> None:
+        self._store = store
+        for name in CLIENT_METHODS:
+            setattr(self, name, getattr(store, name))
+
+    def __repr__(self) -> str:
+        return f"ClientView({self._store!r})"
 
 
-@functools.cache
-def _current_trace_context() -> Callable[[], dict[str, str] | None] | None:
-    try:
-        from trioworker.otel import current_trace_context
-    except ImportError:  # no opentelemetry (the otel extra): nothing to carry
-        return None
-    return current_trace_context
+#: The methods of `Client`, as `ClientView` offers them.
+CLIENT_METHODS = (
+    "enqueue", "enqueue_many", "transaction", "cancel", "retry", "failed_items", "pause",
+    "resume", "pauses", "delete_finished", "scope_holder", "get_item", "attempts", "show",
+    "queue_counts", "status", "schedules", "statistics",
+)  # fmt: skip

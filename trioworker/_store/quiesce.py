@@ -66,7 +66,7 @@ async def quiesce(
                 if holder.lease_left <= 0:
                     return QuiesceResult(True, trio.current_time() - started, held_by)
                 if (holder.id, holder.attempt) not in asked:
-                    await store.request_cancel(holder.id)
+                    await store.cancel(holder.id)
                     asked.add((holder.id, holder.attempt))
             elif heads:
                 # A head outlived the pause's bounded wait (held in someone's own

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -14,7 +14,7 @@ from trioworker._core.errors import DatabaseUnavailable
 from trioworker._core.model import WorkItem
 
 if TYPE_CHECKING:
-    from trioworker._store.api import FencedTransactionLike, Store
+    from trioworker._store.api import Client, FencedTransaction
 
 T = TypeVar("T")
 
@@ -36,11 +36,16 @@ class Context:
     limiter: trio.CapacityLimiter
     #: A logger whose lines carry the item's id, attempt, kind, scope and the Worker.
     log: logging.LoggerAdapter[logging.Logger]
-    #: The Worker's store: enqueue follow-up work with `await ctx.store.enqueue(...)`
-    #: (pass `tx=` to enqueue inside `ctx.transaction()`).
-    store: Store
+    #: The queue's client face (never the Worker's own: no claims, no fenced writes):
+    #: enqueue follow-up work with `await ctx.store.enqueue(...)` (pass `tx=` to
+    #: enqueue inside `ctx.transaction()`), read, cancel, pause.
+    store: Client
     #: The attempt this context belongs to.
     item: WorkItem
+    #: Opens the attempt's fenced transaction (the Worker's store's).
+    _open_fenced: Callable[[int, int], AbstractAsyncContextManager[FencedTransaction]] = (
+        attrs.field(repr=False, kw_only=True)
+    )
     #: Called once a transaction that completed the item has committed.
     _on_completed: Callable[[], None] | None = attrs.field(default=None, repr=False)
     _completed: bool = attrs.field(default=False, init=False)
@@ -77,7 +82,7 @@ class Context:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[FencedTransactionLike]:
+    async def transaction(self) -> AsyncIterator[FencedTransaction]:
         """A transaction on the Worker's own connections, fenced by this attempt.
 
         It locks the item's row and checks that this attempt still owns it; if not, it
@@ -98,7 +103,7 @@ class Context:
                 tx.complete()
         """
         try:
-            async with self.store.fenced_transaction(self.item.id, self.item.attempt) as tx:
+            async with self._open_fenced(self.item.id, self.item.attempt) as tx:
                 yield tx
         except DatabaseUnavailable as exc:
             self._database_error = exc

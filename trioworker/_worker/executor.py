@@ -14,7 +14,7 @@ import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import trio
 
@@ -33,7 +33,7 @@ from trioworker._core.policy import (
 from trioworker._core.registry import Registry
 from trioworker._core.retry import Backoff
 from trioworker._core.settings import Settings
-from trioworker._store.api import Store
+from trioworker._store.api import Client, ClientView, Store
 from trioworker._worker.context import Context
 from trioworker._worker.logging import item_logger
 
@@ -157,6 +157,8 @@ class Executor:
         """`on_deadline` is called whenever the set of self-stop deadlines changes;
         `complete` replaces `store.complete` (the Worker passes its batcher's)."""
         self.store = store
+        #: What handlers get as `ctx.store`: the store's client face alone.
+        self.client = cast(Client, ClientView(store))
         self.complete = complete or store.complete
         self.on_deadline = on_deadline
         self.registry = registry
@@ -217,8 +219,9 @@ class Executor:
             attempt.scope,
             self.limiter,
             ilog,
-            self.store,
+            self.client,
             item,
+            open_fenced=self.store.fenced_transaction,
             on_completed=functools.partial(attempt.cancel, CancelReason.COMPLETED),
         )
         started = trio.current_time()
@@ -488,7 +491,7 @@ class Executor:
                     id, attempt, decision.reason, decision.error, decision.traceback
                 )
             case Action.CANCEL:
-                return await store.cancel(id, attempt)
+                return await store.cancel_attempt(id, attempt)
             case Action.RELEASE:
                 return await store.release(id, attempt)
         raise AssertionError(f"no write for {decision.action}")  # pragma: no cover, no mutate

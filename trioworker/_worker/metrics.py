@@ -23,7 +23,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from trioworker._core.errors import ConfigurationError, StoreError
-from trioworker._core.model import StoreStatistics, counts_by_kind
+from trioworker._core.model import StoreStatistics
+from trioworker._store.reads import QueueCounts
 
 log = logging.getLogger("trioworker.metrics")
 
@@ -86,9 +87,11 @@ REFRESH_POLLS = 6
 
 
 class _Store(Protocol):
+    """What the metrics read: a part of the client interface (`Client`)."""
+
     def statistics(self) -> StoreStatistics: ...
 
-    async def query(self, name: str, **params: Any) -> list[dict[str, Any]]: ...
+    async def queue_counts(self) -> QueueCounts: ...
 
 
 class _Worker(Protocol):
@@ -107,17 +110,15 @@ class QueueDepth:
     read_at: float  # Unix time
 
 
-def queue_depth(
-    counts: list[dict[str, Any]], busy: list[dict[str, Any]], read_at: float
-) -> QueueDepth:
-    """The reading from the rows of `counts_by_kind_and_status` and `busy_scopes`;
-    every status of a kind that has items is present, zero when it has none."""
+def queue_depth(counts: QueueCounts, read_at: float) -> QueueDepth:
+    """The reading from the store's counts: every status of a kind that has items is
+    present, zero when it has none."""
     depth = {
         (kind, status): n
-        for kind, by_status in counts_by_kind(counts).items()
+        for kind, by_status in counts.by_kind.items()
         for status, n in by_status.items()
     }
-    return QueueDepth(depth, int(busy[0]["n"]) if busy else 0, read_at)
+    return QueueDepth(depth, counts.busy_scopes, read_at)
 
 
 class Metrics:
@@ -180,9 +181,7 @@ class Metrics:
             await trio.sleep(self.refresh_every)
 
     async def refresh(self) -> QueueDepth:
-        counts = await self.store.query("counts_by_kind_and_status")
-        busy = await self.store.query("busy_scopes")
-        self.depth = queue_depth(counts, busy, time.time())
+        self.depth = queue_depth(await self.store.queue_counts(), time.time())
         return self.depth
 
     # -- serving ---------------------------------------------------------------------

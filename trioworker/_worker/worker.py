@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import attrs
 import trio
 
-from trioworker._core.errors import SchemaNotReady, StoreError
+from trioworker._core.errors import StoreError
 from trioworker._core.model import Status, WorkerInfo, WorkItem
 from trioworker._core.registry import Registry
 from trioworker._core.retry import Backoff
@@ -205,8 +205,6 @@ class Worker:
                     unscoped=self.unscoped,
                     kinds=self.kinds,
                 )
-            except SchemaNotReady:
-                raise
             except StoreError as exc:
                 for _ in range(free):
                     slots.release()
@@ -369,8 +367,6 @@ class Worker:
                     await self.store.sync_schedules(schedules)
                     synced = True
                 fired, wait = await self.store.fire_schedules(schedules)
-            except SchemaNotReady:
-                raise
             except StoreError as exc:
                 delay = backoff.next()
                 log.warning("cannot fire schedules: %s; retrying in %.1fs", exc, delay)

@@ -14,6 +14,7 @@ except ImportError as exc:  # pragma: no cover  (the test environment has the ex
         f"the dashboard needs its extra: pip install 'trioworker[dashboard]' ({exc})"
     ) from exc
 
+from trioworker._core.public import public_names as _public_names
 from trioworker.dashboard._server import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -33,3 +34,5 @@ __all__ = [
     "read_token",
     "serve",
 ]
+
+_public_names(__name__, globals(), __all__)

@@ -112,7 +112,7 @@ async def cancel(store: Store, form: Form) -> Outcome:
     if text is None:
         raise Refused(400, "give the id of the item to cancel")
     id = _id(text)
-    outcome = await store.request_cancel(id)
+    outcome = await store.cancel(id)
     messages = {
         CancelOutcome.CANCELLED: (200, f"item {id} cancelled (it had not started)"),
         CancelOutcome.REQUESTED: (200, f"item {id} is running: asked it to stop"),

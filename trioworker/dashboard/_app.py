@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from trioworker._core.errors import DatabaseUnavailable, InvalidWorkItem, StoreError
+from trioworker._core.errors import DatabaseUnavailable, InvalidWorkItem, SchemaNotReady, StoreError
 from trioworker._postgres.store import PostgresStore
 from trioworker.dashboard import _views
 from trioworker.dashboard._actions import ACTIONS, ASCII_NUMBER, Form, Outcome, Refused
@@ -336,6 +336,8 @@ async def _carried_out(action: Awaitable[Outcome]) -> Outcome:
         raise Refused(400, str(exc)) from None
     except DatabaseUnavailable as exc:
         raise Refused(503, f"the database did not answer: {exc}") from None
+    except SchemaNotReady as exc:
+        raise Refused(503, f"the database is not migrated: {exc}") from None
     except StoreError as exc:
         # The store names the driver's error class in its message; a role without the
         # privilege (the read-only role of docs/roles.md) is the case worth explaining.

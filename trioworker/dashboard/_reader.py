@@ -18,7 +18,8 @@ from trioworker._postgres.store import PostgresStore
 
 QUERIES = {
     **parse(resources.files("trioworker.dashboard").joinpath("queries.sql").read_text()),
-    # What `status` reads too: the same statement, from the queue's own file.
+    # What `status` reads too: the same statements, from the queue's own file.
+    "counts": CORE_QUERIES["counts_by_kind_and_status"],
     "unserved": CORE_QUERIES["unserved_kinds"],
 }
 

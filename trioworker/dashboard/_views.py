@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trioworker._cli.status import ALIVE_WITHIN
 from trioworker._core.jsontext import loads_or_mark
 from trioworker._core.model import Status
+from trioworker._store.reads import ALIVE_WITHIN
 from trioworker.dashboard._chart import minutes, throughput_svg
 from trioworker.dashboard._reader import Reader, Rows
 

@@ -2,13 +2,11 @@
 -- Only SELECTs: each page runs its statements together in one READ ONLY, REPEATABLE
 -- READ transaction, so every number on a page comes from the same snapshot and now().
 -- The read-only role of docs/dashboard.md may run all of them (SELECT on work_items,
--- work_attempts, work_workers, work_schedules and work_pauses).
+-- work_attempts, work_workers, work_schedules and work_pauses). What `status` reads too
+-- (the counts, the unserved kinds) is the queue's own statement, not a copy (_reader.py).
 
 -- name: clock
 SELECT now() AS now;
-
--- name: counts
-SELECT kind, status, count(*) AS n FROM work_items GROUP BY kind, status ORDER BY kind, status;
 
 -- name: queued
 -- Queued items by kind: due now, or delayed (run_after in the future); how long the

@@ -24,6 +24,7 @@ import attrs
 import trio
 
 from trioworker._core.model import ItemState
+from trioworker._core.public import public_names as _public_names
 from trioworker._core.registry import Registry
 from trioworker._core.settings import Settings
 from trioworker._worker.executor import Tracer
@@ -100,3 +101,6 @@ async def worker(
         await nursery.start(harness.worker.run)
         yield harness
         nursery.cancel_scope.cancel()
+
+
+_public_names(__name__, globals(), __all__)

@@ -9,11 +9,12 @@ outage (`fault = "fail"`) or a link that never answers (`fault = "hang"`), and
 
 from __future__ import annotations
 
+import collections
 import copy
 import datetime as dt
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Literal, LiteralString
 
 import attrs
@@ -45,7 +46,18 @@ from trioworker._core.validation import (
     validate_enqueue,
     validate_many,
 )
-from trioworker._store.api import NotifyCallback, trace_context_or_current, with_current_trace
+from trioworker._store.api import NotifyCallback, Transaction
+from trioworker._store.reads import (
+    ALIVE_WITHIN,
+    Failure,
+    ItemDetails,
+    QueueCounts,
+    QueueStatus,
+    RunningItem,
+    WorkerState,
+    counts_by_kind,
+)
+from trioworker._store.tracing import trace_context_or_current, with_current_trace
 
 Fault = Literal["fail", "hang"] | None
 
@@ -143,8 +155,11 @@ class MemoryStore:
         self._listeners: list[NotifyCallback] = []
         self._epoch = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
         self._dedup_hits = 0
-        #: The Workers table, by id.
+        #: The live Workers, by id.
         self.workers: dict[str, WorkerInfo] = {}
+        #: The Workers table: every Worker advertised, and (started, last seen, stopped).
+        self._advertised: dict[str, WorkerInfo] = {}
+        self._seen: dict[str, tuple[dt.datetime, dt.datetime, dt.datetime | None]] = {}
         self._attempts: dict[int, dict[int, AttemptRecord]] = {}
         #: Paused kinds and scopes: ("kind", name) or ("scope", name), when paused.
         self._pauses: dict[tuple[str, str], dt.datetime] = {}
@@ -249,7 +264,7 @@ class MemoryStore:
         run_after: dt.datetime | dt.timedelta | None = None,
         priority: int = 0,
         trace_context: Mapping[str, str] | None = None,
-        tx: object = None,
+        tx: Transaction | None = None,
     ) -> Enqueued:
         _no_transactions(tx)
         now = self.now()
@@ -293,7 +308,9 @@ class MemoryStore:
             self._notify(row.scope)
         return Enqueued(id=row.id, deduplicated=False)
 
-    async def enqueue_many(self, items: Sequence[NewItem], *, tx: object = None) -> list[Enqueued]:
+    async def enqueue_many(
+        self, items: Sequence[NewItem], *, tx: Transaction | None = None
+    ) -> list[Enqueued]:
         _no_transactions(tx)
         now = self.now()
         requests = validate_many(with_current_trace(items), now=now, known_kinds=self.known_kinds)
@@ -455,7 +472,7 @@ class MemoryStore:
             self._note(row, "failed", error, traceback)
         return self._record("fail", id, attempt, row)
 
-    async def cancel(self, id: int, attempt: int) -> bool:
+    async def cancel_attempt(self, id: int, attempt: int) -> bool:
         await self._enter("cancel")
         row = self._fenced(id, attempt)
         if row is not None:
@@ -485,7 +502,7 @@ class MemoryStore:
             self._requeue(row)
         return self._record("retry_later", id, attempt, row)
 
-    async def recover_expired_leases(self, max_stalls: int) -> list[Recovered]:
+    async def recover_expired_leases(self, max_stalls: int, *, batch: int = 100) -> list[Recovered]:
         await self._enter("recover_expired_leases")
         now = self.now()
         expired = sorted(
@@ -541,24 +558,31 @@ class MemoryStore:
             self._finish(row, Status.SUCCEEDED)
             self._record("complete", id, attempt, row)
 
-    async def settle_noted_scopes(self) -> int:
+    async def settle_noted_scopes(self, *, batch: int = 100) -> int:
         """Nothing to settle: the in-memory claim reads the lines themselves."""
         await self._enter("settle_noted_scopes")
         return 0
 
-    async def repair_heads(self) -> list[str]:
+    async def repair_heads(self, *, batch: int = 1000) -> list[str]:
         await self._enter("repair_heads")
         return []
 
     async def advertise(self, worker: WorkerInfo) -> None:
         await self._enter("advertise")
+        now = self.now()
+        started = self._seen.get(worker.id, (now, now, None))[0]
         self.workers[worker.id] = worker
+        self._seen[worker.id] = (started, now, None)
+        self._advertised[worker.id] = worker
 
     async def worker_stopped(self, worker_id: str) -> None:
         await self._enter("worker_stopped")
         self.workers.pop(worker_id, None)
+        if worker_id in self._seen:
+            started, seen, _ = self._seen[worker_id]
+            self._seen[worker_id] = (started, seen, self.now())
 
-    async def request_cancel(self, id: int) -> CancelOutcome:
+    async def cancel(self, id: int) -> CancelOutcome:
         await self._enter("request_cancel")
         row = self._rows.get(id)
         if row is None:
@@ -749,6 +773,7 @@ class MemoryStore:
         *,
         on_settle: NotifyCallback | None = None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        check_every: float = 30.0,
     ) -> None:
         self._listeners.append(on_notify)
         try:
@@ -759,6 +784,68 @@ class MemoryStore:
 
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(race_losses=0, dedup_hits=self._dedup_hits, timeouts=0)
+
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
+        _no_transactions(True)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def show(self, id: int) -> ItemDetails | None:
+        item = await self.get_item(id)
+        return None if item is None else ItemDetails(item, await self.attempts(id))
+
+    async def queue_counts(self) -> QueueCounts:
+        await self._enter("queue_counts")
+        rows = collections.Counter((r.kind, r.status.value) for r in self._rows.values())
+        counts = counts_by_kind(
+            {"kind": k, "status": s, "n": n} for (k, s), n in sorted(rows.items())
+        )
+        busy = sum(1 for r in self._rows.values() if r.status is Status.RUNNING and r.scope)
+        return QueueCounts(counts, busy)
+
+    async def status(self, *, failures: int = 10) -> QueueStatus:
+        """As PostgreSQL's: the same records from the rows in memory."""
+        now = self.now()
+        rows = sorted(self._rows.values(), key=lambda r: r.id)
+        running = sorted((r for r in rows if r.status is Status.RUNNING),
+                         key=lambda r: (r.started_at or now, r.id))  # fmt: skip
+        failed = sorted((r for r in rows if r.status is Status.FAILED),
+                        key=lambda r: r.finished_at or now, reverse=True)[:failures]  # fmt: skip
+        alive_since = now - dt.timedelta(seconds=ALIVE_WITHIN)
+        workers = [
+            WorkerState(
+                id=w.id, host=w.host, pid=w.pid, started_at=started, last_seen=seen,
+                stopped_at=stopped, kinds=w.kinds, scopes=w.scopes, unscoped=w.unscoped,
+                concurrency=w.concurrency, alive=stopped is None and seen > alive_since,
+            )
+            for w in self._advertised.values()
+            for started, seen, stopped in [self._seen[w.id]]
+        ]  # fmt: skip
+        workers.sort(key=lambda w: (w.stopped_at is not None, -w.last_seen.timestamp()))
+        served = {k for w in workers if w.alive for k in w.kinds}
+        queued = collections.Counter(r.kind for r in rows if r.status is Status.QUEUED)
+        return QueueStatus(
+            counts=await self.queue_counts(),
+            running=[
+                RunningItem(
+                    r.id,
+                    r.kind,
+                    r.scope,
+                    r.attempt,
+                    r.worker_id,
+                    r.started_at,
+                    ((r.lease_expires_at or now) - now).total_seconds(),
+                )
+                for r in running
+            ],
+            recent_failures=[
+                Failure(r.id, r.kind, r.scope, r.attempt, r.finished_at, r.reason, r.error)
+                for r in failed
+            ],
+            workers=workers,
+            unserved_kinds={k: n for k, n in sorted(queued.items()) if k not in served},
+            schedules=await self.schedules(),
+            pauses=await self.pauses(),
+        )
 
     # -- test helpers -----------------------------------------------------------------
 
