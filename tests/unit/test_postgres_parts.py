@@ -8,7 +8,8 @@ import psycopg.errors
 import pytest
 
 from trioworker import DatabaseUnavailable, SchemaNotReady, StoreError
-from trioworker._postgres.store import PostgresStore, _connect_kwargs
+from trioworker._postgres.connection import _connect_kwargs
+from trioworker._postgres.store import PostgresStore
 
 STORE = PostgresStore("host=db user=app password=s3cr3t")
 
@@ -30,7 +31,7 @@ def test_driver_errors_become_one_domain_error_each(
 ) -> None:
     """A missing table or function means an unmigrated schema; a lost link, an
     unavailable database; anything else, a plain store error."""
-    translated = STORE._translate("claim", error("it broke"))
+    translated = STORE._conns.translate("claim", error("it broke"))
     assert type(translated) is kind
     expected = f"claim: {error.__name__}: it broke"
     if kind is SchemaNotReady:
@@ -41,10 +42,10 @@ def test_driver_errors_become_one_domain_error_each(
 def test_translated_errors_never_carry_the_password() -> None:
     """An error text that echoes the DSN is masked; an empty one leaves no dangling space."""
     leaked = psycopg.OperationalError("could not connect with password=s3cr3t")
-    assert str(STORE._translate("listen", leaked)) == (
+    assert str(STORE._conns.translate("listen", leaked)) == (
         "listen: OperationalError: could not connect with password=***"
     )
-    assert str(STORE._translate("listen", psycopg.OperationalError())) == (
+    assert str(STORE._conns.translate("listen", psycopg.OperationalError())) == (
         "listen: OperationalError:"
     )
 

@@ -7,27 +7,21 @@ nowhere else.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, LiteralString, TypeVar
 
 import psycopg
 import psycopg.errors
-import psycopg_pool
 import trio
-from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from trioworker._core.errors import (
-    DatabaseUnavailable,
     Lost,
-    SchemaNotReady,
     StoreError,
-    StoreTimeout,
 )
 from trioworker._core.jsontext import UndecodableValue, loads_or_mark
 from trioworker._core.model import (
@@ -48,7 +42,6 @@ from trioworker._core.model import (
     WorkerInfo,
     WorkItem,
 )
-from trioworker._core.retry import Backoff
 from trioworker._core.schedule import Schedule, first_due, plan, schedule_request
 from trioworker._core.validation import (
     EnqueueRequest,
@@ -57,7 +50,8 @@ from trioworker._core.validation import (
     validate_many,
 )
 from trioworker._postgres import bridge as _bridge
-from trioworker._postgres.dsn import redact, redact_dsn
+from trioworker._postgres.connection import Connections
+from trioworker._postgres.dsn import redact_dsn
 from trioworker._postgres.queries import QUERIES
 from trioworker._store.api import NotifyCallback, Transaction
 from trioworker._store.reads import (
@@ -81,26 +75,10 @@ RUNNING_SCOPE_INDEX = "work_items_one_running_per_scope"
 QUEUED_DEDUP_INDEX = "work_items_one_queued_per_dedup_key"
 NOTIFY_CHANNEL = "trioworker"
 SETTLE_CHANNEL = "trioworker_settle"
-#: The queue's own writes retry these (none is expected by design; each is counted).
-_CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
-_CONFLICT_RETRIES = 5
 #: A claim that loses a scope race claims again at once, up to this many times: each
 #: one sees the commits that beat the one before (two losses in a row were seen with
 #: 2 claimers on one scope of four lines, bench contention's W=2 S=1 L=4).
 _RACE_RETRIES = 3
-#: A transaction's BEGIN tries this many pooled connections before it gives up.
-_BEGIN_TRIES = 3
-
-# Connection settings that keep a dead link from holding a call forever; a DSN that
-# sets any of them wins.
-_LINK_DEFAULTS = {
-    "connect_timeout": "5",
-    "keepalives": "1",
-    "keepalives_idle": "5",
-    "keepalives_interval": "2",
-    "keepalives_count": "3",
-    "tcp_user_timeout": "10000",
-}
 
 
 def _violates(exc: BaseException, index: str) -> bool:  # pragma: no mutate block
@@ -113,9 +91,9 @@ class PostgresTransaction:
     `enqueue(tx=...)` to enqueue atomically with the caller's other writes."""
 
     def __init__(
-        self, store: PostgresStore, conn: psycopg.AsyncConnection[Any]
+        self, conns: Connections, conn: psycopg.AsyncConnection[Any]
     ) -> None:  # pragma: no mutate block
-        self._store = store
+        self._conns = conns
         self._conn = conn
 
     async def execute(
@@ -127,7 +105,7 @@ class PostgresTransaction:
             cur = await conn.execute(query, params)
             return await cur.fetchall() if cur.description else []
 
-        return await self._store._call("transaction.execute", op, conn=self._conn)
+        return await self._conns.call("transaction.execute", op, conn=self._conn)
 
     async def rows(
         self, query: LiteralString, params: Sequence[Any] | dict[str, Any] | None = None
@@ -139,7 +117,7 @@ class PostgresTransaction:
                 await cur.execute(query, params)
                 return await cur.fetchall() if cur.description else []
 
-        return await self._store._call("transaction.rows", op, conn=self._conn)
+        return await self._conns.call("transaction.rows", op, conn=self._conn)
 
 
 class PostgresFencedTransaction(PostgresTransaction):
@@ -151,9 +129,9 @@ class PostgresFencedTransaction(PostgresTransaction):
     """
 
     def __init__(
-        self, store: PostgresStore, conn: psycopg.AsyncConnection[Any], id: int, attempt: int
+        self, conns: Connections, conn: psycopg.AsyncConnection[Any], id: int, attempt: int
     ) -> None:  # pragma: no mutate block
-        super().__init__(store, conn)
+        super().__init__(conns, conn)
         self.item_id = id
         self.attempt = attempt
         #: Whether the item is finished as Succeeded when this transaction commits.
@@ -181,113 +159,30 @@ class PostgresStore:
         self.dsn = dsn
         self.call_timeout = call_timeout
         self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
-        self._connect_kwargs = _connect_kwargs(dsn, application_name)
-        self._pool = psycopg_pool.AsyncConnectionPool(
+        self._conns = Connections(
             dsn,
-            kwargs={**self._connect_kwargs, "autocommit": True},
-            min_size=1,
-            max_size=max_connections,
-            open=False,
-            timeout=call_timeout,
-            # Give up a reconnect series after a few seconds; the next call starts a
-            # new one at once, rather than waiting out a long backoff after an outage.
-            reconnect_timeout=5.0,
-            name="trioworker",
-            configure=_configure,
+            max_connections=max_connections,
+            call_timeout=call_timeout,
+            application_name=application_name,
         )
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._race_losses = 0
         self._dedup_hits = 0
-        self._timeouts = 0
-        self._conflict_retries = 0
         self._scopes_settled = 0
         self._heads_repaired = 0
 
-    # -- plumbing ---------------------------------------------------------------
-
-    async def _run(self, coro: Coroutine[Any, Any, T]) -> T:  # pragma: no mutate block
-        if self._loop is None:
-            raise RuntimeError("the store is not open")
-        return await _bridge.run(coro, self._loop)
+    # -- enqueue ----------------------------------------------------------------
 
     async def open(self) -> None:  # pragma: no mutate block
         """Open the pool on this task's trio-asyncio loop; any task may then use it."""
-        self._loop = _bridge.current_loop()
-        await self._run(self._pool.open(wait=False))
+        await self._conns.open()
 
     async def close(self) -> None:  # pragma: no mutate block
-        with trio.move_on_after(self.call_timeout):
-            await self._run(self._pool.close(timeout=self.call_timeout))
-
-    def _in_background(self, coro: Coroutine[Any, Any, None]) -> None:  # pragma: no mutate block
-        """Start `coro` on the store's asyncio loop without waiting for it."""
-        assert self._loop is not None
-        self._loop.create_task(coro).add_done_callback(_bridge.consume_result)
-
-    async def _call(
-        self,
-        name: str,
-        op: Op[T],
-        *,
-        conn: psycopg.AsyncConnection[Any] | None = None,
-    ) -> T:  # pragma: no mutate block
-        """Run `op` on a pooled connection (or `conn`), bounded by `call_timeout`.
-
-        On a pooled connection every call is its own transaction, so one that meets a
-        deadlock or a serialization failure is run again (and counted): the queue's
-        own writes never hand those to the Worker as errors.
-        """
-        limit = self.call_timeout
-        with trio.move_on_after(limit):
-            for retry in range(_CONFLICT_RETRIES + 1):
-                try:
-                    if conn is not None:
-                        return await self._run(_discarding_on_failure(conn, op))
-                    return await self._run(self._with_pooled_connection(op))
-                except _CONFLICTS as exc:
-                    if conn is not None or retry == _CONFLICT_RETRIES:
-                        raise self._translate(name, exc) from None
-                    self._conflict_retries += 1
-                    log.warning("%s met %s; running it again", name, type(exc).__name__)
-                    await trio.sleep(0.01 * (retry + 1))
-                except psycopg.Error as exc:
-                    raise self._translate(name, exc) from None
-                except UnicodeEncodeError as exc:  # psycopg's own, for a lone surrogate
-                    raise StoreError(
-                        f"{name}: a value is not valid Unicode ({exc.reason}); nothing sent"
-                    ) from None
-        self._timeouts += 1
-        raise StoreTimeout(f"{name}: no answer from PostgreSQL within {limit:g}s")
-
-    async def _with_pooled_connection(self, op: Op[T]) -> T:  # pragma: no mutate block
-        # asyncio side
-        conn = await self._pool.getconn()
-        try:
-            return await _discarding_on_failure(conn, op)
-        finally:
-            await self._pool.putconn(conn)
-
-    def _translate(self, name: str, exc: psycopg.Error) -> StoreError | SchemaNotReady:
-        message = redact(f"{name}: {type(exc).__name__}: {exc}".strip(), self.dsn)
-        if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction):
-            return SchemaNotReady(f"{message} (run `python -m trioworker migrate`)")
-        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-            return DatabaseUnavailable(message)
-        return StoreError(message)
+        await self._conns.close()
 
     async def _rows(
         self, name: str, params: dict[str, Any]
     ) -> list[dict[str, Any]]:  # pragma: no mutate block
-        query = QUERIES[name]
-
-        async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
-            async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(query, params)
-                return await cur.fetchall() if cur.description else []
-
-        return await self._call(name, op)
-
-    # -- enqueue ----------------------------------------------------------------
+        return await self._conns.rows(name, QUERIES[name], params)
 
     async def enqueue(
         self,
@@ -321,7 +216,7 @@ class PostgresStore:
             self._dedup_hits += enqueued.deduplicated
             return enqueued
 
-        return await self._call("enqueue", op, conn=_connection_of(tx))
+        return await self._conns.call("enqueue", op, conn=_connection_of(tx))
 
     async def _enqueue_on(
         self, conn: psycopg.AsyncConnection[Any], request: EnqueueRequest
@@ -396,14 +291,14 @@ class PostgresStore:
                 results.append(result)
             return results
 
-        return await self._call("enqueue_many", op, conn=_connection_of(tx))
+        return await self._conns.call("enqueue_many", op, conn=_connection_of(tx))
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[PostgresTransaction]:  # pragma: no mutate block
         """A transaction of the caller's own, committed when the block exits cleanly
         (rolled back if it raises)."""
-        async with self._transaction() as conn:
-            yield PostgresTransaction(self, conn)
+        async with self._conns.transaction() as conn:
+            yield PostgresTransaction(self._conns, conn)
 
     @asynccontextmanager
     async def fenced_transaction(
@@ -412,8 +307,8 @@ class PostgresStore:
         """A transaction that commits only while attempt (`id`, `attempt`) owns its
         Running item; raises Lost, writing nothing, when it does not. Handlers reach it
         through `Context.transaction()`."""
-        async with self._transaction() as conn:
-            tx = PostgresFencedTransaction(self, conn, id, attempt)
+        async with self._conns.transaction() as conn:
+            tx = PostgresFencedTransaction(self._conns, conn, id, attempt)
             if not await tx.execute(QUERIES["lock_attempt"], {"id": id, "attempt": attempt}):
                 raise Lost(f"item {id} attempt {attempt} no longer owns the item; nothing written")
             yield tx
@@ -424,51 +319,6 @@ class PostgresStore:
                 }  # fmt: skip
                 if not await tx.execute(QUERIES["finish"], params):  # pragma: no cover
                     raise Lost(f"item {id} attempt {attempt} could not be finished")
-
-    @asynccontextmanager
-    async def _transaction(
-        self,
-    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:  # pragma: no mutate block
-        async def begin() -> psycopg.AsyncConnection[Any]:
-            # A pooled connection whose backend was terminated fails at once; nothing
-            # was done on it yet, so the transaction begins again on a fresh one.
-            for fresh in range(_BEGIN_TRIES, 0, -1):
-                conn = await self._pool.getconn()
-                try:
-                    await conn.execute("BEGIN")
-                except BaseException as exc:
-                    await conn.close()
-                    await self._pool.putconn(conn)
-                    if fresh > 1 and isinstance(exc, psycopg.OperationalError):
-                        continue
-                    raise
-                return conn
-            raise AssertionError("unreachable")  # pragma: no cover
-
-        async def finish(conn: psycopg.AsyncConnection[Any], statement: LiteralString) -> None:
-            try:
-                await conn.execute(statement)
-            finally:
-                if conn.pgconn.transaction_status != TransactionStatus.IDLE:
-                    await conn.close()
-                await self._pool.putconn(conn)
-
-        with trio.fail_after(self.call_timeout):
-            try:
-                conn = await self._run(begin())
-            except psycopg.Error as exc:
-                raise self._translate("transaction", exc) from None
-        ended = False
-        try:
-            yield conn
-            ended = True  # COMMIT returns the connection to the pool, whatever happens
-            await self._call("commit", lambda c: finish(c, "COMMIT"), conn=conn)
-        finally:
-            if not ended:
-                # In the background: a handler being cancelled (a self-stop, say) must not
-                # wait on a dead link for its ROLLBACK, which would outlast its stop grace.
-                # The connection goes back to the pool (or is discarded) once it is done.
-                self._in_background(_quietly(finish(conn, "ROLLBACK")))
 
     # -- claim and the fenced writes ---------------------------------------------
 
@@ -529,7 +379,7 @@ class PostgresStore:
                     log.info("claim lost a scope on %s; claiming again", RUNNING_SCOPE_INDEX)
             raise AssertionError("unreachable")  # pragma: no cover
 
-        rows = await self._call("claim", op)
+        rows = await self._conns.call("claim", op)
         return sorted((WorkItem(**_decoded(row)) for row in rows), key=lambda item: item.id)
 
     async def seconds_until_due(
@@ -719,7 +569,7 @@ class PostgresStore:
                 return [row[0] for row in await cur.fetchall()]
 
             began = trio.current_time()
-            finished = await self._call("delete_finished", op)
+            finished = await self._conns.call("delete_finished", op)
             if on_batch is not None:
                 on_batch(len(finished), trio.current_time() - began)
             deleted += len(finished)
@@ -829,7 +679,7 @@ class PostgresStore:
                 row = await cur.fetchone()
             return fired, None if row is None or row[0] is None else max(0.0, row[0])
 
-        return await self._call("fire_schedules", op)
+        return await self._conns.call("fire_schedules", op)
 
     async def schedules(self) -> list[ScheduleState]:  # pragma: no mutate block
         return [ScheduleState(**row) for row in await self._rows("schedules", {})]
@@ -897,8 +747,8 @@ class PostgresStore:
         return StoreStatistics(
             race_losses=self._race_losses,
             dedup_hits=self._dedup_hits,
-            timeouts=self._timeouts,
-            conflict_retries=self._conflict_retries,
+            timeouts=self._conns.timeouts,
+            conflict_retries=self._conns.conflict_retries,
             scopes_settled=self._scopes_settled,
             heads_repaired=self._heads_repaired,
         )
@@ -913,92 +763,14 @@ class PostgresStore:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
         check_every: float = 30.0,
     ) -> None:  # pragma: no mutate block
-        """Call `on_notify` for each NOTIFY about new work, until cancelled, and
-        `on_settle` for each scope left to be settled.
-
-        Runs on a connection of its own, checks the link when quiet for
-        `check_every` seconds, and reconnects with backoff. After a reconnect it calls
-        both with None, since notifications sent meanwhile were missed.
-        """
-        backoff = Backoff(initial=0.5, maximum=15.0)
-        started = False
-        while True:
-            conn: psycopg.AsyncConnection[Any] | None = None
-            try:
-                with trio.fail_after(self.call_timeout):
-                    conn = await self._run(
-                        psycopg.AsyncConnection.connect(
-                            self.dsn, **self._connect_kwargs, autocommit=True
-                        )
-                    )
-                    await self._run(conn.execute(QUERIES["listen"]))
-                    if on_settle is not None:
-                        await self._run(conn.execute(QUERIES["listen_settle"]))
-                backoff.reset()
-                if started:
-                    log.info("listening for new work again")
-                    on_notify(None)
-                    if on_settle is not None:
-                        on_settle(None)
-                else:
-                    started = True
-                    task_status.started()
-                while True:
-                    await self._run(_relay(conn, on_notify, on_settle, check_every))
-                    with trio.fail_after(self.call_timeout):
-                        await self._run(conn.execute("SELECT 1"))
-            except (psycopg.Error, trio.TooSlowError, OSError) as exc:
-                delay = backoff.next()
-                log.warning(
-                    "notification listener lost PostgreSQL (%s); polling continues,"
-                    " reconnecting in %.1fs",
-                    redact(f"{type(exc).__name__}: {exc}", self.dsn),
-                    delay,
-                )
-                await trio.sleep(delay)
-            finally:
-                if conn is not None:
-                    with trio.CancelScope(shield=True):
-                        await self._run(conn.close())
+        """Call `on_notify` for each NOTIFY about new work, and `on_settle` for each
+        scope left to be settled, until cancelled (`Connections.listen`)."""
+        await self._conns.listen(
+            on_notify, on_settle=on_settle, task_status=task_status, check_every=check_every
+        )
 
     def __repr__(self) -> str:
         return f"PostgresStore({redact_dsn(self.dsn)!r})"
-
-
-async def _relay(
-    conn: psycopg.AsyncConnection[Any],
-    on_notify: NotifyCallback,
-    on_settle: NotifyCallback | None,
-    quiet_period: float,
-) -> None:  # pragma: no mutate block
-    # asyncio side: returns after `quiet_period` seconds without a notification
-    async for notify in conn.notifies(timeout=quiet_period):
-        if notify.channel == NOTIFY_CHANNEL:
-            on_notify(notify.payload)
-        elif notify.channel == SETTLE_CHANNEL and on_settle is not None:
-            on_settle(notify.payload)
-
-
-async def _discarding_on_failure(
-    conn: psycopg.AsyncConnection[Any], op: Op[T]
-) -> T:  # pragma: no mutate block
-    # asyncio side: a connection that was cancelled mid-statement, or whose link
-    # failed, is closed so the pool discards it rather than handing it out again.
-    try:
-        return await op(conn)
-    except BaseException as exc:
-        if not isinstance(exc, psycopg.Error) or isinstance(
-            exc, psycopg.OperationalError | psycopg.InterfaceError
-        ):
-            await conn.close()
-        raise
-
-
-async def _quietly(aw: Awaitable[None]) -> None:  # pragma: no mutate block
-    try:
-        await aw
-    except psycopg.Error as exc:
-        log.warning("rollback failed; the connection was discarded: %s", type(exc).__name__)
 
 
 def match_inserted(
@@ -1051,20 +823,6 @@ def _decoded(row: dict[str, Any]) -> dict[str, Any]:
         "payload": loads_or_mark(row["payload"]),
         "trace_context": None if isinstance(trace_context, UndecodableValue) else trace_context,
     }
-
-
-def _connect_kwargs(dsn: str, application_name: str) -> dict[str, Any]:
-    given = psycopg.conninfo.conninfo_to_dict(dsn)
-    kwargs: dict[str, Any] = {k: v for k, v in _LINK_DEFAULTS.items() if k not in given}
-    kwargs.setdefault("application_name", given.get("application_name", application_name))
-    return kwargs
-
-
-async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:  # pragma: no mutate block
-    # asyncio side: the queue's functions read fresh snapshots after taking their
-    # locks, which needs READ COMMITTED whatever the database's default is; and its
-    # statements are short, so compiling them (JIT) would cost more than it saves.
-    await conn.execute("SET default_transaction_isolation = 'read committed'; SET jit = off")
 
 
 @asynccontextmanager

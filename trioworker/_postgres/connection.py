@@ -1,0 +1,319 @@
+"""The plumbing of the PostgreSQL store: the pool, the trio-asyncio bridge, each
+call's time bound, the translation of driver errors, the caller's transactions and
+LISTEN. The operations (store.py) say what to run; this says how it is run.
+
+Every call is one statement (or one short transaction) on a pooled autocommit
+connection, bounded by `call_timeout`. Driver errors become trioworker errors here and
+nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any, LiteralString, TypeVar
+
+import psycopg
+import psycopg.errors
+import psycopg_pool
+import trio
+from psycopg.pq import TransactionStatus
+from psycopg.rows import dict_row
+
+from trioworker._core.errors import DatabaseUnavailable, SchemaNotReady, StoreError, StoreTimeout
+from trioworker._core.retry import Backoff
+from trioworker._postgres import bridge as _bridge
+from trioworker._postgres.dsn import redact, redact_dsn
+from trioworker._postgres.queries import QUERIES
+from trioworker._store.api import NotifyCallback
+
+log = logging.getLogger("trioworker.store")
+
+T = TypeVar("T")
+Op = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
+
+NOTIFY_CHANNEL = "trioworker"
+SETTLE_CHANNEL = "trioworker_settle"
+#: The queue's own writes retry these (none is expected by design; each is counted).
+_CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+_CONFLICT_RETRIES = 5
+#: A transaction's BEGIN tries this many pooled connections before it gives up.
+_BEGIN_TRIES = 3
+
+# Connection settings that keep a dead link from holding a call forever; a DSN that
+# sets any of them wins.
+_LINK_DEFAULTS = {
+    "connect_timeout": "5",
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "10000",
+}
+
+
+class Connections:
+    """A pool of connections to one database, and the way every call goes through it."""
+
+    def __init__(
+        self, dsn: str, *, max_connections: int, call_timeout: float, application_name: str
+    ) -> None:  # pragma: no mutate block
+        self.dsn = dsn
+        self.call_timeout = call_timeout
+        self._connect_kwargs = _connect_kwargs(dsn, application_name)
+        self._pool = psycopg_pool.AsyncConnectionPool(
+            dsn,
+            kwargs={**self._connect_kwargs, "autocommit": True},
+            min_size=1,
+            max_size=max_connections,
+            open=False,
+            timeout=call_timeout,
+            # Give up a reconnect series after a few seconds; the next call starts a
+            # new one at once, rather than waiting out a long backoff after an outage.
+            reconnect_timeout=5.0,
+            name="trioworker",
+            configure=_configure,
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: Calls that ran out of time, and the queue's own writes run again after a
+        #: deadlock or serialization failure.
+        self.timeouts = 0
+        self.conflict_retries = 0
+
+    async def run(self, coro: Coroutine[Any, Any, T]) -> T:  # pragma: no mutate block
+        if self._loop is None:
+            raise RuntimeError("the store is not open")
+        return await _bridge.run(coro, self._loop)
+
+    async def open(self) -> None:  # pragma: no mutate block
+        """Open the pool on this task's trio-asyncio loop; any task may then use it."""
+        self._loop = _bridge.current_loop()
+        await self.run(self._pool.open(wait=False))
+
+    async def close(self) -> None:  # pragma: no mutate block
+        with trio.move_on_after(self.call_timeout):
+            await self.run(self._pool.close(timeout=self.call_timeout))
+
+    def in_background(self, coro: Coroutine[Any, Any, None]) -> None:  # pragma: no mutate block
+        """Start `coro` on the store's asyncio loop without waiting for it."""
+        assert self._loop is not None
+        self._loop.create_task(coro).add_done_callback(_bridge.consume_result)
+
+    async def call(
+        self,
+        name: str,
+        op: Op[T],
+        *,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> T:  # pragma: no mutate block
+        """Run `op` on a pooled connection (or `conn`), bounded by `call_timeout`.
+
+        On a pooled connection every call is its own transaction, so one that meets a
+        deadlock or a serialization failure is run again (and counted): the queue's
+        own writes never hand those to the Worker as errors.
+        """
+        limit = self.call_timeout
+        with trio.move_on_after(limit):
+            for retry in range(_CONFLICT_RETRIES + 1):
+                try:
+                    if conn is not None:
+                        return await self.run(_discarding_on_failure(conn, op))
+                    return await self.run(self._with_pooled_connection(op))
+                except _CONFLICTS as exc:
+                    if conn is not None or retry == _CONFLICT_RETRIES:
+                        raise self.translate(name, exc) from None
+                    self.conflict_retries += 1
+                    log.warning("%s met %s; running it again", name, type(exc).__name__)
+                    await trio.sleep(0.01 * (retry + 1))
+                except psycopg.Error as exc:
+                    raise self.translate(name, exc) from None
+                except UnicodeEncodeError as exc:  # psycopg's own, for a lone surrogate
+                    raise StoreError(
+                        f"{name}: a value is not valid Unicode ({exc.reason}); nothing sent"
+                    ) from None
+        self.timeouts += 1
+        raise StoreTimeout(f"{name}: no answer from PostgreSQL within {limit:g}s")
+
+    async def _with_pooled_connection(self, op: Op[T]) -> T:  # pragma: no mutate block
+        # asyncio side
+        conn = await self._pool.getconn()
+        try:
+            return await _discarding_on_failure(conn, op)
+        finally:
+            await self._pool.putconn(conn)
+
+    def translate(self, name: str, exc: psycopg.Error) -> StoreError | SchemaNotReady:
+        message = redact(f"{name}: {type(exc).__name__}: {exc}".strip(), self.dsn)
+        if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction):
+            return SchemaNotReady(f"{message} (run `python -m trioworker migrate`)")
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            return DatabaseUnavailable(message)
+        return StoreError(message)
+
+    async def rows(
+        self, name: str, query: LiteralString, params: dict[str, Any]
+    ) -> list[dict[str, Any]]:  # pragma: no mutate block
+        """Run one named statement on a pooled connection; its rows, as dicts."""
+
+        async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query, params)
+                return await cur.fetchall() if cur.description else []
+
+        return await self.call(name, op)
+
+    @asynccontextmanager
+    async def transaction(
+        self,
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:  # pragma: no mutate block
+        async def begin() -> psycopg.AsyncConnection[Any]:
+            # A pooled connection whose backend was terminated fails at once; nothing
+            # was done on it yet, so the transaction begins again on a fresh one.
+            for fresh in range(_BEGIN_TRIES, 0, -1):
+                conn = await self._pool.getconn()
+                try:
+                    await conn.execute("BEGIN")
+                except BaseException as exc:
+                    await conn.close()
+                    await self._pool.putconn(conn)
+                    if fresh > 1 and isinstance(exc, psycopg.OperationalError):
+                        continue
+                    raise
+                return conn
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        async def finish(conn: psycopg.AsyncConnection[Any], statement: LiteralString) -> None:
+            try:
+                await conn.execute(statement)
+            finally:
+                if conn.pgconn.transaction_status != TransactionStatus.IDLE:
+                    await conn.close()
+                await self._pool.putconn(conn)
+
+        with trio.fail_after(self.call_timeout):
+            try:
+                conn = await self.run(begin())
+            except psycopg.Error as exc:
+                raise self.translate("transaction", exc) from None
+        ended = False
+        try:
+            yield conn
+            ended = True  # COMMIT returns the connection to the pool, whatever happens
+            await self.call("commit", lambda c: finish(c, "COMMIT"), conn=conn)
+        finally:
+            if not ended:
+                # In the background: a handler being cancelled (a self-stop, say) must not
+                # wait on a dead link for its ROLLBACK, which would outlast its stop grace.
+                # The connection goes back to the pool (or is discarded) once it is done.
+                self.in_background(_quietly(finish(conn, "ROLLBACK")))
+
+    async def listen(
+        self,
+        on_notify: NotifyCallback,
+        *,
+        on_settle: NotifyCallback | None = None,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+        check_every: float = 30.0,
+    ) -> None:  # pragma: no mutate block
+        """Call `on_notify` for each NOTIFY about new work, until cancelled, and
+        `on_settle` for each scope left to be settled.
+
+        Runs on a connection of its own, checks the link when quiet for
+        `check_every` seconds, and reconnects with backoff. After a reconnect it calls
+        both with None, since notifications sent meanwhile were missed.
+        """
+        backoff = Backoff(initial=0.5, maximum=15.0)
+        started = False
+        while True:
+            conn: psycopg.AsyncConnection[Any] | None = None
+            try:
+                with trio.fail_after(self.call_timeout):
+                    conn = await self.run(
+                        psycopg.AsyncConnection.connect(
+                            self.dsn, **self._connect_kwargs, autocommit=True
+                        )
+                    )
+                    await self.run(conn.execute(QUERIES["listen"]))
+                    if on_settle is not None:
+                        await self.run(conn.execute(QUERIES["listen_settle"]))
+                backoff.reset()
+                if started:
+                    log.info("listening for new work again")
+                    on_notify(None)
+                    if on_settle is not None:
+                        on_settle(None)
+                else:
+                    started = True
+                    task_status.started()
+                while True:
+                    await self.run(_relay(conn, on_notify, on_settle, check_every))
+                    with trio.fail_after(self.call_timeout):
+                        await self.run(conn.execute("SELECT 1"))
+            except (psycopg.Error, trio.TooSlowError, OSError) as exc:
+                delay = backoff.next()
+                log.warning(
+                    "notification listener lost PostgreSQL (%s); polling continues,"
+                    " reconnecting in %.1fs",
+                    redact(f"{type(exc).__name__}: {exc}", self.dsn),
+                    delay,
+                )
+                await trio.sleep(delay)
+            finally:
+                if conn is not None:
+                    with trio.CancelScope(shield=True):
+                        await self.run(conn.close())
+
+    def __repr__(self) -> str:
+        return f"Connections({redact_dsn(self.dsn)!r})"
+
+
+async def _relay(
+    conn: psycopg.AsyncConnection[Any],
+    on_notify: NotifyCallback,
+    on_settle: NotifyCallback | None,
+    quiet_period: float,
+) -> None:  # pragma: no mutate block
+    # asyncio side: returns after `quiet_period` seconds without a notification
+    async for notify in conn.notifies(timeout=quiet_period):
+        if notify.channel == NOTIFY_CHANNEL:
+            on_notify(notify.payload)
+        elif notify.channel == SETTLE_CHANNEL and on_settle is not None:
+            on_settle(notify.payload)
+
+
+async def _discarding_on_failure(
+    conn: psycopg.AsyncConnection[Any], op: Op[T]
+) -> T:  # pragma: no mutate block
+    # asyncio side: a connection that was cancelled mid-statement, or whose link
+    # failed, is closed so the pool discards it rather than handing it out again.
+    try:
+        return await op(conn)
+    except BaseException as exc:
+        if not isinstance(exc, psycopg.Error) or isinstance(
+            exc, psycopg.OperationalError | psycopg.InterfaceError
+        ):
+            await conn.close()
+        raise
+
+
+async def _quietly(aw: Awaitable[None]) -> None:  # pragma: no mutate block
+    try:
+        await aw
+    except psycopg.Error as exc:
+        log.warning("rollback failed; the connection was discarded: %s", type(exc).__name__)
+
+
+def _connect_kwargs(dsn: str, application_name: str) -> dict[str, Any]:
+    given = psycopg.conninfo.conninfo_to_dict(dsn)
+    kwargs: dict[str, Any] = {k: v for k, v in _LINK_DEFAULTS.items() if k not in given}
+    kwargs.setdefault("application_name", given.get("application_name", application_name))
+    return kwargs
+
+
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:  # pragma: no mutate block
+    # asyncio side: the queue's functions read fresh snapshots after taking their
+    # locks, which needs READ COMMITTED whatever the database's default is; and its
+    # statements are short, so compiling them (JIT) would cost more than it saves.
+    await conn.execute("SET default_transaction_isolation = 'read committed'; SET jit = off")
