@@ -30,7 +30,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from trioworker._core.errors import ConfigurationError
-from trioworker._core.policy import describe_error
+from trioworker._core.policy import AttemptOutcome, describe_error
 from trioworker._core.public import public_names as _public_names
 from trioworker._core.validation import MAX_TRACE_CONTEXT_BYTES
 
@@ -46,14 +46,14 @@ SPAN_NAME = "trioworker.attempt"
 #: Outcomes of an attempt that did not do its work: its span's status is ERROR.
 ERROR_OUTCOMES = frozenset(
     {
-        "fail",
-        "retry",
-        "self_stopped",
-        "lost",
-        "database-lost",
-        "fenced-out",
-        "write-failed",
-        "abandoned",
+        AttemptOutcome.FAIL,
+        AttemptOutcome.RETRY,
+        AttemptOutcome.SELF_STOPPED,
+        AttemptOutcome.LOST,
+        AttemptOutcome.DATABASE_LOST,
+        AttemptOutcome.FENCED_OUT,
+        AttemptOutcome.WRITE_FAILED,
+        AttemptOutcome.ABANDONED,
     }
 )
 
@@ -95,10 +95,10 @@ class AttemptSpan:
         """A span event: "heartbeat_failed" (with why) or "self_stopped"."""
         self.span.add_event(name, {} if detail is None else {"trioworker.detail": detail})
 
-    def end(self, outcome: str, error: BaseException | None) -> None:
+    def end(self, outcome: AttemptOutcome, error: BaseException | None) -> None:
         """Close the span with the attempt's outcome (and the handler's error, if any)."""
         span = self.span
-        span.set_attribute("trioworker.outcome", outcome)
+        span.set_attribute("trioworker.outcome", outcome.value)
         if error is not None:
             try:
                 span.record_exception(error)
@@ -111,8 +111,8 @@ class AttemptSpan:
                     },
                 )
         if outcome in ERROR_OUTCOMES:
-            described = describe_error(error) if error is not None else outcome
-            span.set_status(Status(StatusCode.ERROR, f"{outcome}: {described}"))
+            described = describe_error(error) if error is not None else outcome.value
+            span.set_status(Status(StatusCode.ERROR, f"{outcome.value}: {described}"))
         otel_context.detach(self._token)
         span.end()
 

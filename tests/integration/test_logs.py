@@ -168,7 +168,7 @@ def test_json_logs_carry_the_item_fields_on_every_item_line(
     assert by_id[ids["erring"], 1]["kind"] == "Record"
     assert by_id[ids["erring"], 2]["scope"] == "e1"
     assert "lease expired" in by_id[ids["orphan"], 1]["message"]
-    assert by_id[ids["long"], 1]["message"] == "stopped (cancel-requested)"
+    assert by_id[ids["long"], 1]["message"] == "stopped (cancel_requested)"
 
 
 def test_the_password_never_appears_in_a_workers_output(

@@ -18,6 +18,7 @@ import trio.testing
 
 from trioworker import Context, Registry, Settings, Worker, WorkItem
 from trioworker._core.errors import DatabaseUnavailable, SchemaNotReady, StoreError
+from trioworker._core.policy import AttemptOutcome
 from trioworker.testing import MemoryStore
 
 #: A step of a scripted store call: "fail" (DatabaseUnavailable), "refuse" (a
@@ -76,8 +77,8 @@ class Trace:
     def event(self, name: str, detail: str | None = None) -> None:
         self.events.append((name, detail))
 
-    def end(self, outcome: str, error: BaseException | None) -> None:
-        self.ended.append((outcome, error))
+    def end(self, outcome: AttemptOutcome, error: BaseException | None) -> None:
+        self.ended.append((outcome.value, error))
 
 
 class Tracer:

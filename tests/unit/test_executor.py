@@ -135,7 +135,7 @@ async def test_a_handler_that_will_not_stop_after_a_self_stop_fail_stops_the_pro
         await trio.sleep(50)
     message = (
         "handler of item 1 (attempt 1, kind Stubborn) did not stop within 15s of being"
-        " cancelled (self-stop); its file side effects cannot be trusted to stop, so the"
+        " cancelled (self_stop); its file side effects cannot be trusted to stop, so the"
         " Worker stops"
     )
     assert failstops.calls == [(45.0, message)]
@@ -162,7 +162,7 @@ async def test_the_fail_stop_names_the_reason_of_the_cancel(
         await trio.sleep(30)
     ((at, message),) = failstops.calls
     assert at == 25.0
-    assert "did not stop within 15s of being cancelled (cancel-requested)" in message
+    assert "did not stop within 15s of being cancelled (cancel_requested)" in message
 
 
 async def test_a_lost_attempt_is_logged_counted_and_traced_as_lost(
@@ -267,7 +267,7 @@ async def test_a_cancel_request_writes_cancelled_and_notes_what_the_handler_rais
         await store.cancel(1)
         await trio.sleep(12)
     assert messages(caplog, EXECUTOR) == [
-        "stopped (cancel-requested)",
+        "stopped (cancel_requested)",
         "after the cancel the handler raised ValueError('oops'); ignored",
     ]
     assert tracer.traces[0].ended == [("cancel", oops)]
@@ -441,7 +441,7 @@ async def test_a_write_that_keeps_failing_gives_up_at_the_self_stop_deadline(
         " lease recovery will requeue the item"
     )
     assert records(caplog, "could not record")[-1].levelno == logging.ERROR
-    assert tracer.outcomes() == ["write-failed"]
+    assert tracer.outcomes() == ["write_failed"]
     assert store.items()[0].status is Status.RUNNING
 
 
@@ -471,7 +471,7 @@ async def test_a_write_fenced_out_is_logged_and_counted_as_lost(
     async with running(store, registry, tracer=tracer, metrics=sink) as worker:
         await trio.sleep(5)
     assert messages(caplog, EXECUTOR) == ["complete was fenced out: the attempt had lost the item"]
-    assert tracer.outcomes() == ["fenced-out"]
+    assert tracer.outcomes() == ["fenced_out"]
     assert worker.statistics().events == {"claimed": 1, "lost": 1}
     assert ("lost", "Crawl", None) in sink.seen
 
@@ -491,7 +491,7 @@ async def test_a_completion_inside_the_handlers_transaction_writes_nothing_more(
     await store.enqueue("Crawl")
     async with running(store, registry, tracer=tracer) as worker:
         await trio.sleep(5)
-    assert tracer.outcomes() == ["succeeded-in-transaction"]
+    assert tracer.outcomes() == ["succeeded_in_transaction"]
     assert "complete_batch" not in store.calls
     assert worker.statistics().events == {"claimed": 1}
     assert store.items()[0].status is Status.SUCCEEDED
@@ -540,7 +540,7 @@ async def test_releasing_an_unknown_kind_gives_up_at_the_deadline(
     with trio.fail_after(100):
         await executor.run(item, 2.0)
     assert 32.0 - 2.4 <= store.times["release"][-1] < 32.0 <= trio.current_time() + 2.4
-    assert tracer.outcomes() == ["write-failed"]
+    assert tracer.outcomes() == ["write_failed"]
 
 
 async def test_without_a_batcher_the_executor_completes_through_the_store(

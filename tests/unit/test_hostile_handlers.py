@@ -198,7 +198,7 @@ async def test_a_write_refused_in_every_form_is_retried_until_the_deadline(
     assert claimed.id == item.id
     assert store.times["complete"][:2] == [1.0, 1.0]
     assert 30.0 - 2.4 <= store.times["complete"][-1] < 30.0 <= trio.current_time() + 2.4
-    assert tracer.outcomes() == ["write-failed"]
+    assert tracer.outcomes() == ["write_failed"]
 
 
 async def test_an_item_whose_payload_cannot_be_decoded_is_failed_without_running(
@@ -270,7 +270,7 @@ async def test_a_handler_that_goes_on_after_completing_its_item_is_cancelled_the
         "the handler went on after completing its item in a transaction;"
         " cancelled there (the scope was free for the next item)"
     ]
-    assert tracer.outcomes() == ["succeeded-in-transaction"] * 2
+    assert tracer.outcomes() == ["succeeded_in_transaction"] * 2
     assert {s.status for s in store.items()} == {Status.SUCCEEDED}
     assert "complete_batch" not in store.calls
 
@@ -296,7 +296,7 @@ async def test_a_lost_database_link_in_the_attempts_transaction_is_a_stall(
         assert worker.statistics().events["database_lost"] == 1
     [state] = store.items()
     assert (state.status, state.failures, state.stalls) == (Status.SUCCEEDED, 0, 1)
-    assert tracer.outcomes() == ["database-lost", "succeeded-in-transaction"]
+    assert tracer.outcomes() == ["database_lost", "succeeded_in_transaction"]
     assert writes(store) == [("complete", True)]
     assert sink.named("database_lost") == [("database_lost", "Blip", None)]
     assert [m for m in messages(caplog, EXECUTOR) if m.startswith("lost PostgreSQL")] == [
@@ -327,7 +327,7 @@ async def test_a_lost_link_the_handler_passes_on_in_a_group_is_still_a_stall(
     await store.enqueue("Blip")
     async with running(store, registry, tracer=tracer):
         await trio.sleep(5)
-    assert tracer.outcomes() == ["database-lost"]
+    assert tracer.outcomes() == ["database_lost"]
     assert writes(store) == []
 
 
@@ -380,7 +380,7 @@ async def test_failing_an_undecodable_item_gives_up_at_the_self_stop_deadline(
     with trio.fail_after(100):
         await executor.run(poisoned, 2.0)
     assert 32.0 - 2.4 <= store.times["fail"][-1] < 32.0 <= trio.current_time() + 2.4
-    assert tracer.outcomes() == ["write-failed"]
+    assert tracer.outcomes() == ["write_failed"]
 
 
 async def test_a_handler_that_raises_lost_writes_nothing_and_is_traced_as_lost(

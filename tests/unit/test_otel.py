@@ -26,6 +26,7 @@ from trioworker import (
     Worker,
     WorkItem,
 )
+from trioworker._core.policy import AttemptOutcome
 from trioworker._core.validation import MAX_TRACE_CONTEXT_BYTES
 from trioworker._store import tracing as _store
 from trioworker.otel import (
@@ -245,7 +246,7 @@ def test_the_attempts_span_is_current_from_start_to_end(spans: Spans) -> None:
     what was current before."""
     attempt = OtelTracer(spans.provider).start(WorkItem(1, "K", None, {}, 1))
     assert trace.get_current_span() is attempt.span
-    attempt.end("complete", None)
+    attempt.end(AttemptOutcome("complete"), None)
     assert not trace.get_current_span().get_span_context().is_valid
 
 
@@ -254,8 +255,8 @@ def test_the_attempts_span_is_current_from_start_to_end(spans: Spans) -> None:
     [
         ("fail", ValueError("bad")),
         ("lost", None),
-        ("fenced-out", None),
-        ("write-failed", None),
+        ("fenced_out", None),
+        ("write_failed", None),
     ],
 )
 def test_outcomes_that_did_not_do_the_work_are_errors(
@@ -263,16 +264,17 @@ def test_outcomes_that_did_not_do_the_work_are_errors(
 ) -> None:
     """fail, lost, fenced-out and write-failed end in status ERROR."""
     attempt = OtelTracer(spans.provider).start(WorkItem(1, "K", None, {}, 1))
-    attempt.end(outcome, error)
+    attempt.end(AttemptOutcome(outcome), error)
     (span,) = spans.finished()
     assert span.status.status_code is StatusCode.ERROR
     assert (span.attributes or {})["trioworker.outcome"] == outcome
 
 
-@pytest.mark.parametrize("outcome", ["complete", "succeeded-in-transaction", "cancel", "release"])
+@pytest.mark.parametrize("outcome", ["complete", "succeeded_in_transaction", "cancel", "release"])
 def test_outcomes_that_are_no_failure_leave_the_status_unset(spans: Spans, outcome: str) -> None:
     """A completion, a requested cancel and a release at shutdown are no errors."""
-    OtelTracer(spans.provider).start(WorkItem(1, "K", None, {}, 1)).end(outcome, None)
+    attempt = OtelTracer(spans.provider).start(WorkItem(1, "K", None, {}, 1))
+    attempt.end(AttemptOutcome(outcome), None)
     (span,) = spans.finished()
     assert span.status.status_code is StatusCode.UNSET
 
@@ -280,7 +282,7 @@ def test_outcomes_that_are_no_failure_leave_the_status_unset(spans: Spans, outco
 def test_a_malformed_trace_context_gives_a_root_span(spans: Spans) -> None:
     """A carrier no propagator can read (a plain SQL insert's, say) is ignored."""
     item = WorkItem(1, "K", None, {}, 1, trace_context={"traceparent": "not one"})
-    OtelTracer(spans.provider).start(item).end("complete", None)
+    OtelTracer(spans.provider).start(item).end(AttemptOutcome("complete"), None)
     (span,) = spans.finished()
     assert span.parent is None
 
@@ -357,7 +359,8 @@ def test_a_carrier_of_exactly_the_limit_keeps_its_baggage(
 
 def test_the_spans_come_from_the_trioworker_tracer(spans: Spans) -> None:
     """The instrumentation scope of an attempt's span names the library."""
-    OtelTracer(spans.provider).start(WorkItem(1, "K", None, {}, 1)).end("complete", None)
+    attempt = OtelTracer(spans.provider).start(WorkItem(1, "K", None, {}, 1))
+    attempt.end(AttemptOutcome.COMPLETE, None)
     (span,) = spans.finished()
     assert span.instrumentation_scope is not None
     assert span.instrumentation_scope.name == "trioworker"

@@ -6,6 +6,7 @@ import trio
 import trio.testing
 
 from trioworker import Context, Registry, RetryPolicy, Status, WorkItem
+from trioworker._core.policy import AttemptOutcome
 from trioworker.testing import worker
 
 
@@ -84,8 +85,8 @@ async def test_the_helper_passes_a_tracer_to_the_worker(
         def event(self, name: str, detail: str | None = None) -> None:
             pass
 
-        def end(self, outcome: str, error: BaseException | None) -> None:
-            ended.append((self.item.id, outcome))
+        def end(self, outcome: AttemptOutcome, error: BaseException | None) -> None:
+            ended.append((self.item.id, outcome.value))
 
     class Tracer:
         def start(self, item: WorkItem) -> Trace:

@@ -21,9 +21,9 @@ from trioworker._core.text import ascii_only, storable
 
 
 class CancelReason(enum.Enum):
-    SELF_STOP = "self-stop"  # no heartbeat succeeded for half a lease
+    SELF_STOP = "self_stop"  # no heartbeat succeeded for half a lease
     LOST = "lost"  # a heartbeat found the attempt no longer owns the item
-    CANCEL_REQUESTED = "cancel-requested"  # someone asked for the item to stop
+    CANCEL_REQUESTED = "cancel_requested"  # someone asked for the item to stop
     SHUTDOWN = "shutdown"  # the Worker is stopping and the grace period ran out
     TIMEOUT = "timeout"  # the kind's timeout ran out (the executor makes it an error)
     COMPLETED = "completed"  # the handler completed its item in a fenced transaction
@@ -36,6 +36,29 @@ class Action(enum.Enum):
     FAIL = "fail"
     CANCEL = "cancel"
     RELEASE = "release"
+
+
+class AttemptOutcome(enum.Enum):
+    """How an attempt ended, one closed set for its log lines, metrics and trace: the
+    write it made (an `Action`'s value), or why it made none."""
+
+    COMPLETE = "complete"
+    RETRY = "retry"
+    FAIL = "fail"
+    CANCEL = "cancel"
+    RELEASE = "release"
+    SUCCEEDED_IN_TRANSACTION = "succeeded_in_transaction"  # with the handler's writes
+    SELF_STOPPED = "self_stopped"  # no heartbeat succeeded for half a lease
+    LOST = "lost"  # another attempt owns the item now
+    DATABASE_LOST = "database_lost"  # its fenced transaction lost PostgreSQL: a stall
+    FENCED_OUT = "fenced_out"  # its write found the item no longer its own
+    WRITE_FAILED = "write_failed"  # its write could not be made before the self-stop
+    ABANDONED = "abandoned"  # the Worker stopped at once, mid-attempt
+
+    @classmethod
+    def of(cls, action: Action) -> AttemptOutcome:
+        """The outcome of making `action`'s write."""
+        return cls(action.value)
 
 
 class DoNotRetry(Exception):

@@ -23,6 +23,7 @@ from trioworker._core.jsontext import UndecodableValue
 from trioworker._core.model import Heartbeat, WorkItem
 from trioworker._core.policy import (
     Action,
+    AttemptOutcome,
     CancelReason,
     Decision,
     Outcome,
@@ -112,11 +113,10 @@ class AttemptTrace(Protocol):
     def event(self, name: str, detail: str | None = None) -> None:
         """Something happened: "heartbeat_failed" (with why) or "self_stopped"."""
 
-    def end(self, outcome: str, error: BaseException | None) -> None:
-        """The attempt is over: `outcome` names its write ("complete", "retry", "fail",
-        "cancel", "release"), or why there was none ("succeeded-in-transaction",
-        "self_stopped", "lost", "database-lost", "fenced-out", "write-failed", or
-        "abandoned" with the exception that ended it when the Worker stopped at once)."""
+    def end(self, outcome: AttemptOutcome, error: BaseException | None) -> None:
+        """The attempt is over: `outcome` names its write, or why there was none
+        (ABANDONED comes with the exception that ended it when the Worker stopped at
+        once)."""
 
 
 class Tracer(Protocol):
@@ -129,7 +129,7 @@ class _NoTrace:
     def event(self, name: str, detail: str | None = None) -> None:
         pass
 
-    def end(self, outcome: str, error: BaseException | None) -> None:
+    def end(self, outcome: AttemptOutcome, error: BaseException | None) -> None:
         pass
 
 
@@ -184,7 +184,7 @@ class Executor:
             return await self._run(item, claim_sent_at, trace)
         except BaseException as exc:
             # The Worker stopped at once (or broke): no write; lease recovery takes it.
-            trace.end("abandoned", unless_cancelled(exc))
+            trace.end(AttemptOutcome.ABANDONED, unless_cancelled(exc))
             raise
 
     async def _run(self, item: WorkItem, claim_sent_at: float, trace: AttemptTrace) -> Decision:
@@ -249,7 +249,7 @@ class Executor:
         )
         self._log_end(ilog, reason, outcome, decision, attempt)
         if reason is CancelReason.SELF_STOP:
-            trace.event("self_stopped")
+            trace.event(AttemptOutcome.SELF_STOPPED.value)
         if decision.action is Action.NOTHING:
             written = nothing_written(reason, outcome, ctx.completed_in_transaction)
         else:
@@ -386,10 +386,10 @@ class Executor:
                 " writing nothing, lease recovery will requeue it",
                 self.settings.self_stop_after,
             )
-            self._observe("self_stopped", attempt.item.kind)
+            self._observe(AttemptOutcome.SELF_STOPPED.value, attempt.item.kind)
         elif reason is CancelReason.LOST:
             ilog.warning("lost: another attempt owns the item now; writing nothing")
-            self._observe("lost", attempt.item.kind)
+            self._observe(AttemptOutcome.LOST.value, attempt.item.kind)
         elif reason is CancelReason.COMPLETED:
             if attempt.scope.cancelled_caught:
                 ilog.info(
@@ -404,7 +404,7 @@ class Executor:
                 " lease recovery will requeue it as a stall",
                 outcome.error,
             )
-            self._observe("database_lost", attempt.item.kind)
+            self._observe(AttemptOutcome.DATABASE_LOST.value, attempt.item.kind)
         elif decision.action is Action.RETRY:
             ilog.warning(
                 "handler failed (%s); retrying in %.1fs",
@@ -428,9 +428,9 @@ class Executor:
         decision: Decision,
         give_up_at: float,
         ilog: logging.LoggerAdapter[Any],
-    ) -> str:
+    ) -> AttemptOutcome:
         """Make the decided write, retrying through short outages; say what became of
-        it: the action's name, "fenced-out" or "write-failed".
+        it: the action's outcome, FENCED_OUT or WRITE_FAILED.
 
         Gives up rather than retry at or after `give_up_at`, the attempt's self-stop
         deadline: from then on the item belongs to lease recovery, and the write would
@@ -463,17 +463,17 @@ class Executor:
                         decision.action.value,
                         exc,
                     )
-                    return "write-failed"
+                    return AttemptOutcome.WRITE_FAILED
                 ilog.warning("could not record %s (%s); retrying", decision.action.value, exc)
                 await trio.sleep(delay)
                 continue
             if applied:
-                done: str = decision.action.value
-                self._observe(done, item.kind)
+                done = AttemptOutcome.of(decision.action)
+                self._observe(done.value, item.kind)
                 return done
             ilog.warning("%s was fenced out: the attempt had lost the item", decision.action.value)
-            self._observe("lost", item.kind)
-            return "fenced-out"
+            self._observe(AttemptOutcome.LOST.value, item.kind)
+            return AttemptOutcome.FENCED_OUT
 
     async def _apply(self, item: WorkItem, decision: Decision) -> bool:
         store, id, attempt = self.store, item.id, item.attempt
@@ -514,13 +514,15 @@ def unless_cancelled(exc: BaseException) -> BaseException | None:
     return None if isinstance(exc, trio.Cancelled) else exc
 
 
-def nothing_written(reason: CancelReason | None, outcome: Outcome, completed: bool) -> str:
-    """Why an attempt wrote nothing, for a trace: "succeeded-in-transaction",
-    "self_stopped", "database-lost" or "lost"."""
+def nothing_written(
+    reason: CancelReason | None, outcome: Outcome, completed: bool
+) -> AttemptOutcome:
+    """Why an attempt wrote nothing: SUCCEEDED_IN_TRANSACTION, SELF_STOPPED,
+    DATABASE_LOST or LOST."""
     if completed:
-        return "succeeded-in-transaction"
+        return AttemptOutcome.SUCCEEDED_IN_TRANSACTION
     if reason is CancelReason.SELF_STOP:
-        return "self_stopped"
+        return AttemptOutcome.SELF_STOPPED
     if reason is None and outcome.database_lost:
-        return "database-lost"
-    return "lost"
+        return AttemptOutcome.DATABASE_LOST
+    return AttemptOutcome.LOST
