@@ -19,10 +19,8 @@ class Status(enum.Enum):
 
     @property
     def is_terminal(self) -> bool:
-        return self in TERMINAL
-
-
-TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
+        """Whether the item is finished: Succeeded, Failed or Cancelled."""
+        return self in FINISHED
 
 
 #: The statuses of finished items.

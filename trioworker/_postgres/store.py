@@ -72,7 +72,6 @@ T = TypeVar("T")
 Op = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
 
 RUNNING_SCOPE_INDEX = "work_items_one_running_per_scope"
-QUEUED_DEDUP_INDEX = "work_items_one_queued_per_dedup_key"
 NOTIFY_CHANNEL = "trioworker"
 SETTLE_CHANNEL = "trioworker_settle"
 #: A claim that loses a scope race claims again at once, up to this many times: each
