@@ -117,6 +117,36 @@ def test_secrets_are_the_password_in_every_form_longest_first(
     assert secrets("host=db port") == ("from-env",)
 
 
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        # quoted, closed and not: the quotes are never part of it
+        ("host=db password='s3cr et'", ("s3cr et",)),
+        ("host=db password='s3cret", ("s3cret",)),
+        ("host=db password=''", ()),
+        ("host=db password='", ()),
+        # a backslash escape, raw and unescaped (libpq cannot parse the rest)
+        ("host=db password=se\\cret port='x", ("se\\cret", "secret")),
+        # a URI query's password ends at the next parameter (a URI libpq cannot parse)
+        ("postgresql://[::1/db?password=abc&x=1", ("abc&x=1", "abc")),
+        # each piece of a URI password libpq would read as a host or port
+        ("postgresql://u:ab:cd@[::1/db", ("ab:cd", "ab", "cd")),
+    ],
+)
+def test_secrets_of_each_shape(
+    monkeypatch: pytest.MonkeyPatch, dsn: str, expected: tuple[str, ...]
+) -> None:
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    assert secrets(dsn) == expected
+
+
+def test_secrets_keep_pgpassword_beside_the_dsns_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """$PGPASSWORD is masked too, beside a keyword or URI password libpq cannot parse."""
+    monkeypatch.setenv("PGPASSWORD", "from-env-1")
+    assert secrets("host=db password='s3cret") == ("from-env-1", "s3cret")
+    assert secrets("postgresql://u:pw@[::1/db") == ("from-env-1", "pw")
+
+
 def test_a_dsn_that_is_not_utf8_is_a_bad_dsn() -> None:
     """$TRIOWORKER_DSN holding bytes that are not UTF-8 (Python's surrogateescape): a
     ConfigurationError saying so, not a UnicodeEncodeError; nothing of it shown."""

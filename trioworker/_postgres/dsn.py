@@ -69,15 +69,16 @@ def secrets(dsn: str) -> tuple[str, ...]:
     found = {_password(dsn) or "", os.environ.get("PGPASSWORD", "")}
     for match in _KEYWORD_PASSWORD.finditer(dsn):
         value = match[1]
-        if value.startswith("'"):
-            value = value[1:-1] if len(value) > 1 and value.endswith("'") else value[1:]
+        if value.startswith("'"):  # quoted: to the closing quote, or the end
+            value = value[1:]
+            value = value.removesuffix("'")
         found |= {value, re.sub(r"\\(.)", r"\1", value), value.split("&")[0]}
     uri = _URI_PASSWORD.match(dsn)
     if uri:
         password = uri[1]
         found |= {password, *re.split(r"[/:@?#&]", password)}
     found |= {urllib.parse.unquote(s) for s in found}
-    return tuple(sorted((s for s in found if s), key=len, reverse=True))
+    return tuple(sorted((s for s in found if s), key=lambda s: (-len(s), s)))
 
 
 def redact_dsn(dsn: str) -> str:
