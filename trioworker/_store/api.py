@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, LiteralString, Protocol
+from typing import Any, LiteralString, Protocol, cast
 
 import trio
 
@@ -242,6 +242,11 @@ class ClientView:
 
     def __repr__(self) -> str:
         return f"ClientView({self._store!r})"
+
+
+def client_view(store: Client) -> Client:
+    """`store`'s client face alone, typed as what it offers (`ClientView`)."""
+    return cast(Client, ClientView(store))
 
 
 #: The methods of `Client`, as `ClientView` offers them.

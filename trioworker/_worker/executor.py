@@ -14,7 +14,7 @@ import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -34,7 +34,7 @@ from trioworker._core.policy import (
 from trioworker._core.registry import Registry
 from trioworker._core.retry import Backoff
 from trioworker._core.settings import Settings
-from trioworker._store.api import Client, ClientView, Store
+from trioworker._store.api import Store, client_view
 from trioworker._worker.context import Context
 from trioworker._worker.logging import item_logger
 
@@ -158,7 +158,7 @@ class Executor:
         `complete` replaces `store.complete` (the Worker passes its batcher's)."""
         self.store = store
         #: What handlers get as `ctx.store`: the store's client face alone.
-        self.client = cast(Client, ClientView(store))
+        self.client = client_view(store)
         self.complete = complete or store.complete
         self.on_deadline = on_deadline
         self.registry = registry
