@@ -192,7 +192,10 @@ async def test_a_write_of_an_attempt_that_lost_its_item_writes_nothing(
 
     def context(item: WorkItem) -> Context:
         log = logging.LoggerAdapter(logging.getLogger("test"))
-        return Context("w", trio.CancelScope(), trio.CapacityLimiter(1), log, store, item)
+        return Context(
+            "w", trio.CancelScope(), trio.CapacityLimiter(1), log, store, item,
+            open_fenced=store.fenced_transaction,
+        )  # fmt: skip
 
     stale = WorkItem(claimed.id, claimed.kind, None, {}, attempt=claimed.attempt - 1)
     with pytest.raises(Lost):

@@ -84,7 +84,7 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
             data=st.data(),
             stale=st.booleans(),
             op=st.sampled_from(
-                ["heartbeat", "complete", "fail", "cancel", "release", "retry_later"]
+                ["heartbeat", "complete", "fail", "cancel_attempt", "release", "retry_later"]
             ),
         )
         def write(self, data: st.DataObject, stale: bool, op: str) -> None:
