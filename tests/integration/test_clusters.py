@@ -1,0 +1,121 @@
+"""The cluster harnesses (tests/support/clusters) do what they say, on real processes:
+a streaming pair that replicates, can be cut off, crashed and failed over by hand; a
+pg_auto_failover formation that switches over and fails over; PgBouncer in transaction
+pooling mode that keeps the server's connections within its pool."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.support.clusters import multi_host_dsn, streaming_pair
+
+log = logging.getLogger(__name__)
+
+Conn = psycopg.Connection[Any]
+
+#: How long a commit is given to (not) reach a cut-off standby. A streaming standby
+#: replays a commit in milliseconds here; the walreceiver retries every second.
+ABSENCE_WAIT = 2.5
+
+
+def rows(conn: Conn) -> list[str]:
+    return [row[0] for row in conn.execute("SELECT label FROM t ORDER BY label")]
+
+
+def insert(conn: Conn, label: str) -> None:
+    conn.execute("INSERT INTO t (label) VALUES (%s)", [label])
+
+
+def test_standby_replays_commits_and_refuses_writes() -> None:
+    """A commit on the primary is visible on the standby, and a write on the standby
+    is refused with SQLSTATE 25006 (read-only transaction)."""
+    with streaming_pair() as pair:
+        with pair.primary.connect() as primary:
+            primary.execute("CREATE TABLE t (label text)")
+            insert(primary, "one")
+        pair.wait_replayed()
+        with pair.standby.connect() as standby:
+            assert rows(standby) == ["one"]
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction) as refused:
+                insert(standby, "two")
+            assert refused.value.sqlstate == "25006"
+    log.info("streaming pair timings: %s", pair.timings)
+
+
+def test_cut_replication_keeps_later_commits_off_the_standby() -> None:
+    """After cut_replication() the primary still commits, but the commit does not reach
+    the standby (its received WAL stops short of it); once restored, it does."""
+    with streaming_pair() as pair:
+        with pair.primary.connect() as primary:
+            primary.execute("CREATE TABLE t (label text)")
+            insert(primary, "before")
+            pair.wait_replayed()
+            pair.cut_replication()
+            insert(primary, "after")
+            after = primary.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            assert after is not None
+            # Absence can only be shown by waiting: long enough for a streaming standby
+            # to replay it many times over and for the walreceiver to retry twice.
+            time.sleep(ABSENCE_WAIT)
+            assert primary.execute("SELECT count(*) FROM pg_stat_replication").fetchone() == (0,)
+        with pair.standby.connect() as standby:
+            assert rows(standby) == ["before"]
+            received = standby.execute(
+                "SELECT pg_last_wal_receive_lsn() < %s::pg_lsn", [after[0]]
+            ).fetchone()
+            assert received == (True,)
+        # The control: the same commit does reach the standby once it may.
+        pair.restore_replication()
+        pair.wait_replayed()
+        with pair.standby.connect() as standby:
+            assert rows(standby) == ["after", "before"]
+    log.info("streaming pair timings: %s", pair.timings)
+
+
+def test_kill_and_promote_loses_the_cut_commit_and_the_multi_host_dsn_follows() -> None:
+    """The multi-host DSN picks the writable node in either order; after the primary
+    is cut off, crashed and the standby promoted, it reaches the promoted standby, which
+    takes writes and lacks the commit it never received; the old primary, rewound and
+    rejoined as a standby, refuses writes with 25006."""
+    with streaming_pair() as pair:
+        reversed_dsn = multi_host_dsn([pair.standby, pair.primary])
+        for dsn in (pair.multi_host_dsn(), reversed_dsn):
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                assert conn.info.port == pair.primary.port
+        with pair.primary.connect() as primary:
+            primary.execute("CREATE TABLE t (label text)")
+            insert(primary, "kept")
+            pair.wait_replayed()
+            pair.cut_replication()
+            insert(primary, "lost")  # acknowledged by the primary alone
+        pair.kill_primary()
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(pair.primary.dsn()).close()
+        pair.promote_standby()
+        for dsn in (pair.multi_host_dsn(), reversed_dsn):
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                assert conn.info.port == pair.standby.port
+                assert rows(conn) == ["kept"]
+        with psycopg.connect(pair.multi_host_dsn(), autocommit=True) as conn:
+            insert(conn, "new primary")
+        pair.rejoin_old_primary()
+        with pair.primary.connect() as old:
+            assert old.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction) as refused:
+                insert(old, "refused")
+            assert refused.value.sqlstate == "25006"
+        pair.wait_streaming(pair.standby, pair.primary)
+        with psycopg.connect(pair.multi_host_dsn(), autocommit=True) as conn:
+            assert conn.info.port == pair.standby.port
+            insert(conn, "replicated back")
+        deadline = time.monotonic() + 10
+        with pair.primary.connect() as old:
+            while "replicated back" not in rows(old) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert rows(old) == ["kept", "new primary", "replicated back"]
+    log.info("streaming pair timings: %s", pair.timings)
