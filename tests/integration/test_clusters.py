@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.support.clusters import multi_host_dsn, streaming_pair
+from tests.support.clusters import auto_failover, multi_host_dsn, streaming_pair
 
 log = logging.getLogger(__name__)
 
@@ -119,3 +119,74 @@ def test_kill_and_promote_loses_the_cut_commit_and_the_multi_host_dsn_follows() 
                 time.sleep(0.02)
             assert rows(old) == ["kept", "new primary", "replicated back"]
     log.info("streaming pair timings: %s", pair.timings)
+
+
+def test_auto_failover_switchover_moves_the_multi_host_dsn_and_demotes_the_old_primary() -> None:
+    """A planned switchover (pg_autoctl perform failover) makes the secondary primary
+    with every commit (the secondary is synchronous); the multi-host DSN follows it and
+    the old primary, now its secondary, refuses writes with 25006."""
+    with auto_failover() as formation:
+        old = formation.wait_ready()
+        assert old is formation.nodes[0]
+        with psycopg.connect(formation.multi_host_dsn(), autocommit=True) as conn:
+            assert conn.info.port == old.port
+            conn.execute("CREATE TABLE t (label text)")
+            insert(conn, "before")
+        new = formation.perform_switchover()
+        assert new is formation.nodes[1]
+        assert formation.states() == {
+            old.name: ("secondary", "secondary"),
+            new.name: ("primary", "primary"),
+        }
+        with psycopg.connect(formation.multi_host_dsn(), autocommit=True) as conn:
+            assert conn.info.port == new.port
+            assert rows(conn) == ["before"]
+            insert(conn, "after")
+        with old.connect() as demoted:
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction) as refused:
+                insert(demoted, "refused")
+            assert refused.value.sqlstate == "25006"
+    log.info("pg_auto_failover timings: %s", formation.timings)
+
+
+def test_auto_failover_survives_a_postmaster_kill_and_fails_over_a_crashed_node() -> None:
+    """A SIGKILLed postmaster is restarted by its keeper and takes writes again; a
+    crashed primary node (keeper and PostgreSQL) is failed over by the monitor to the
+    secondary, with every commit, and the multi-host DSN follows; restarted, the
+    crashed node rejoins as a secondary that refuses writes with 25006."""
+    with auto_failover() as formation:
+        first = formation.wait_ready()
+        with psycopg.connect(formation.multi_host_dsn(), autocommit=True) as conn:
+            conn.execute("CREATE TABLE t (label text)")
+            insert(conn, "before kill")
+        killed = first.postmaster_pid()
+        back = formation.kill_primary_postmaster()
+        log.info("postmaster of %s killed: %s took writes again", first.name, back.name)
+        assert back.postmaster_pid() not in (None, killed)
+        with psycopg.connect(formation.multi_host_dsn(), autocommit=True) as conn:
+            assert conn.info.port == back.port
+            assert rows(conn) == ["before kill"]
+            insert(conn, "before crash")
+        formation.wait_ready()
+        crashed, new = formation.crash_primary_node()
+        assert new is not crashed
+        assert crashed.postmaster_pid() is None
+        with psycopg.connect(formation.multi_host_dsn(), autocommit=True) as conn:
+            assert conn.info.port == new.port
+            assert rows(conn) == ["before crash", "before kill"]
+            insert(conn, "after crash")
+        formation.restart_node(crashed)
+        assert formation.primary() is new
+        with crashed.connect() as rejoined:
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction) as refused:
+                insert(rejoined, "refused")
+            assert refused.value.sqlstate == "25006"
+            # Synchronous again: what the primary commits is on the secondary.
+            with psycopg.connect(formation.multi_host_dsn(), autocommit=True) as conn:
+                insert(conn, "rejoined")
+            deadline = time.monotonic() + 10
+            while "rejoined" not in rows(rejoined) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert rows(rejoined) == ["after crash", "before crash", "before kill", "rejoined"]
+    log.info("pg_auto_failover timings: %s", formation.timings)
+

@@ -13,6 +13,7 @@ root, from Debian's packages (scripts/install-clusters.sh installs them). Layout
 then one module per harness. See docs/reliability.md, "Test clusters".
 """
 
+from ._auto_failover import Formation, auto_failover
 from ._node import Node, multi_host_dsn
 from ._processes import SERVICE_USER, ClusterError
 from ._streaming import StreamingPair, streaming_pair
@@ -20,8 +21,10 @@ from ._streaming import StreamingPair, streaming_pair
 __all__ = [
     "SERVICE_USER",
     "ClusterError",
+    "Formation",
     "Node",
     "StreamingPair",
+    "auto_failover",
     "multi_host_dsn",
     "streaming_pair",
 ]

@@ -85,6 +85,7 @@ class Workdir:
         self.path.chmod(0o755)
         self.chown(self.path)
         self.sockets = self.mkdir("sock")
+        self.mkdir("run")  # XDG_RUNTIME_DIR: pg_autoctl's pid files, else in /tmp/pg_autoctl
 
     def mkdir(self, name: str) -> Path:
         path = self.path / name
