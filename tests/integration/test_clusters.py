@@ -6,13 +6,14 @@ pooling mode that keeps the server's connections within its pool."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
 import psycopg
 import pytest
 
-from tests.support.clusters import auto_failover, multi_host_dsn, streaming_pair
+from tests.support.clusters import auto_failover, multi_host_dsn, pgbouncer, streaming_pair
 
 log = logging.getLogger(__name__)
 
@@ -190,3 +191,76 @@ def test_auto_failover_survives_a_postmaster_kill_and_fails_over_a_crashed_node(
             assert rows(rejoined) == ["after crash", "before crash", "before kill", "rejoined"]
     log.info("pg_auto_failover timings: %s", formation.timings)
 
+
+CLIENTS = 40
+TRANSACTIONS = 5
+
+
+def test_pgbouncer_serves_many_clients_on_at_most_its_pool_of_server_connections(
+    dsn: str,
+) -> None:
+    """Forty clients connected at once through PgBouncer in transaction mode all get
+    their transactions done, sharing server connections between transactions, while
+    the server never sees more than the pool's 10 backends (counted both on the server
+    and by PgBouncer)."""
+    with pgbouncer(dsn) as bouncer:
+        assert bouncer.pool_size == 10
+        connected = threading.Barrier(CLIENTS + 1)
+        backends: dict[int, set[int]] = {}
+        done: list[int] = []
+
+        def client(number: int) -> None:
+            # No prepared statements: a later transaction may run on another server.
+            with psycopg.connect(bouncer.dsn(), prepare_threshold=None) as conn:
+                connected.wait(timeout=30)
+                for _ in range(TRANSACTIONS):
+                    with conn.transaction():
+                        row = conn.execute("SELECT pg_backend_pid(), pg_sleep(0.05)").fetchone()
+                        assert row is not None
+                        backends.setdefault(number, set()).add(row[0])
+                done.append(number)
+
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(CLIENTS)]
+        for thread in threads:
+            thread.start()
+        connected.wait(timeout=30)
+        most_backends = most_servers = most_clients = 0
+        while any(thread.is_alive() for thread in threads):
+            most_backends = max(most_backends, bouncer.server_backends())
+            pool = bouncer.pools()[0]
+            servers = sum(
+                pool[k] for k in ("sv_active", "sv_idle", "sv_used", "sv_tested", "sv_login")
+            )
+            most_servers = max(most_servers, servers)
+            most_clients = max(most_clients, pool["cl_active"] + pool["cl_waiting"])
+            time.sleep(0.01)
+        for thread in threads:
+            thread.join()
+        assert sorted(done) == list(range(CLIENTS))
+        assert most_clients == CLIENTS
+        assert most_backends == most_servers == 10
+        seen = set().union(*backends.values())
+        assert len(seen) == 10
+        assert any(len(pids) > 1 for pids in backends.values())  # pooled by transaction
+        # At rest, the server and PgBouncer count the same connections.
+        assert bouncer.server_backends() == len(bouncer.servers()) == 10
+    log.info("pgbouncer timings: %s", bouncer.timings)
+
+
+def test_pgbouncer_shares_one_server_connection_so_prepared_statements_collide(
+    dsn: str,
+) -> None:
+    """Through a pool of one server connection, two clients run on the same backend,
+    so the statement one prepares is already there when the other prepares its own
+    under the same name: why clients of PgBouncer 1.18 must not prepare."""
+    with (
+        pgbouncer(dsn, pool_size=1) as bouncer,
+        psycopg.connect(bouncer.dsn(), autocommit=True, prepare_threshold=None) as first,
+        psycopg.connect(bouncer.dsn(), autocommit=True, prepare_threshold=None) as second,
+    ):
+        pid = "SELECT pg_backend_pid()"
+        assert first.execute(pid).fetchone() == second.execute(pid).fetchone()
+        first.prepare_threshold = second.prepare_threshold = 0  # prepare every query
+        first.execute("SELECT 1")  # prepared as psycopg's first statement, _pg3_0
+        with pytest.raises(psycopg.errors.DuplicatePreparedStatement):
+            second.execute("SELECT 2")  # its own first statement: _pg3_0 again

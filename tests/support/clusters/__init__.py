@@ -15,6 +15,7 @@ then one module per harness. See docs/reliability.md, "Test clusters".
 
 from ._auto_failover import Formation, auto_failover
 from ._node import Node, multi_host_dsn
+from ._pgbouncer import PgBouncer, pgbouncer
 from ._processes import SERVICE_USER, ClusterError
 from ._streaming import StreamingPair, streaming_pair
 
@@ -23,8 +24,10 @@ __all__ = [
     "ClusterError",
     "Formation",
     "Node",
+    "PgBouncer",
     "StreamingPair",
     "auto_failover",
     "multi_host_dsn",
+    "pgbouncer",
     "streaming_pair",
 ]
