@@ -109,14 +109,13 @@ class Formation:
                 "--pgport", str(node.port), "--name", node.name,
                 "--monitor", self.monitor_uri(), "--run", *common,
             )  # fmt: skip
-            self._wait(
-                lambda n=node, s=state: self.states().get(n.name) == (s, s),
-                timeout,
-                f"{node.name} to be {state}",
-            )
+            self._wait(self._in_state(node, state), timeout, f"{node.name} to be {state}")
             self.timings[f"start_{node.name}"] = time.monotonic() - began
         self.wait_ready(timeout)
         self.timings["start"] = time.monotonic() - began
+
+    def _in_state(self, node: Node, state: str) -> Callable[[], bool]:
+        return lambda: self.states().get(node.name) == (state, state)
 
     def _monitor_answers(self) -> bool:
         try:
@@ -132,14 +131,16 @@ class Formation:
                 "SELECT nodename, reportedstate::text, goalstate::text"
                 " FROM pgautofailover.node ORDER BY nodeid"
             ).fetchall()
-        return {name: (reported, goal) for name, reported, goal in rows}
+        return {str(name): (str(reported), str(goal)) for name, reported, goal in rows}
 
     def _wait(self, done: Callable[[], object], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while not done():
-            if time.monotonic() > deadline:
+            ended = [name for name, keeper in self._keepers.items() if keeper.poll() is not None]
+            if ended or time.monotonic() > deadline:
+                why = f"the keepers of {ended} exited" if ended else f"timed out after {timeout}s"
                 raise ClusterError(
-                    f"timed out after {timeout}s waiting for {what}; states"
+                    f"{why} waiting for {what}; states"
                     f" {self._states_or_error()}\n{self._keeper_logs()}"
                 )
             time.sleep(0.1)

@@ -36,16 +36,18 @@ class PgBouncer:
     of a transaction, so it can rely on no session state, prepared statements
     included (1.18 cannot keep them: clients turn them off, e.g. psycopg's
     prepare_threshold=None). Every database of `server_dsn`'s server is reachable
-    under its own name; the server must trust `server_dsn`'s user (no password)."""
+    under its own name, for `server_dsn`'s user (with its password, if it has one);
+    clients connect without one."""
 
     def __init__(self, server_dsn: str, *, pool_size: int = 10, max_client_conn: int = 1000):
         require(PGBOUNCER)
         params = conninfo_to_dict(server_dsn)
         self.server_dsn = server_dsn
-        self.server_host = str(params.get("host", "127.0.0.1"))
-        self.server_port = int(params.get("port", 5432))
-        self.user = str(params.get("user", "postgres"))
-        self.dbname = str(params.get("dbname", self.user))
+        self.server_host = str(params.get("host") or "127.0.0.1")
+        self.server_port = int(str(params.get("port") or 5432))
+        self.user = str(params.get("user") or "postgres")
+        self.dbname = str(params.get("dbname") or self.user)
+        self._password = str(params.get("password") or "")
         self.pool_size = pool_size
         self.max_client_conn = max_client_conn
         self.workdir = Workdir("pgbouncer")
@@ -91,8 +93,10 @@ log_disconnections = 0
         began = time.monotonic()
         ini = self.workdir.path / "pgbouncer.ini"
         ini.write_text(self._config())
-        # trust still wants the user listed in the auth file.
-        (self.workdir.path / "userlist.txt").write_text(f'"{self.user}" ""\n')
+        # trust still wants the user listed in the auth file; its password there (if
+        # the server DSN has one) is what PgBouncer logs in to the server with.
+        quoted = [value.replace('"', '""') for value in (self.user, self._password)]
+        (self.workdir.path / "userlist.txt").write_text(f'"{quoted[0]}" "{quoted[1]}"\n')
         self._process = self.workdir.spawn(PGBOUNCER, ini, log=self.log_path)
         deadline = time.monotonic() + timeout
         while True:
