@@ -1,10 +1,10 @@
 """End-to-end throughput: enqueue -> finished, trioworker against its peers, one run.
 
 For each system: a fresh database, N worker processes started and warmed up (a small
-batch run through first), `ANALYZE` (the same policy for every system), then all items
-enqueued in one statement; items/s = items / (last finished - enqueue committed), and
-the CPU an item took, the Workers' and the server's, from just before the enqueue to
-the end of the wait (bench.cpu).
+batch run through first), `VACUUM ANALYZE` (the same policy for every system; see
+queries.sql), then all items enqueued in one statement; items/s = items / (last
+finished - enqueue committed), and the CPU an item took, the Workers' and the server's,
+from just before the enqueue to the end of the wait (bench.cpu).
 Systems take turns round by round, in a rotating order, and each figure is the median
 of its rounds. pgbench's single-row UPDATE gives the physical reference.
 """
@@ -82,7 +82,9 @@ def run_once(srv: Server, system: System, n: int, log_dir: Path) -> dict[str, An
         if wait_finished(conn, system, procs, 60):
             raise RuntimeError(f"{system.label}: the warm-up batch did not finish")
         time.sleep(0.5)
-        conn.execute(QUERIES["analyze"])
+        conn.execute(QUERIES["vacuum_analyze"])
+        planner = {name: [pages, rows] for name, pages, rows in
+                      conn.execute(QUERIES["table_statistics"]).fetchall()}  # fmt: skip
         before = cpu.snapshot(procs.pids(), cpu.server_pids(conn.info.backend_pid))
         committed = system.enqueue(dsn, n)
         left = wait_finished(conn, system, procs, 60 + n / 20)
@@ -94,6 +96,7 @@ def run_once(srv: Server, system: System, n: int, log_dir: Path) -> dict[str, An
         "seconds": seconds,
         "items_per_s": (n - left) / seconds,
         "complete": left == 0,
+        "planner_pages_rows": planner,
         **cpu.ms_per_item(before, after, max(n - left, 1)),
     }
 
