@@ -161,3 +161,17 @@ WITH deleted AS (
     RETURNING 1
 )
 SELECT count(*) FROM deleted;
+
+-- name: graphile_add_jobs
+-- %(n)s no-op jobs in one call of Graphile Worker's add_jobs (what its addJobs sends),
+-- job i in the named queue q-(i mod queues), or in none when queues is 0.
+SELECT count(*) FROM graphile_worker.add_jobs(ARRAY(
+    SELECT ROW('noop', NULL, CASE WHEN %(queues)s > 0 THEN 'q-' || mod(g, %(queues)s) END,
+               NULL, NULL, NULL, NULL, NULL)::graphile_worker.job_spec
+    FROM generate_series(0, %(n)s - 1) AS g
+    ORDER BY g
+));
+
+-- name: graphile_unfinished
+-- Graphile Worker deletes a job when it completes; a failed one stays (and counts).
+SELECT count(*) FROM graphile_worker._private_jobs;
