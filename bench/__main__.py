@@ -14,7 +14,8 @@ from bench.common import DEFAULT_DSN, ROOT, server
 SCENARIOS = {
     "hol": "head-of-line claim behind busy scopes, against a near-empty queue",
     "contention": "W claimer processes over S scopes: claims/s, race losses, the scope rule",
-    "e2e": "end-to-end throughput of Worker processes against procrastinate, pgqueuer, pgbench",
+    "e2e": "end-to-end throughput of Worker processes against procrastinate, pgqueuer,"
+    " Graphile Worker (with node), pgbench",
     "pickup": "time from enqueue to handler start on an idle Worker",
     "bridge": "per-call cost of the store's trio-asyncio path against psycopg's sync API",
     "prune": "retention of 1 M finished rows in batches, beside one DELETE, under a prober",

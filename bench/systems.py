@@ -15,10 +15,11 @@ from typing import Any, Protocol
 import attrs
 import psycopg
 
+from bench import peer_graphile
 from bench.common import QUERIES, connect
 from bench.procs import run_helper, trioworker_command
 
-#: Items i of a serialised run go to scope/lock/entrypoint i % SERIAL_KEYS.
+#: Items i of a serialised run go to scope/lock/entrypoint/queue i % SERIAL_KEYS.
 SERIAL_KEYS = 50
 
 
@@ -163,3 +164,41 @@ class Pgqueuer:
 
     def settings(self) -> dict[str, Any]:
         return attrs.asdict(self)
+
+
+@attrs.frozen
+class Graphile:
+    """Graphile Worker on Node.js (bench/graphile/run.mjs); without `local_queue` and
+    `batch_delay`, its defaults but for the concurrency."""
+
+    label: str
+    serialised: bool  # job i in the named queue "q-{i % SERIAL_KEYS}": one at a time each
+    processes: int
+    concurrency: int
+    local_queue: int | None = None  # preset.worker.localQueue.size
+    batch_delay: int | None = None  # preset.worker.completeJobBatchDelay (and failJob...), ms
+    family: str = "graphile"
+    migrated: bool = False
+
+    def install(self, dsn: str) -> None:
+        peer_graphile.install(dsn)
+
+    def worker_commands(self, dsn: str) -> list[list[str]]:
+        args = ["--concurrency", str(self.concurrency)]
+        if self.local_queue is not None:
+            args += ["--local-queue", str(self.local_queue)]
+        if self.batch_delay is not None:
+            args += ["--batch-delay", str(self.batch_delay)]
+        return [peer_graphile.command(dsn, "worker", *args) for _ in range(self.processes)]
+
+    def enqueue(self, dsn: str, n: int) -> float:
+        params = {"n": n, "queues": SERIAL_KEYS if self.serialised else 0}
+        with connect(dsn) as conn:
+            conn.execute(QUERIES["graphile_add_jobs"], params)
+            return time.monotonic()
+
+    def unfinished(self, conn: psycopg.Connection[Any]) -> int:
+        return _count(conn, "graphile_unfinished")
+
+    def settings(self) -> dict[str, Any]:
+        return {**attrs.asdict(self), **peer_graphile.versions()}
