@@ -22,9 +22,10 @@ import trio
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
-from trioworker._core.errors import DatabaseUnavailable, SchemaNotReady, StoreError, StoreTimeout
+from trioworker._core.errors import SchemaNotReady, StoreError, StoreTimeout
 from trioworker._core.retry import Backoff
 from trioworker._postgres import bridge as _bridge
+from trioworker._postgres import failures
 from trioworker._postgres.dsn import redact, redact_dsn
 from trioworker._postgres.queries import QUERIES
 from trioworker._store.api import NotifyCallback
@@ -36,8 +37,6 @@ Op = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
 
 NOTIFY_CHANNEL = "trioworker"
 SETTLE_CHANNEL = "trioworker_settle"
-#: The queue's own writes retry these (none is expected by design; each is counted).
-_CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 _CONFLICT_RETRIES = 5
 #: A transaction's BEGIN tries this many pooled connections before it gives up.
 _BEGIN_TRIES = 3
@@ -121,7 +120,7 @@ class Connections:
                     if conn is not None:
                         return await self.run(_discarding_on_failure(conn, op))
                     return await self.run(self._with_pooled_connection(op))
-                except _CONFLICTS as exc:
+                except failures.CONFLICTS as exc:
                     if conn is not None or retry == _CONFLICT_RETRIES:
                         raise self.translate(name, exc) from None
                     self.conflict_retries += 1
@@ -130,9 +129,7 @@ class Connections:
                 except psycopg.Error as exc:
                     raise self.translate(name, exc) from None
                 except UnicodeEncodeError as exc:  # psycopg's own, for a lone surrogate
-                    raise StoreError(
-                        f"{name}: a value is not valid Unicode ({exc.reason}); nothing sent"
-                    ) from None
+                    raise failures.not_unicode(name, exc) from None
         self.timeouts += 1
         raise StoreTimeout(f"{name}: no answer from PostgreSQL within {limit:g}s")
 
@@ -145,12 +142,7 @@ class Connections:
             await self._pool.putconn(conn)
 
     def translate(self, name: str, exc: psycopg.Error) -> StoreError | SchemaNotReady:
-        message = redact(f"{name}: {type(exc).__name__}: {exc}".strip(), self.dsn)
-        if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction):
-            return SchemaNotReady(f"{message} (run `python -m trioworker migrate`)")
-        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-            return DatabaseUnavailable(message)
-        return StoreError(message)
+        return failures.translate(name, exc, self.dsn)
 
     async def rows(
         self, name: str, query: LiteralString, params: dict[str, Any]

@@ -23,7 +23,6 @@ from trioworker._core.errors import (
     Lost,
     StoreError,
 )
-from trioworker._core.jsontext import UndecodableValue, loads_or_mark
 from trioworker._core.model import (
     FINISHED,
     AttemptRecord,
@@ -43,28 +42,17 @@ from trioworker._core.model import (
     WorkItem,
 )
 from trioworker._core.schedule import Schedule, first_due, plan, schedule_request
-from trioworker._core.validation import (
-    EnqueueRequest,
-    pause_target,
-    validate_enqueue,
-    validate_many,
-)
 from trioworker._postgres import bridge as _bridge
+from trioworker._postgres import drive, failures, operations
 from trioworker._postgres.connection import Connections
 from trioworker._postgres.dsn import redact_dsn
 from trioworker._postgres.queries import QUERIES
 from trioworker._store.api import NotifyCallback, Transaction
 from trioworker._store.reads import (
-    ALIVE_WITHIN,
-    Failure,
     ItemDetails,
     QueueCounts,
     QueueStatus,
-    RunningItem,
-    WorkerState,
-    counts_by_kind,
 )
-from trioworker._store.tracing import trace_context_or_current, with_current_trace
 
 log = logging.getLogger("trioworker.store")
 
@@ -78,11 +66,6 @@ SETTLE_CHANNEL = "trioworker_settle"
 #: one sees the commits that beat the one before (two losses in a row were seen with
 #: 2 claimers on one scope of four lines, bench contention's W=2 S=1 L=4).
 _RACE_RETRIES = 3
-
-
-def _violates(exc: BaseException, index: str) -> bool:  # pragma: no mutate block
-    """Whether `exc` is a unique violation of the named index (and no other)."""
-    return isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name == index
 
 
 class PostgresTransaction:
@@ -183,6 +166,14 @@ class PostgresStore:
     ) -> list[dict[str, Any]]:  # pragma: no mutate block
         return await self._conns.rows(name, QUERIES[name], params)
 
+    async def _run(
+        self, op: operations.Operation[T], tx: Transaction | None = None
+    ) -> T:  # pragma: no mutate block
+        """Run a client operation (operations.py) on a pooled connection, or in `tx`."""
+        return await self._conns.call(
+            op.name, lambda conn: drive.run_async(conn, op.steps()), conn=_connection_of(tx)
+        )
+
     async def enqueue(
         self,
         kind: str,
@@ -198,50 +189,19 @@ class PostgresStore:
         """Queue an item; with `tx`, only if the caller's transaction commits.
         `trace_context`: a propagator's carrier; None takes the current span's (if
         the otel extra is installed), {} carries none."""
-        request = validate_enqueue(
+        op = operations.enqueue(
             kind,
-            scope,
-            payload,
-            dedup_key,
-            run_after,
+            scope=scope,
+            payload=payload,
+            dedup_key=dedup_key,
+            run_after=run_after,
             priority=priority,
-            now=dt.datetime.now(dt.UTC),
+            trace_context=trace_context,
             known_kinds=self.known_kinds,
-            trace_context=trace_context_or_current(trace_context),
         )
-
-        async def op(conn: psycopg.AsyncConnection[Any]) -> Enqueued:
-            enqueued = await self._enqueue_on(conn, request)
-            self._dedup_hits += enqueued.deduplicated
-            return enqueued
-
-        return await self._conns.call("enqueue", op, conn=_connection_of(tx))
-
-    async def _enqueue_on(
-        self, conn: psycopg.AsyncConnection[Any], request: EnqueueRequest
-    ) -> Enqueued:  # pragma: no mutate block
-        params = {
-            "kind": request.kind,
-            "scope": request.scope,
-            "payload": request.payload_json,
-            "priority": request.priority,
-            "dedup_key": request.dedup_key,
-            "run_at": request.run_at,
-            "delay": request.delay,
-            "trace_context": request.trace_context_json,
-        }
-        for _ in range(5):
-            cur = await conn.execute(QUERIES["enqueue"], params)
-            row = await cur.fetchone()
-            if row is not None:
-                return Enqueued(id=row[0], deduplicated=False)
-            # The dedup key is taken: find the Queued holder (it may have been claimed
-            # in between, in which case the insert goes through next time).
-            cur = await conn.execute(QUERIES["queued_with_dedup_key"], params)
-            row = await cur.fetchone()
-            if row is not None:
-                return Enqueued(id=row[0], deduplicated=True)
-        raise StoreError("enqueue: the dedup key kept changing hands; try again")
+        enqueued = await self._run(op, tx)
+        self._dedup_hits += enqueued.deduplicated
+        return enqueued
 
     async def enqueue_many(
         self, items: Sequence[NewItem], *, tx: Transaction | None = None
@@ -250,47 +210,9 @@ class PostgresStore:
         checked first, and a bad one raises InvalidWorkItem naming its index. Results
         in order; an item whose dedup key a Queued item (or an earlier one of the
         batch) holds is merged onto it, as `enqueue` does."""
-        requests = validate_many(
-            with_current_trace(items), now=dt.datetime.now(dt.UTC), known_kinds=self.known_kinds
-        )
-        if not requests:
-            return []
-        params = {
-            "kinds": [r.kind for r in requests],
-            "scopes": [r.scope for r in requests],
-            "payloads": [r.payload_json for r in requests],
-            "priorities": [r.priority for r in requests],
-            "dedup_keys": [r.dedup_key for r in requests],
-            "run_ats": [r.run_at for r in requests],
-            "delays": [r.delay for r in requests],
-            "trace_contexts": [r.trace_context_json for r in requests],
-        }
-
-        async def op(conn: psycopg.AsyncConnection[Any]) -> list[Enqueued]:
-            cur = await conn.execute(QUERIES["enqueue_many"], params)
-            inserted = [(row[0], row[1]) for row in await cur.fetchall()]
-            merged = match_inserted([r.dedup_key for r in requests], inserted)
-            keys = sorted({k for k, e in merged if e is None and k is not None})
-            holders: dict[str, int] = {}
-            if keys:
-                cur = await conn.execute(QUERIES["queued_with_dedup_keys"], {"dedup_keys": keys})
-                holders = {key: id for id, key in await cur.fetchall()}
-            results = []
-            for (key, paired), request in zip(merged, requests, strict=True):
-                result = paired
-                if result is None:
-                    assert key is not None
-                    if key in holders:
-                        result = Enqueued(id=holders[key], deduplicated=True)
-                    else:  # the holder was claimed in between: insert it after all
-                        result = await self._enqueue_on(conn, request)
-                        holders[key] = result.id
-                if result.deduplicated:
-                    self._dedup_hits += 1
-                results.append(result)
-            return results
-
-        return await self._conns.call("enqueue_many", op, conn=_connection_of(tx))
+        results = await self._run(operations.enqueue_many(items, known_kinds=self.known_kinds), tx)
+        self._dedup_hits += sum(r.deduplicated for r in results)
+        return results
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[PostgresTransaction]:  # pragma: no mutate block
@@ -370,7 +292,7 @@ class PostgresStore:
                         await cur.execute(QUERIES["claim"], params)
                         return await cur.fetchall()
                 except psycopg.errors.UniqueViolation as exc:
-                    if retry == _RACE_RETRIES or not _violates(exc, RUNNING_SCOPE_INDEX):
+                    if retry == _RACE_RETRIES or not failures.violates(exc, RUNNING_SCOPE_INDEX):
                         raise
                     # Lost a scope to a Running item this claim could not see; the
                     # next claim sees it, and takes the batch's other items.
@@ -379,7 +301,9 @@ class PostgresStore:
             raise AssertionError("unreachable")  # pragma: no cover
 
         rows = await self._conns.call("claim", op)
-        return sorted((WorkItem(**_decoded(row)) for row in rows), key=lambda item: item.id)
+        return sorted(
+            (WorkItem(**operations.decoded(row)) for row in rows), key=lambda item: item.id
+        )
 
     async def seconds_until_due(
         self,
@@ -530,14 +454,7 @@ class PostgresStore:
         return [row["scope"] for row in rows]
 
     async def cancel(self, id: int) -> CancelOutcome:  # pragma: no mutate block
-        rows = await self._rows("request_cancel", {"id": id})
-        status = rows[0]["status"]
-        if status == Status.CANCELLED.value:
-            return CancelOutcome.CANCELLED
-        if status == Status.RUNNING.value:
-            return CancelOutcome.REQUESTED
-        found = await self._rows("status_of", {"id": id})
-        return CancelOutcome.ALREADY_FINISHED if found else CancelOutcome.NOT_FOUND
+        return await self._run(operations.cancel(id))
 
     async def delete_finished(
         self,
@@ -584,49 +501,34 @@ class PostgresStore:
         """Pause a kind or a scope: its Queued items are not claimed (Running ones go
         on). Once a scope's pause returns, no claim can start an item of it. False:
         it was paused already."""
-        kind, scope = pause_target(kind, scope)
-        rows = await self._rows("pause", {"kind": kind, "scope": scope})
-        return bool(rows[0]["changed"])
+        return await self._run(operations.pause(kind=kind, scope=scope))
 
     async def resume(
         self, *, kind: str | None = None, scope: str | None = None
     ) -> bool:  # pragma: no mutate block
         """Lift a pause; False: it was not paused."""
-        kind, scope = pause_target(kind, scope)
-        rows = await self._rows("resume", {"kind": kind, "scope": scope})
-        return bool(rows[0]["changed"])
+        return await self._run(operations.resume(kind=kind, scope=scope))
 
     async def pauses(self) -> list[Pause]:  # pragma: no mutate block
-        return [Pause(**row) for row in await self._rows("pauses", {})]
+        return await self._run(operations.pauses())
 
     async def retry(self, ids: Sequence[int]) -> list[int]:  # pragma: no mutate block
         """Failed or Cancelled items back to Queued with a fresh attempt budget (their
         history kept), due now; the ids retried. Others (not finished, succeeded, or
         whose dedup key a Queued item holds) are left as they are."""
-        rows = await self._rows("retry_items", {"ids": sorted(set(ids))})
-        return [row["id"] for row in rows]
+        return await self._run(operations.retry(ids))
 
     async def failed_items(
         self, *, kind: str | None = None, since: dt.datetime | None = None
     ) -> list[int]:  # pragma: no mutate block
         """Ids of Failed items (of `kind`) that finished at or after `since`, oldest first."""
-        start = since or dt.datetime.min.replace(tzinfo=dt.UTC)
-        return [
-            row["id"] for row in await self._rows("failed_items", {"kind": kind, "since": start})
-        ]
+        return await self._run(operations.failed_items(kind=kind, since=since))
 
     async def scope_holder(
         self, scope: str
     ) -> tuple[ScopeHolder | None, bool]:  # pragma: no mutate block
         """The scope's Running item (None: none), and whether it still has a head."""
-        rows = await self._rows("scope_holder", {"scope": scope})
-        heads = bool(rows[0]["heads"])
-        holder = (
-            None
-            if rows[0]["id"] is None
-            else ScopeHolder(**{k: v for k, v in rows[0].items() if k != "heads"})
-        )
-        return holder, heads
+        return await self._run(operations.scope_holder(scope))
 
     # -- schedules ----------------------------------------------------------------------
 
@@ -668,7 +570,7 @@ class PostgresStore:
                     due, following = plan(schedule, next_due, now)
                     assert due is not None
                     request = schedule_request(schedule, due, now)
-                    enqueued = await self._enqueue_on(conn, request)
+                    enqueued = await drive.run_async(conn, operations.enqueue_steps(request))
                     await conn.execute(
                         QUERIES["fired_schedule"],
                         {"name": name, "next_due": following, "due": due, "item": enqueued.id},
@@ -681,7 +583,7 @@ class PostgresStore:
         return await self._conns.call("fire_schedules", op)
 
     async def schedules(self) -> list[ScheduleState]:  # pragma: no mutate block
-        return [ScheduleState(**row) for row in await self._rows("schedules", {})]
+        return await self._run(operations.schedules())
 
     # -- Workers --------------------------------------------------------------------
 
@@ -704,43 +606,22 @@ class PostgresStore:
     async def attempts(self, id: int) -> list[AttemptRecord]:  # pragma: no mutate block
         """How each attempt of item `id` ended (its last 20 that did not succeed, and
         the current one if it is running or succeeded), oldest first."""
-        return [AttemptRecord(**row) for row in await self._rows("attempts", {"id": id})]
+        return await self._run(operations.attempts(id))
 
     async def get_item(self, id: int) -> ItemState | None:  # pragma: no mutate block
-        rows = await self._rows("get_item", {"id": id})
-        if not rows:
-            return None
-        return ItemState(**{**_decoded(rows[0]), "status": Status(rows[0]["status"])})
+        return await self._run(operations.get_item(id))
 
     async def show(self, id: int) -> ItemDetails | None:  # pragma: no mutate block
         """Item `id` and how its attempts ended; None: no such item."""
-        item = await self.get_item(id)
-        return None if item is None else ItemDetails(item, await self.attempts(id))
+        return await self._run(operations.show(id))
 
     async def queue_counts(self) -> QueueCounts:  # pragma: no mutate block
-        counts = await self._rows("counts_by_kind_and_status", {})
-        busy = await self._rows("busy_scopes", {})
-        return QueueCounts(counts_by_kind(counts), int(busy[0]["n"]))
+        return await self._run(operations.queue_counts())
 
     async def status(self, *, failures: int = 10) -> QueueStatus:  # pragma: no mutate block
         """What `status` shows: counts, Running items, the latest `failures` failures,
         Workers, Queued kinds no live Worker serves, schedules and pauses."""
-        alive = {"alive_within": ALIVE_WITHIN}
-        workers = [
-            WorkerState(**{**w, "kinds": tuple(w["kinds"]), "scopes": _tuple(w["scopes"])})
-            for w in await self._rows("workers", alive)
-        ]
-        failed = await self._rows("recent_failures", {"limit": failures})
-        unserved = await self._rows("unserved_kinds", alive)
-        return QueueStatus(
-            counts=await self.queue_counts(),
-            running=[RunningItem(**r) for r in await self._rows("running_items", {})],
-            recent_failures=[Failure(**r) for r in failed],
-            workers=workers,
-            unserved_kinds={r["kind"]: r["n"] for r in unserved},
-            schedules=await self.schedules(),
-            pauses=await self.pauses(),
-        )
+        return await self._run(operations.status(failures=failures))
 
     def statistics(self) -> StoreStatistics:  # pragma: no mutate block
         return StoreStatistics(
@@ -772,37 +653,6 @@ class PostgresStore:
         return f"PostgresStore({redact_dsn(self.dsn)!r})"
 
 
-def match_inserted(
-    keys: Sequence[str | None], inserted: Sequence[tuple[int, str | None]]
-) -> list[tuple[str | None, Enqueued | None]]:
-    """Pair a batch's dedup keys with the rows its INSERT returned (in the batch's order;
-    a row is skipped when its dedup key is taken). For each item: its key and what it
-    became, None where a Queued item from before holds its key (looked up next)."""
-    rows = iter(inserted)
-    pending = next(rows, None)
-    first_with: dict[str, int] = {}
-    out: list[tuple[str | None, Enqueued | None]] = []
-    for key in keys:
-        if key is not None and key in first_with:
-            out.append((key, Enqueued(id=first_with[key], deduplicated=True)))
-        elif pending is not None and pending[1] == key:
-            out.append((key, Enqueued(id=pending[0], deduplicated=False)))
-            if key is not None:
-                first_with[key] = pending[0]
-            pending = next(rows, None)
-        elif key is None:
-            raise StoreError("enqueue_many: the inserted rows came back out of order")
-        else:
-            out.append((key, None))
-    if pending is not None:
-        raise StoreError("enqueue_many: more rows came back than were asked for")
-    return out
-
-
-def _tuple(values: Sequence[str] | None) -> tuple[str, ...] | None:
-    return None if values is None else tuple(values)
-
-
 def _connection_of(tx: Transaction | None) -> psycopg.AsyncConnection[Any] | None:
     """The connection of a transaction of this store's (None: none given)."""
     if tx is None:
@@ -810,18 +660,6 @@ def _connection_of(tx: Transaction | None) -> psycopg.AsyncConnection[Any] | Non
     if not isinstance(tx, PostgresTransaction):
         raise TypeError(f"tx must be a transaction of a PostgresStore, not {type(tx).__name__}")
     return tx._conn
-
-
-def _decoded(row: dict[str, Any]) -> dict[str, Any]:
-    """A row read with its payload and trace context as text, those decoded: a payload
-    Python cannot decode becomes an UndecodableValue (a claimed one fails its item), a
-    trace context that cannot be decoded is dropped."""
-    trace_context = loads_or_mark(row["trace_context"])
-    return {
-        **row,
-        "payload": loads_or_mark(row["payload"]),
-        "trace_context": None if isinstance(trace_context, UndecodableValue) else trace_context,
-    }
 
 
 @asynccontextmanager
@@ -834,6 +672,7 @@ async def open_store(
     application_name: str = "trioworker",
 ) -> AsyncIterator[PostgresStore]:  # pragma: no mutate block
     """Open a PostgresStore (and a trio-asyncio loop, if none is running here)."""
+    _bridge.require_trio("open_store")
     async with _bridge.ensure_loop():
         store = PostgresStore(
             dsn,

@@ -1,0 +1,46 @@
+"""Drivers: run an operation (operations.py) on a psycopg connection.
+
+`run_async` runs one on an asyncio connection (the Trio store, through the bridge,
+and `AsyncClient`), `run_sync` on a sync one (`Client`). Each sends the statements an
+operation yields, in order, on the one connection it is given, and sends back their
+rows as dicts: in the caller's transaction when the connection is in one, else each
+statement commits on its own (autocommit), as the Trio store's calls always have.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar, cast
+
+import psycopg
+from psycopg.rows import dict_row
+
+from trioworker._postgres.operations import Steps
+from trioworker._postgres.queries import QUERIES
+
+T = TypeVar("T")
+
+
+async def run_async(conn: psycopg.AsyncConnection[Any], steps: Steps[T]) -> T:
+    """Run `steps` on `conn` (asyncio side); its result."""
+    try:
+        query = next(steps)
+        while True:
+            async with conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(QUERIES[query.name], query.params)
+                rows = await cur.fetchall() if cur.description else []
+            query = steps.send(rows)
+    except StopIteration as done:
+        return cast(T, done.value)
+
+
+def run_sync(conn: psycopg.Connection[Any], steps: Steps[T]) -> T:
+    """Run `steps` on `conn`; its result."""
+    try:
+        query = next(steps)
+        while True:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(QUERIES[query.name], query.params)
+                rows = cur.fetchall() if cur.description else []
+            query = steps.send(rows)
+    except StopIteration as done:
+        return cast(T, done.value)

@@ -1,0 +1,36 @@
+"""Driver errors as trioworker errors: the one translation every way of reaching
+PostgreSQL shares (the Trio store, `Client`, `AsyncClient`), so a caller sees the same
+public classes whichever it uses."""
+
+from __future__ import annotations
+
+import psycopg
+import psycopg.errors
+
+from trioworker._core.errors import DatabaseUnavailable, SchemaNotReady, StoreError
+from trioworker._postgres.dsn import redact
+
+#: The queue's own writes on its own connections retry these (none is expected by
+#: design; each is counted). In a caller's transaction they are the caller's to retry.
+CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+def translate(name: str, exc: psycopg.Error, dsn: str) -> StoreError | SchemaNotReady:
+    """`exc`, raised by call `name`, as the trioworker error it means (the DSN's
+    password never in its text)."""
+    message = redact(f"{name}: {type(exc).__name__}: {exc}".strip(), dsn)
+    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction):
+        return SchemaNotReady(f"{message} (run `python -m trioworker migrate`)")
+    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return DatabaseUnavailable(message)
+    return StoreError(message)
+
+
+def not_unicode(name: str, exc: UnicodeEncodeError) -> StoreError:
+    """psycopg's own error for a lone surrogate in a parameter: nothing was sent."""
+    return StoreError(f"{name}: a value is not valid Unicode ({exc.reason}); nothing sent")
+
+
+def violates(exc: BaseException, index: str) -> bool:
+    """Whether `exc` is a unique violation of the named index (and no other)."""
+    return isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name == index
