@@ -12,10 +12,6 @@ line); `trioworker.testing`, `trioworker.dashboard` and `trioworker.otel` are pu
 subpackages of their own.
 """
 
-# trio_asyncio must be imported before psycopg, or psycopg's async calls fail with
-# "no running event loop".
-import trio_asyncio  # noqa: F401  isort: skip
-
 from trioworker._core.errors import (
     ConfigurationError,
     DatabaseUnavailable,

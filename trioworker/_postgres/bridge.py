@@ -6,22 +6,54 @@ and then waiting for the server, which on a dead link holds the caller about 10.
 Here the asyncio task is shielded: a Trio cancel returns at once, the task is
 cancelled in the background, and `on_abandon` lets the caller discard the connection
 the task was using.
+
+psycopg's waiting functions call `get_running_loop`, which psycopg/waiting.py binds
+(`from asyncio import get_running_loop`) when it is first imported. trio-asyncio
+replaces `asyncio.get_running_loop` when it is imported, with one that finds the
+trio-asyncio loop of the current Trio task; a psycopg imported before trio-asyncio
+keeps the original, finds no running loop inside Trio, and every call fails or hangs
+("no running event loop", then a StoreTimeout). So the binding is renewed here,
+after trio-asyncio's patch, whichever was imported first.
+
+trio-asyncio is imported only when the Trio store first needs it, not with
+`trioworker`: importing it also replaces asyncio's event loop policy, so that
+`asyncio.run` would run an asyncio application (one using `AsyncClient`) on a
+trio-asyncio loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-import trio_asyncio
+import psycopg.waiting
+import sniffio
+
+from trioworker._core.errors import ConfigurationError
 
 T = TypeVar("T")
 
 
+@functools.cache
+def _trio_asyncio() -> Any:
+    """trio-asyncio, imported (and psycopg rebound to its patch) on first use."""
+    import trio_asyncio
+
+    rebind_psycopg()
+    return trio_asyncio
+
+
+def rebind_psycopg() -> None:
+    """Point psycopg's waiting functions at asyncio's `get_running_loop` as it is now
+    (trio-asyncio's, once imported), even if psycopg was imported first."""
+    psycopg.waiting.get_running_loop = asyncio.get_running_loop  # type: ignore[attr-defined]
+
+
 def current_loop() -> asyncio.AbstractEventLoop:
-    loop: asyncio.AbstractEventLoop | None = trio_asyncio.current_loop.get(None)
+    loop: asyncio.AbstractEventLoop | None = _trio_asyncio().current_loop.get(None)
     if loop is None:
         raise RuntimeError("no trio-asyncio loop here: open the store inside `open_store`")
     return loop
@@ -35,7 +67,7 @@ async def run(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop | No
     """
     task = (loop or current_loop()).create_task(coro)
     try:
-        return await trio_asyncio.run_aio_future(asyncio.shield(task))  # type: ignore[no-any-return]
+        return await _trio_asyncio().run_aio_future(asyncio.shield(task))  # type: ignore[no-any-return]
     finally:
         if not task.done():
             task.cancel()
@@ -49,8 +81,22 @@ def consume_result(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
+def require_trio(what: str) -> None:
+    """Raise ConfigurationError unless this runs in Trio: `what` is Trio's alone."""
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        library = None
+    if library != "trio":
+        raise ConfigurationError(
+            f"{what} runs under Trio (the Worker's world), and this is not a Trio task: from"
+            " asyncio (FastAPI, Starlette, aiohttp) use trioworker.AsyncClient, from"
+            " synchronous code (Django, Flask, scripts) trioworker.Client"
+        )
+
+
 def has_loop() -> bool:
-    return trio_asyncio.current_loop.get(None) is not None
+    return _trio_asyncio().current_loop.get(None) is not None
 
 
 @asynccontextmanager
@@ -64,7 +110,7 @@ async def ensure_loop() -> AsyncIterator[None]:
         yield
         return
     try:
-        async with trio_asyncio.open_loop():
+        async with _trio_asyncio().open_loop():
             yield
     except BaseExceptionGroup as group:
         raise _sole_leaf(group) or group from None
