@@ -6,7 +6,8 @@ PostgreSQL cancels its own handler half a lease after its last good heartbeat.
 This module is what applications write against; everything it names reports
 `trioworker` as its module. The layers behind it are subpackages
 (docs/design/architecture.md): `_core` (pure values and decisions), `_store` (the
-client and Worker interfaces, the reads), `_postgres` (the store on PostgreSQL),
+client and Worker interfaces, the reads), `_postgres` (the Trio store on PostgreSQL, and
+`Client` and `AsyncClient` for synchronous and asyncio programs),
 `_worker` (the Worker, its executor and the handler's context), `_cli` (the command
 line); `trioworker.testing`, `trioworker.dashboard` and `trioworker.otel` are public
 subpackages of their own.
@@ -40,10 +41,11 @@ from trioworker._core.public import public_names as _public_names
 from trioworker._core.registry import Registry
 from trioworker._core.schedule import Schedule
 from trioworker._core.settings import Settings
+from trioworker._postgres.clients import AsyncClient, Client
 from trioworker._postgres.dsn import DSN_ENV, resolve_dsn
 from trioworker._postgres.migrate import QUEUE_MIGRATION_HEAD, check_schema, migrate
 from trioworker._postgres.store import PostgresStore, open_store
-from trioworker._store.api import Client, FencedTransaction, Store, Transaction
+from trioworker._store.api import FencedTransaction, Store, Transaction
 from trioworker._store.reads import ItemDetails, QueueCounts, QueueStatus
 from trioworker._worker.context import Context
 from trioworker._worker.worker import Worker, WorkerStatistics
@@ -51,6 +53,7 @@ from trioworker._worker.worker import Worker, WorkerStatistics
 __all__ = [
     "DSN_ENV",
     "QUEUE_MIGRATION_HEAD",
+    "AsyncClient",
     "AttemptRecord",
     "CancelOutcome",
     "Client",

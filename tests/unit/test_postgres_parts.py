@@ -8,7 +8,7 @@ import psycopg.errors
 import pytest
 
 from trioworker import DatabaseUnavailable, SchemaNotReady, StoreError
-from trioworker._postgres.connection import _connect_kwargs
+from trioworker._postgres.connection import connect_kwargs
 from trioworker._postgres.store import PostgresStore
 
 STORE = PostgresStore("host=db user=app password=s3cr3t")
@@ -60,7 +60,7 @@ def test_a_store_shows_its_dsn_without_the_password() -> None:
 def test_connections_get_link_timeouts_and_a_name() -> None:
     """Keepalives, connect and TCP timeouts and the application name are added unless the
     DSN sets them."""
-    assert _connect_kwargs("host=db", "trioworker w1") == {
+    assert connect_kwargs("host=db", "trioworker w1") == {
         "connect_timeout": "5",
         "keepalives": "1",
         "keepalives_idle": "5",
@@ -69,7 +69,7 @@ def test_connections_get_link_timeouts_and_a_name() -> None:
         "tcp_user_timeout": "10000",
         "application_name": "trioworker w1",
     }
-    mine = _connect_kwargs(
+    mine = connect_kwargs(
         "host=db connect_timeout=1 application_name=mine options='-c work_mem=8MB'",
         "trioworker w1",
     )

@@ -61,7 +61,7 @@ class Connections:
     ) -> None:  # pragma: no mutate block
         self.dsn = dsn
         self.call_timeout = call_timeout
-        self._connect_kwargs = _connect_kwargs(dsn, application_name)
+        self._connect_kwargs = connect_kwargs(dsn, application_name)
         self._pool = psycopg_pool.AsyncConnectionPool(
             dsn,
             kwargs={**self._connect_kwargs, "autocommit": True},
@@ -297,15 +297,21 @@ async def _quietly(aw: Awaitable[None]) -> None:  # pragma: no mutate block
         log.warning("rollback failed; the connection was discarded: %s", type(exc).__name__)
 
 
-def _connect_kwargs(dsn: str, application_name: str) -> dict[str, Any]:
+def connect_kwargs(dsn: str, application_name: str) -> dict[str, Any]:
     given = psycopg.conninfo.conninfo_to_dict(dsn)
     kwargs: dict[str, Any] = {k: v for k, v in _LINK_DEFAULTS.items() if k not in given}
     kwargs.setdefault("application_name", given.get("application_name", application_name))
     return kwargs
 
 
+#: Each pooled connection's settings: the queue's functions read fresh snapshots after
+#: taking their locks, which needs READ COMMITTED whatever the database's default is;
+#: and its statements are short, so compiling them (JIT) would cost more than it saves.
+SESSION_SETTINGS: LiteralString = (
+    "SET default_transaction_isolation = 'read committed'; SET jit = off"
+)
+
+
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:  # pragma: no mutate block
-    # asyncio side: the queue's functions read fresh snapshots after taking their
-    # locks, which needs READ COMMITTED whatever the database's default is; and its
-    # statements are short, so compiling them (JIT) would cost more than it saves.
-    await conn.execute("SET default_transaction_isolation = 'read committed'; SET jit = off")
+    # asyncio side
+    await conn.execute(SESSION_SETTINGS)

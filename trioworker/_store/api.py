@@ -1,8 +1,11 @@
 """The two faces of a store (docs/design/architecture.md).
 
-- `Client`: what applications, operators and handlers use: enqueue, cancel, retry,
-  pause and resume, the reads (`show`, `status`, ...), and transactions of their own.
-  A handler's `ctx.store` is a `ClientView`: this face and nothing else.
+- `Client`: what applications, operators and handlers use under Trio: enqueue,
+  cancel, retry, pause and resume, the reads (`show`, `status`, ...), and
+  transactions of their own. A handler's `ctx.store` is a `ClientView`: this face and
+  nothing else. (This protocol is internal; the public `trioworker.Client` is the
+  synchronous client, which offers the same operations, as `trioworker.AsyncClient`
+  does for asyncio: all three run each operation of `_postgres/operations.py`.)
 - `WorkerStore`: what only the Worker and its executor use: claim, heartbeat, the
   fenced writes after an attempt, lease recovery, settling, advertising.
 

@@ -1,0 +1,459 @@
+"""`Client` and `AsyncClient`: the queue for programs that are not Trio.
+
+Web applications and scripts produce the work: asyncio ones (FastAPI, Starlette,
+aiohttp) and synchronous ones (Django, Flask, scripts). These clients run the same
+operations as the Trio store (operations.py: the same checks, statements and reading
+of rows), on psycopg's own sync and asyncio APIs, and raise the same errors.
+
+Every call takes `conn=`: the application's own psycopg connection, so the call runs
+in the application's transaction, at its isolation level, and what it writes exists
+only if that transaction commits (Django: `django.db.connection.connection` inside
+`transaction.atomic()`). Without `conn=` a call runs on the client's own pooled
+connections (autocommit, READ COMMITTED, each statement committed on its own, as the
+Trio store's calls are), or on the application's pool given as `pool=`; a deadlock or
+serialization failure there is run again. In the caller's transaction it is the
+caller's to retry, as any statement of theirs would be: the error says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import threading
+import time
+from collections.abc import Collection, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import psycopg
+import psycopg_pool
+
+from trioworker._core.errors import SchemaNotReady, StoreError
+from trioworker._core.model import (
+    AttemptRecord,
+    CancelOutcome,
+    Enqueued,
+    ItemState,
+    NewItem,
+    Pause,
+    ScheduleState,
+)
+from trioworker._postgres import drive, failures, operations
+from trioworker._postgres.connection import SESSION_SETTINGS, connect_kwargs
+from trioworker._postgres.dsn import redact_dsn, resolve_dsn
+from trioworker._store.reads import ItemDetails, QueueCounts, QueueStatus
+
+T = TypeVar("T")
+
+#: A call on the client's own connections that meets a deadlock or a serialization
+#: failure runs again, up to this many times.
+CONFLICT_RETRIES = 5
+
+
+class _Settings:
+    """What both clients are given."""
+
+    def __init__(
+        self,
+        dsn: str | None,
+        known_kinds: Collection[str] | None,
+        max_connections: int,
+        timeout: float,
+        application_name: str,
+    ) -> None:
+        self.dsn = resolve_dsn(dsn)
+        self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
+        self.max_connections = max_connections
+        self.timeout = timeout
+        self.kwargs = {**connect_kwargs(self.dsn, application_name), "autocommit": True}
+
+    def error(
+        self, name: str, exc: psycopg.Error, *, in_callers: bool
+    ) -> StoreError | SchemaNotReady:
+        """`exc` translated; a conflict in the caller's transaction says whose it is."""
+        translated = failures.translate(name, exc, self.dsn)
+        if in_callers and isinstance(exc, failures.CONFLICTS):
+            return StoreError(f"{translated} (in the caller's transaction: retry it)")
+        return translated
+
+
+class Client:
+    """The queue for synchronous code (Django, Flask, scripts), on psycopg's sync API.
+
+    `Client(dsn)` (default: `$TRIOWORKER_DSN`, else libpq's `PG*` variables) opens a
+    small pool of its own when a call first needs it; `pool=` uses the application's
+    psycopg_pool.ConnectionPool instead. Each call takes `conn=`, a psycopg connection
+    of the application's, to run in its transaction. Close it (or use `with`) when
+    done. Safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        pool: psycopg_pool.ConnectionPool[Any] | None = None,
+        known_kinds: Collection[str] | None = None,
+        max_connections: int = 4,
+        timeout: float = 10.0,
+        application_name: str = "trioworker-client",
+    ) -> None:
+        self._settings = _Settings(dsn, known_kinds, max_connections, timeout, application_name)
+        self._pool = pool
+        self._own_pool: psycopg_pool.ConnectionPool[Any] | None = None
+        self._lock = threading.Lock()
+
+    def _connections(self) -> psycopg_pool.ConnectionPool[Any]:
+        if self._pool is not None:
+            return self._pool
+        with self._lock:
+            if self._own_pool is None:
+                settings = self._settings
+                self._own_pool = psycopg_pool.ConnectionPool(
+                    settings.dsn,
+                    kwargs=settings.kwargs,
+                    min_size=1,
+                    max_size=settings.max_connections,
+                    timeout=settings.timeout,
+                    name="trioworker-client",
+                    configure=_configure,
+                    open=True,
+                )
+            return self._own_pool
+
+    def _run(self, op: operations.Operation[T], conn: psycopg.Connection[Any] | None) -> T:
+        try:
+            if conn is not None:
+                return drive.run_sync(conn, op.steps())
+            pool = self._connections()
+            for retry in range(CONFLICT_RETRIES + 1):
+                try:
+                    with pool.connection() as pooled:
+                        return drive.run_sync(pooled, op.steps())
+                except failures.CONFLICTS:
+                    if retry == CONFLICT_RETRIES:
+                        raise
+                    time.sleep(0.01 * (retry + 1))
+            raise AssertionError("unreachable")  # pragma: no cover
+        except psycopg.Error as exc:
+            raise self._settings.error(op.name, exc, in_callers=conn is not None) from exc
+        except UnicodeEncodeError as exc:
+            raise failures.not_unicode(op.name, exc) from None
+
+    def close(self) -> None:
+        """Close the client's own pool (the application's, if given, is left open)."""
+        with self._lock:
+            if self._own_pool is not None:
+                self._own_pool.close()
+                self._own_pool = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({redact_dsn(self._settings.dsn)!r})"
+
+    # -- the operations (each one of operations.py) ---------------------------------------
+
+    def enqueue(
+        self,
+        kind: str,
+        *,
+        scope: str | None = None,
+        payload: Any = None,
+        dedup_key: str | None = None,
+        run_after: dt.datetime | dt.timedelta | None = None,
+        priority: int = 0,
+        trace_context: Mapping[str, str] | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> Enqueued:
+        """Queue an item, as `PostgresStore.enqueue` does; with `conn`, in its
+        transaction (the item exists only if that transaction commits)."""
+        known = self._settings.known_kinds
+        return self._run(
+            operations.enqueue(
+                kind, scope=scope, payload=payload, dedup_key=dedup_key, run_after=run_after,
+                priority=priority, trace_context=trace_context, known_kinds=known,
+            ),
+            conn,
+        )  # fmt: skip
+
+    def enqueue_many(
+        self, items: Sequence[NewItem], *, conn: psycopg.Connection[Any] | None = None
+    ) -> list[Enqueued]:
+        """Queue many items in one statement, all or none (`PostgresStore.enqueue_many`)."""
+        return self._run(
+            operations.enqueue_many(items, known_kinds=self._settings.known_kinds), conn
+        )
+
+    def cancel(self, id: int, *, conn: psycopg.Connection[Any] | None = None) -> CancelOutcome:
+        """Cancel a Queued item now, or ask a Running one to stop at its next heartbeat."""
+        return self._run(operations.cancel(id), conn)
+
+    def retry(
+        self, ids: Sequence[int], *, conn: psycopg.Connection[Any] | None = None
+    ) -> list[int]:
+        """Failed or Cancelled items back to Queued, history kept; the ids retried."""
+        return self._run(operations.retry(ids), conn)
+
+    def failed_items(
+        self,
+        *,
+        kind: str | None = None,
+        since: dt.datetime | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> list[int]:
+        return self._run(operations.failed_items(kind=kind, since=since), conn)
+
+    def pause(
+        self,
+        *,
+        kind: str | None = None,
+        scope: str | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> bool:
+        """Pause a kind or a scope; False: it was paused already."""
+        return self._run(operations.pause(kind=kind, scope=scope), conn)
+
+    def resume(
+        self,
+        *,
+        kind: str | None = None,
+        scope: str | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> bool:
+        """Lift a pause; False: it was not paused."""
+        return self._run(operations.resume(kind=kind, scope=scope), conn)
+
+    def pauses(self, *, conn: psycopg.Connection[Any] | None = None) -> list[Pause]:
+        return self._run(operations.pauses(), conn)
+
+    def get_item(self, id: int, *, conn: psycopg.Connection[Any] | None = None) -> ItemState | None:
+        return self._run(operations.get_item(id), conn)
+
+    def attempts(
+        self, id: int, *, conn: psycopg.Connection[Any] | None = None
+    ) -> list[AttemptRecord]:
+        return self._run(operations.attempts(id), conn)
+
+    def show(self, id: int, *, conn: psycopg.Connection[Any] | None = None) -> ItemDetails | None:
+        """Item `id` and how its attempts ended; None: no such item."""
+        return self._run(operations.show(id), conn)
+
+    def queue_counts(self, *, conn: psycopg.Connection[Any] | None = None) -> QueueCounts:
+        return self._run(operations.queue_counts(), conn)
+
+    def status(
+        self, *, failures: int = 10, conn: psycopg.Connection[Any] | None = None
+    ) -> QueueStatus:
+        """What `python -m trioworker status` shows."""
+        return self._run(operations.status(failures=failures), conn)
+
+    def schedules(self, *, conn: psycopg.Connection[Any] | None = None) -> list[ScheduleState]:
+        return self._run(operations.schedules(), conn)
+
+
+class AsyncClient:
+    """The queue for asyncio code (FastAPI, Starlette, aiohttp), on psycopg's asyncio API.
+
+    `AsyncClient(dsn)` opens a small pool of its own, on the running event loop, when a
+    call first needs it; `pool=` uses the application's
+    psycopg_pool.AsyncConnectionPool instead. Each call takes `conn=`, a psycopg
+    AsyncConnection of the application's, to run in its transaction. Close it with
+    `await client.close()` (or use `async with`). Use it on one event loop.
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        pool: psycopg_pool.AsyncConnectionPool[Any] | None = None,
+        known_kinds: Collection[str] | None = None,
+        max_connections: int = 4,
+        timeout: float = 10.0,
+        application_name: str = "trioworker-client",
+    ) -> None:
+        self._settings = _Settings(dsn, known_kinds, max_connections, timeout, application_name)
+        self._pool = pool
+        self._own_pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
+        self._lock: asyncio.Lock | None = None
+
+    async def _connections(self) -> psycopg_pool.AsyncConnectionPool[Any]:
+        if self._pool is not None:
+            return self._pool
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._own_pool is None:
+                settings = self._settings
+                pool = psycopg_pool.AsyncConnectionPool(
+                    settings.dsn,
+                    kwargs=settings.kwargs,
+                    min_size=1,
+                    max_size=settings.max_connections,
+                    timeout=settings.timeout,
+                    name="trioworker-client",
+                    configure=_configure_async,
+                    open=False,
+                )
+                await pool.open()
+                self._own_pool = pool
+            return self._own_pool
+
+    async def _run(
+        self, op: operations.Operation[T], conn: psycopg.AsyncConnection[Any] | None
+    ) -> T:
+        try:
+            if conn is not None:
+                return await drive.run_async(conn, op.steps())
+            pool = await self._connections()
+            for retry in range(CONFLICT_RETRIES + 1):
+                try:
+                    async with pool.connection() as pooled:
+                        return await drive.run_async(pooled, op.steps())
+                except failures.CONFLICTS:
+                    if retry == CONFLICT_RETRIES:
+                        raise
+                    await asyncio.sleep(0.01 * (retry + 1))
+            raise AssertionError("unreachable")  # pragma: no cover
+        except psycopg.Error as exc:
+            raise self._settings.error(op.name, exc, in_callers=conn is not None) from exc
+        except UnicodeEncodeError as exc:
+            raise failures.not_unicode(op.name, exc) from None
+
+    async def close(self) -> None:
+        """Close the client's own pool (the application's, if given, is left open)."""
+        if self._own_pool is not None:
+            pool, self._own_pool = self._own_pool, None
+            await pool.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({redact_dsn(self._settings.dsn)!r})"
+
+    # -- the operations (each one of operations.py) ---------------------------------------
+
+    async def enqueue(
+        self,
+        kind: str,
+        *,
+        scope: str | None = None,
+        payload: Any = None,
+        dedup_key: str | None = None,
+        run_after: dt.datetime | dt.timedelta | None = None,
+        priority: int = 0,
+        trace_context: Mapping[str, str] | None = None,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> Enqueued:
+        """Queue an item, as `PostgresStore.enqueue` does; with `conn`, in its
+        transaction (the item exists only if that transaction commits)."""
+        known = self._settings.known_kinds
+        return await self._run(
+            operations.enqueue(
+                kind, scope=scope, payload=payload, dedup_key=dedup_key, run_after=run_after,
+                priority=priority, trace_context=trace_context, known_kinds=known,
+            ),
+            conn,
+        )  # fmt: skip
+
+    async def enqueue_many(
+        self, items: Sequence[NewItem], *, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> list[Enqueued]:
+        """Queue many items in one statement, all or none (`PostgresStore.enqueue_many`)."""
+        known = self._settings.known_kinds
+        return await self._run(operations.enqueue_many(items, known_kinds=known), conn)
+
+    async def cancel(
+        self, id: int, *, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> CancelOutcome:
+        """Cancel a Queued item now, or ask a Running one to stop at its next heartbeat."""
+        return await self._run(operations.cancel(id), conn)
+
+    async def retry(
+        self, ids: Sequence[int], *, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> list[int]:
+        """Failed or Cancelled items back to Queued, history kept; the ids retried."""
+        return await self._run(operations.retry(ids), conn)
+
+    async def failed_items(
+        self,
+        *,
+        kind: str | None = None,
+        since: dt.datetime | None = None,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> list[int]:
+        return await self._run(operations.failed_items(kind=kind, since=since), conn)
+
+    async def pause(
+        self,
+        *,
+        kind: str | None = None,
+        scope: str | None = None,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> bool:
+        """Pause a kind or a scope; False: it was paused already."""
+        return await self._run(operations.pause(kind=kind, scope=scope), conn)
+
+    async def resume(
+        self,
+        *,
+        kind: str | None = None,
+        scope: str | None = None,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> bool:
+        """Lift a pause; False: it was not paused."""
+        return await self._run(operations.resume(kind=kind, scope=scope), conn)
+
+    async def pauses(self, *, conn: psycopg.AsyncConnection[Any] | None = None) -> list[Pause]:
+        return await self._run(operations.pauses(), conn)
+
+    async def get_item(
+        self, id: int, *, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> ItemState | None:
+        return await self._run(operations.get_item(id), conn)
+
+    async def attempts(
+        self, id: int, *, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> list[AttemptRecord]:
+        return await self._run(operations.attempts(id), conn)
+
+    async def show(
+        self, id: int, *, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> ItemDetails | None:
+        """Item `id` and how its attempts ended; None: no such item."""
+        return await self._run(operations.show(id), conn)
+
+    async def queue_counts(
+        self, *, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> QueueCounts:
+        return await self._run(operations.queue_counts(), conn)
+
+    async def status(
+        self, *, failures: int = 10, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> QueueStatus:
+        """What `python -m trioworker status` shows."""
+        return await self._run(operations.status(failures=failures), conn)
+
+    async def schedules(
+        self, *, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> list[ScheduleState]:
+        return await self._run(operations.schedules(), conn)
+
+
+def _configure(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(SESSION_SETTINGS)
+
+
+async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    await conn.execute(SESSION_SETTINGS)
