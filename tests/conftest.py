@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 import psycopg
 import pytest
 
+from tests.support.clients import through_async_client, through_sync_client
 from tests.support.database import Databases, server_dsn
 from tests.support.harness import Harness, MemoryHarness, PostgresHarness
 from trioworker import PostgresStore, open_store
@@ -57,12 +58,18 @@ async def store(dsn: str) -> AsyncIterator[PostgresStore]:
         yield store
 
 
-@pytest.fixture(params=["memory", "postgres"])
+@pytest.fixture(params=["memory", "postgres", "client", "async-client"])
 async def harness(request: pytest.FixtureRequest, databases: Databases) -> AsyncIterator["Harness"]:
-    """Each contract test runs against the in-memory store and against PostgreSQL."""
+    """Each contract test runs against the in-memory store and against PostgreSQL: the
+    Trio store, and its client operations through `Client` and through `AsyncClient`."""
     if request.param == "memory":
         yield MemoryHarness()
         return
     with databases.database() as dsn, psycopg.connect(dsn, autocommit=True) as pg:
         async with open_store(dsn) as store:
-            yield PostgresHarness(store, pg)
+            if request.param == "postgres":
+                yield PostgresHarness(store, pg)
+                return
+            through = through_sync_client if request.param == "client" else through_async_client
+            with through(store) as client_store:
+                yield PostgresHarness(client_store, pg, name=request.param)

@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 import psycopg
 
+from tests.support.clients import ThroughClient
 from trioworker import ItemState, PostgresStore, Status
 from trioworker.testing import MemoryStore
 
@@ -45,11 +46,18 @@ class MemoryHarness:
 
 
 class PostgresHarness:
-    name = "postgres"
+    """The Trio store (name "postgres"), or its client operations sent through
+    `Client` or `AsyncClient` ("client", "async-client": tests/support/clients.py)."""
 
-    def __init__(self, store: PostgresStore, pg: psycopg.Connection[Any]) -> None:
+    def __init__(
+        self,
+        store: PostgresStore | ThroughClient,
+        pg: psycopg.Connection[Any],
+        name: str = "postgres",
+    ) -> None:
         self.store = store
         self.pg = pg
+        self.name = name
 
     def expire_lease(self, id: int) -> None:
         self.pg.execute(

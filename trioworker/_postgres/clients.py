@@ -56,13 +56,11 @@ class _Settings:
     def __init__(
         self,
         dsn: str | None,
-        known_kinds: Collection[str] | None,
         max_connections: int,
         timeout: float,
         application_name: str,
     ) -> None:
         self.dsn = resolve_dsn(dsn)
-        self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
         self.max_connections = max_connections
         self.timeout = timeout
         self.kwargs = {**connect_kwargs(self.dsn, application_name), "autocommit": True}
@@ -97,7 +95,9 @@ class Client:
         timeout: float = 10.0,
         application_name: str = "trioworker-client",
     ) -> None:
-        self._settings = _Settings(dsn, known_kinds, max_connections, timeout, application_name)
+        self._settings = _Settings(dsn, max_connections, timeout, application_name)
+        #: The kinds enqueue accepts (None: any), as `PostgresStore.known_kinds`.
+        self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
         self._pool = pool
         self._own_pool: psycopg_pool.ConnectionPool[Any] | None = None
         self._lock = threading.Lock()
@@ -173,7 +173,7 @@ class Client:
     ) -> Enqueued:
         """Queue an item, as `PostgresStore.enqueue` does; with `conn`, in its
         transaction (the item exists only if that transaction commits)."""
-        known = self._settings.known_kinds
+        known = self.known_kinds
         return self._run(
             operations.enqueue(
                 kind, scope=scope, payload=payload, dedup_key=dedup_key, run_after=run_after,
@@ -186,9 +186,7 @@ class Client:
         self, items: Sequence[NewItem], *, conn: psycopg.Connection[Any] | None = None
     ) -> list[Enqueued]:
         """Queue many items in one statement, all or none (`PostgresStore.enqueue_many`)."""
-        return self._run(
-            operations.enqueue_many(items, known_kinds=self._settings.known_kinds), conn
-        )
+        return self._run(operations.enqueue_many(items, known_kinds=self.known_kinds), conn)
 
     def cancel(self, id: int, *, conn: psycopg.Connection[Any] | None = None) -> CancelOutcome:
         """Cancel a Queued item now, or ask a Running one to stop at its next heartbeat."""
@@ -277,7 +275,9 @@ class AsyncClient:
         timeout: float = 10.0,
         application_name: str = "trioworker-client",
     ) -> None:
-        self._settings = _Settings(dsn, known_kinds, max_connections, timeout, application_name)
+        self._settings = _Settings(dsn, max_connections, timeout, application_name)
+        #: The kinds enqueue accepts (None: any), as `PostgresStore.known_kinds`.
+        self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
         self._pool = pool
         self._own_pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
         self._lock: asyncio.Lock | None = None
@@ -358,7 +358,7 @@ class AsyncClient:
     ) -> Enqueued:
         """Queue an item, as `PostgresStore.enqueue` does; with `conn`, in its
         transaction (the item exists only if that transaction commits)."""
-        known = self._settings.known_kinds
+        known = self.known_kinds
         return await self._run(
             operations.enqueue(
                 kind, scope=scope, payload=payload, dedup_key=dedup_key, run_after=run_after,
@@ -371,7 +371,7 @@ class AsyncClient:
         self, items: Sequence[NewItem], *, conn: psycopg.AsyncConnection[Any] | None = None
     ) -> list[Enqueued]:
         """Queue many items in one statement, all or none (`PostgresStore.enqueue_many`)."""
-        known = self._settings.known_kinds
+        known = self.known_kinds
         return await self._run(operations.enqueue_many(items, known_kinds=known), conn)
 
     async def cancel(
