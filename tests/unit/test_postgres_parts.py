@@ -8,6 +8,7 @@ import psycopg.errors
 import pytest
 
 from trioworker import DatabaseUnavailable, SchemaNotReady, StoreError
+from trioworker._postgres import failures
 from trioworker._postgres.connection import connect_kwargs
 from trioworker._postgres.store import PostgresStore
 
@@ -74,3 +75,25 @@ def test_connections_get_link_timeouts_and_a_name() -> None:
         "trioworker w1",
     )
     assert "connect_timeout" not in mine and mine["application_name"] == "mine"
+
+
+def test_a_lone_surrogate_psycopg_refuses_is_a_store_error_saying_nothing_was_sent() -> None:
+    """psycopg's own UnicodeEncodeError, as every caller (the Trio store, both clients)
+    reports it."""
+    try:
+        "\udc80".encode()
+    except UnicodeEncodeError as exc:
+        error = failures.not_unicode("enqueue", exc)
+    assert type(error) is StoreError
+    assert (
+        str(error) == "enqueue: a value is not valid Unicode (surrogates not allowed); nothing sent"
+    )
+
+
+def test_the_conflicts_retried_are_deadlocks_and_serialization_failures() -> None:
+    """Only these are run again on a call's own connection (and, in a caller's
+    transaction, reported as the caller's to retry)."""
+    assert (
+        psycopg.errors.DeadlockDetected,
+        psycopg.errors.SerializationFailure,
+    ) == failures.CONFLICTS

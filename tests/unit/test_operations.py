@@ -1,0 +1,367 @@
+"""The client operations (trioworker/_postgres/operations.py), run by a scripted driver:
+what each sends, in what order, and what it makes of the rows it is sent back. No
+database: the contract tests run the same operations on PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from trioworker import (
+    AttemptRecord,
+    CancelOutcome,
+    Enqueued,
+    InvalidWorkItem,
+    ItemDetails,
+    NewItem,
+    Pause,
+    QueueCounts,
+    ScheduleState,
+    Status,
+    StoreError,
+)
+from trioworker._core.jsontext import UndecodableValue
+from trioworker._core.model import ScopeHolder
+from trioworker._postgres import operations
+from trioworker._postgres.operations import Operation, Query, Rows
+from trioworker._store.reads import ALIVE_WITHIN, Failure, RunningItem, WorkerState
+
+T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+MIN = dt.datetime.min.replace(tzinfo=dt.UTC)
+
+Answer = Rows | Callable[[Query], Rows]
+
+
+def run(op: Operation[Any], *answers: Answer) -> tuple[Any, list[Query]]:
+    """Run `op`, answering its queries with `answers` in turn; its result and what it
+    sent. Every answer must be used."""
+    steps = op.steps()
+    sent: list[Query] = []
+    given = list(answers)
+    try:
+        query = next(steps)
+        while True:
+            sent.append(query)
+            assert given, f"no answer left for {query.name}"
+            answer = given.pop(0)
+            query = steps.send(answer(query) if callable(answer) else answer)
+    except StopIteration as done:
+        assert not given, f"{len(given)} answers left over"
+        return done.value, sent
+
+
+def enqueue_params(**changes: Any) -> dict[str, Any]:
+    return {
+        "kind": "A", "scope": None, "payload": "{}", "priority": 0, "dedup_key": None,
+        "run_at": None, "delay": 0.0, "trace_context": None, **changes,
+    }  # fmt: skip
+
+
+# -- enqueue ---------------------------------------------------------------------------
+
+
+def test_enqueue_sends_the_checked_request_and_returns_the_new_id() -> None:
+    """One INSERT with every option as the table takes it; its row is the new item."""
+    op = operations.enqueue(
+        "A", scope="s", payload={"n": 1}, dedup_key="k", run_after=dt.timedelta(minutes=2),
+        priority=7, trace_context={"traceparent": "00-x"},
+    )  # fmt: skip
+    assert op.name == "enqueue"
+    result, sent = run(op, [{"id": 4}])
+    assert result == Enqueued(id=4, deduplicated=False)
+    expected = enqueue_params(
+        scope="s", payload='{"n":1}', priority=7, dedup_key="k", delay=120.0,
+        trace_context='{"traceparent":"00-x"}',
+    )  # fmt: skip
+    assert sent == [Query("enqueue", expected)]
+
+
+def test_enqueue_at_a_time_sends_it_as_is() -> None:
+    """An aware datetime is the due time itself, not a delay."""
+    when = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    _, sent = run(operations.enqueue("A", run_after=when), [{"id": 1}])
+    assert sent[0].params["run_at"] == when and sent[0].params["delay"] == 0.0
+
+
+def test_enqueue_checks_its_input_before_anything_is_sent() -> None:
+    """Bad input raises InvalidWorkItem when the operation is made; known kinds hold."""
+    with pytest.raises(InvalidWorkItem, match="scope must not be empty"):
+        operations.enqueue("A", scope=" ")
+    with pytest.raises(InvalidWorkItem, match=r"unknown kind 'B' \(known kinds: A\)"):
+        operations.enqueue("B", known_kinds=frozenset({"A"}))
+    assert operations.enqueue("A", known_kinds=frozenset({"A"})).name == "enqueue"
+
+
+def test_a_taken_dedup_key_returns_the_queued_holder() -> None:
+    """No row inserted: the Queued item holding the key is the result, deduplicated."""
+    result, sent = run(operations.enqueue("A", dedup_key="k"), [], [{"id": 9}])
+    assert result == Enqueued(id=9, deduplicated=True)
+    params = enqueue_params(dedup_key="k")
+    assert sent == [Query("enqueue", params), Query("queued_with_dedup_key", params)]
+
+
+def test_a_dedup_key_claimed_in_between_is_inserted_next_round() -> None:
+    """Taken, but its holder was claimed before the lookup: the insert goes through."""
+    result, sent = run(operations.enqueue("A", dedup_key="k"), [], [], [{"id": 3}])
+    assert result == Enqueued(id=3, deduplicated=False)
+    assert [q.name for q in sent] == ["enqueue", "queued_with_dedup_key", "enqueue"]
+
+
+def test_a_dedup_key_that_keeps_changing_hands_gives_up_after_five_rounds() -> None:
+    """Each round an insert and a lookup; after ENQUEUE_ROUNDS of them, a StoreError."""
+    steps = operations.enqueue("A", dedup_key="k").steps()
+    names = [next(steps).name]
+    with pytest.raises(StoreError, match=r"^enqueue: the dedup key kept changing hands; try"):
+        while True:
+            names.append(steps.send([]).name)
+    assert names == ["enqueue", "queued_with_dedup_key"] * operations.ENQUEUE_ROUNDS
+    assert operations.ENQUEUE_ROUNDS == 5
+
+
+# -- enqueue_many ----------------------------------------------------------------------
+
+
+def test_enqueue_many_of_nothing_sends_nothing() -> None:
+    op = operations.enqueue_many([])
+    assert op.name == "enqueue_many"
+    assert run(op) == ([], [])
+
+
+def test_enqueue_many_sends_one_statement_of_columns() -> None:
+    """Every item checked, sent as one array per column, results in order."""
+    items = [NewItem("A", scope="s", payload=[1], priority=2), NewItem("B", dedup_key="k")]
+    result, sent = run(
+        operations.enqueue_many(items), [{"id": 1, "dedup_key": None}, {"id": 2, "dedup_key": "k"}]
+    )
+    assert result == [Enqueued(1, False), Enqueued(2, False)]
+    assert sent == [
+        Query(
+            "enqueue_many",
+            {
+                "kinds": ["A", "B"], "scopes": ["s", None], "payloads": ["[1]", "{}"],
+                "priorities": [2, 0], "dedup_keys": [None, "k"], "run_ats": [None, None],
+                "delays": [0.0, 0.0], "trace_contexts": [None, None],
+            },
+        )
+    ]  # fmt: skip
+
+
+def test_enqueue_many_checks_every_item_first() -> None:
+    with pytest.raises(InvalidWorkItem, match="item 1: unknown kind 'C'"):
+        operations.enqueue_many([NewItem("A"), NewItem("C")], known_kinds={"A"})
+
+
+def test_enqueue_many_merges_onto_holders_and_inserts_those_claimed_in_between() -> None:
+    """Keys a Queued item holds are looked up once, sorted; one whose holder was claimed
+    meanwhile is inserted on its own, and a later item of the batch with it merges."""
+    items = [NewItem("A", dedup_key="held"), NewItem("A", dedup_key="gone"),
+             NewItem("A", dedup_key="gone"), NewItem("A")]  # fmt: skip
+    result, sent = run(
+        operations.enqueue_many(items),
+        [{"id": 10, "dedup_key": None}],
+        [{"id": 5, "dedup_key": "held"}],
+        [{"id": 11}],
+    )
+    assert result == [Enqueued(5, True), Enqueued(11, False), Enqueued(11, True),
+                      Enqueued(10, False)]  # fmt: skip
+    assert sent[1] == Query("queued_with_dedup_keys", {"dedup_keys": ["gone", "held"]})
+    assert sent[2] == Query("enqueue", enqueue_params(dedup_key="gone"))
+    assert len(sent) == 3
+
+
+def test_match_inserted_pairs_rows_with_the_batch() -> None:
+    """Inserted rows in order; a repeated key merges onto the batch's first; a key the
+    INSERT skipped is left for the lookup."""
+    keys = ["a", None, "a", "b", None]
+    pairs = operations.match_inserted(keys, [(1, "a"), (2, None), (3, None)])
+    assert pairs == [
+        ("a", Enqueued(1, False)), (None, Enqueued(2, False)), ("a", Enqueued(1, True)),
+        ("b", None), (None, Enqueued(3, False)),
+    ]  # fmt: skip
+
+
+def test_match_inserted_refuses_rows_it_cannot_pair() -> None:
+    with pytest.raises(StoreError, match=r"^enqueue_many: the inserted rows came back out of"):
+        operations.match_inserted([None], [(1, "a")])
+    with pytest.raises(StoreError, match=r"^enqueue_many: the inserted rows came back out of"):
+        operations.match_inserted([None], [])
+    with pytest.raises(StoreError, match=r"^enqueue_many: more rows came back than were asked"):
+        operations.match_inserted(["a"], [(1, "a"), (2, "b")])
+
+
+# -- cancel, retry, pause --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "found", "outcome"),
+    [
+        ("Cancelled", None, CancelOutcome.CANCELLED),
+        ("Running", None, CancelOutcome.REQUESTED),
+        (None, [{"status": "Succeeded"}], CancelOutcome.ALREADY_FINISHED),
+        (None, [], CancelOutcome.NOT_FOUND),
+    ],
+)
+def test_cancel_outcomes(status: str | None, found: Rows | None, outcome: CancelOutcome) -> None:
+    """What request_cancel returned says it; only when it changed nothing is the item
+    looked up, to tell finished from missing."""
+    op = operations.cancel(7)
+    assert op.name == "cancel"
+    answers: list[Answer] = [[{"status": status}]] + ([] if found is None else [found])
+    result, sent = run(op, *answers)
+    assert result is outcome
+    assert sent[0] == Query("request_cancel", {"id": 7})
+    assert sent[1:] == ([] if found is None else [Query("status_of", {"id": 7})])
+
+
+def test_retry_sends_each_id_once_in_order() -> None:
+    op = operations.retry([3, 1, 3])
+    assert op.name == "retry"
+    result, sent = run(op, [{"id": 1}])
+    assert result == [1] and sent == [Query("retry_items", {"ids": [1, 3]})]
+
+
+def test_failed_items_since_the_beginning_by_default() -> None:
+    op = operations.failed_items()
+    assert op.name == "failed_items"
+    result, sent = run(op, [{"id": 2}, {"id": 5}])
+    assert result == [2, 5]
+    assert sent == [Query("failed_items", {"kind": None, "since": MIN})]
+    _, sent = run(operations.failed_items(kind="A", since=T0), [])
+    assert sent == [Query("failed_items", {"kind": "A", "since": T0})]
+
+
+@pytest.mark.parametrize("verb", ["pause", "resume"])
+def test_pause_and_resume_take_a_kind_or_a_scope(verb: str) -> None:
+    make = getattr(operations, verb)
+    op = make(kind="A")
+    assert op.name == verb
+    assert run(op, [{"changed": True}]) == (True, [Query(verb, {"kind": "A", "scope": None})])
+    op = make(scope="s")
+    assert run(op, [{"changed": False}]) == (False, [Query(verb, {"kind": None, "scope": "s"})])
+    with pytest.raises(InvalidWorkItem, match="give exactly one"):
+        make()
+
+
+def test_pauses_are_read_as_they_come() -> None:
+    op = operations.pauses()
+    assert op.name == "pauses"
+    result, sent = run(op, [{"kind": "A", "scope": None, "paused_at": T0}])
+    assert result == [Pause("A", None, T0)] and sent == [Query("pauses", {})]
+
+
+# -- reads -----------------------------------------------------------------------------
+
+ROW = {
+    "id": 1, "kind": "A", "scope": None, "payload": '{"n": 1}', "priority": 0,
+    "status": "Queued", "attempt": 0, "stalls": 0, "failures": 0, "worker_id": None,
+    "requested_at": T0, "run_after": T0, "started_at": None, "finished_at": None,
+    "heartbeat_at": None, "lease_expires_at": None, "dedup_key": None,
+    "cancel_requested": False, "reason": None, "error": None, "traceback": None,
+    "trace_context": '{"traceparent": "00-x"}',
+}  # fmt: skip
+ATTEMPT = {"attempt": 1, "worker_id": "w", "started_at": T0, "ended_at": T0,
+           "outcome": "failed", "error": "E", "traceback": "tb"}  # fmt: skip
+
+
+def test_get_item_decodes_its_row() -> None:
+    op = operations.get_item(1)
+    assert op.name == "get_item"
+    item, sent = run(op, [ROW])
+    assert sent == [Query("get_item", {"id": 1})]
+    assert item.status is Status.QUEUED and item.payload == {"n": 1}
+    assert item.trace_context == {"traceparent": "00-x"}
+    assert run(operations.get_item(2), [])[0] is None
+
+
+def test_a_row_python_cannot_decode_is_marked_not_lost() -> None:
+    """A payload Python cannot decode is an UndecodableValue; such a trace context is
+    dropped; a missing one stays None."""
+    row = operations.decoded({**ROW, "payload": "[" * 100_000, "trace_context": "{" * 100_000})
+    assert isinstance(row["payload"], UndecodableValue) and row["trace_context"] is None
+    assert operations.decoded({**ROW, "trace_context": None})["trace_context"] is None
+
+
+def test_attempts_and_show() -> None:
+    """show: the item, then its attempts; no item, no second query."""
+    op = operations.attempts(1)
+    assert op.name == "attempts"
+    assert run(op, [ATTEMPT]) == ([AttemptRecord(**ATTEMPT)], [Query("attempts", {"id": 1})])
+    op = operations.show(1)
+    assert op.name == "show"
+    details, sent = run(op, [ROW], [ATTEMPT])
+    assert isinstance(details, ItemDetails) and details.item.id == 1
+    assert details.attempts == [AttemptRecord(**ATTEMPT)]
+    assert sent == [Query("get_item", {"id": 1}), Query("attempts", {"id": 1})]
+    assert run(operations.show(2), []) == (None, [Query("get_item", {"id": 2})])
+
+
+COUNTS = [{"kind": "A", "status": "Queued", "n": 2}]
+SCHEDULE = {"name": "s", "kind": "A", "scope": None, "spec": "every 60",
+            "next_due": T0, "last_due": None, "last_item": None}  # fmt: skip
+
+
+def test_queue_counts() -> None:
+    op = operations.queue_counts()
+    assert op.name == "queue_counts"
+    counts, sent = run(op, COUNTS, [{"n": 3}])
+    assert counts == QueueCounts({"A": {s.value: 2 * (s is Status.QUEUED) for s in Status}}, 3)
+    assert sent == [Query("counts_by_kind_and_status", {}), Query("busy_scopes", {})]
+
+
+def test_schedules() -> None:
+    op = operations.schedules()
+    assert op.name == "schedules"
+    assert run(op, [SCHEDULE]) == ([ScheduleState(**SCHEDULE)], [Query("schedules", {})])
+
+
+def test_status_reads_each_part_from_its_own_query() -> None:
+    worker = {"id": "w", "host": "h", "pid": 1, "started_at": T0, "last_seen": T0,
+              "stopped_at": None, "kinds": ["A"], "scopes": ["s"], "unscoped": False,
+              "concurrency": 2, "alive": True}  # fmt: skip
+    every = {**worker, "id": "v", "scopes": None}
+    failure = {"id": 3, "kind": "A", "scope": None, "attempt": 1, "finished_at": T0,
+               "reason": "r", "error": "e"}  # fmt: skip
+    running = {"id": 4, "kind": "A", "scope": "s", "attempt": 1, "worker_id": "w",
+               "started_at": T0, "lease_left": 5.0}  # fmt: skip
+    pause = {"kind": None, "scope": "s", "paused_at": T0}
+    op = operations.status(failures=3)
+    assert op.name == "status"
+    status, sent = run(
+        op, [worker, every], [failure], [{"kind": "B", "n": 2}], COUNTS, [{"n": 1}], [running],
+        [SCHEDULE], [pause],
+    )  # fmt: skip
+    alive = {"alive_within": ALIVE_WITHIN}
+    assert sent == [
+        Query("workers", alive), Query("recent_failures", {"limit": 3}),
+        Query("unserved_kinds", alive), Query("counts_by_kind_and_status", {}),
+        Query("busy_scopes", {}), Query("running_items", {}), Query("schedules", {}),
+        Query("pauses", {}),
+    ]  # fmt: skip
+    assert status.workers == [
+        WorkerState(**{**worker, "kinds": ("A",), "scopes": ("s",)}),
+        WorkerState(**{**every, "kinds": ("A",), "scopes": None}),
+    ]
+    assert status.recent_failures == [Failure(**failure)]
+    assert status.unserved_kinds == {"B": 2}
+    assert status.counts.busy_scopes == 1 and status.counts.by_kind["A"]["Queued"] == 2
+    assert status.running == [RunningItem(**running)]
+    assert status.schedules == [ScheduleState(**SCHEDULE)]
+    assert status.pauses == [Pause(None, "s", T0)]
+    _, sent = run(operations.status(), [], [], [], [], [{"n": 0}], [], [], [])
+    assert sent[1] == Query("recent_failures", {"limit": 10})
+
+
+def test_scope_holder() -> None:
+    """The scope's Running item, or None, and whether a head is left."""
+    op = operations.scope_holder("s")
+    assert op.name == "scope_holder"
+    held = {"id": 4, "attempt": 1, "kind": "A", "worker_id": "w", "cancel_requested": False,
+            "lease_left": 5.0, "heads": 0}  # fmt: skip
+    result, sent = run(op, [held])
+    assert sent == [Query("scope_holder", {"scope": "s"})]
+    assert result == (ScopeHolder(4, 1, "A", "w", False, 5.0), False)
+    free = dict.fromkeys(held, None) | {"heads": 1}
+    assert run(operations.scope_holder("s"), [free])[0] == (None, True)
