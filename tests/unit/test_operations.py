@@ -149,6 +149,29 @@ def test_enqueue_many_sends_one_statement_of_columns() -> None:
     ]  # fmt: skip
 
 
+def test_enqueue_many_at_a_time_sends_it_as_is() -> None:
+    """An aware datetime is checked against now and sent as the due time."""
+    when = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    _, sent = run(
+        operations.enqueue_many([NewItem("A", run_after=when)]), [{"id": 1, "dedup_key": None}]
+    )
+    assert sent[0].params["run_ats"] == [when] and sent[0].params["delays"] == [0.0]
+    with pytest.raises(InvalidWorkItem, match=r"item 0: run_after .* is further than 366 days"):
+        operations.enqueue_many([NewItem("A", run_after=when + dt.timedelta(days=400))])
+
+
+def test_enqueue_many_looks_up_only_the_keys_it_could_not_insert() -> None:
+    """An item inserted with its key is not looked up; one whose key is held is."""
+    items = [NewItem("A", dedup_key="new"), NewItem("A", dedup_key="held")]
+    result, sent = run(
+        operations.enqueue_many(items),
+        [{"id": 1, "dedup_key": "new"}],
+        [{"id": 7, "dedup_key": "held"}],
+    )
+    assert result == [Enqueued(1, False), Enqueued(7, True)]
+    assert sent[1] == Query("queued_with_dedup_keys", {"dedup_keys": ["held"]})
+
+
 def test_enqueue_many_checks_every_item_first() -> None:
     with pytest.raises(InvalidWorkItem, match="item 1: unknown kind 'C'"):
         operations.enqueue_many([NewItem("A"), NewItem("C")], known_kinds={"A"})

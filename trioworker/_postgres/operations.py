@@ -165,13 +165,11 @@ def _enqueue_many_steps(requests: Sequence[EnqueueRequest]) -> Steps[list[Enqueu
     inserted = [(row["id"], row["dedup_key"]) for row in rows]
     merged = match_inserted([r.dedup_key for r in requests], inserted)
     keys = sorted({k for k, e in merged if e is None and k is not None})
-    holders: dict[str, int] = {}
-    if keys:
-        rows = yield Query("queued_with_dedup_keys", {"dedup_keys": keys})
-        holders = {row["dedup_key"]: row["id"] for row in rows}
+    rows = (yield Query("queued_with_dedup_keys", {"dedup_keys": keys})) if keys else []
+    holders: dict[str, int] = {row["dedup_key"]: row["id"] for row in rows}
     results = []
-    for (key, paired), request in zip(merged, requests, strict=True):
-        result = paired
+    for index, request in enumerate(requests):
+        key, result = merged[index]
         if result is None:
             assert key is not None
             if key in holders:
