@@ -20,6 +20,7 @@ import psycopg
 import pytest
 import trio
 
+from tests.support.processes import wait_for
 from trioworker import (
     AsyncClient,
     CancelOutcome,
@@ -271,8 +272,11 @@ async def test_a_worker_runs_what_both_clients_enqueue(dsn: str, pg: Conn) -> No
         await trio.to_thread.run_sync(produce)
         with trio.fail_after(20):
             await done.wait()
-            while pg.execute(SUCCEEDED).fetchone() != (3,):
-                await trio.sleep(0.05)
+
+        def all_succeeded() -> bool:
+            return pg.execute(SUCCEEDED).fetchone() == (3,)
+
+        await trio.to_thread.run_sync(wait_for, all_succeeded, 20, "all three to succeed")
         nursery.cancel_scope.cancel()
     assert sorted(ran) == [
         ("async", {"from": "AsyncClient"}),
