@@ -83,6 +83,9 @@ class Client:
     psycopg_pool.ConnectionPool instead. Each call takes `conn=`, a psycopg connection
     of the application's, to run in its transaction. Close it (or use `with`) when
     done. Safe to share between threads.
+
+    `known_kinds` refuses other kinds, as `PostgresStore`'s does; `max_connections`
+    bounds its own pool, `timeout` how long a call waits for one of its connections.
     """
 
     def __init__(
@@ -277,6 +280,9 @@ class AsyncClient:
     psycopg_pool.AsyncConnectionPool instead. Each call takes `conn=`, a psycopg
     AsyncConnection of the application's, to run in its transaction. Close it with
     `await client.close()` (or use `async with`). Use it on one event loop.
+
+    `known_kinds` refuses other kinds, as `PostgresStore`'s does; `max_connections`
+    bounds its own pool, `timeout` how long a call waits for one of its connections.
     """
 
     def __init__(
