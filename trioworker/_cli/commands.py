@@ -17,26 +17,22 @@ from typing import Any, NoReturn
 
 import trio
 
+from trioworker._cli.exits import EXIT_ERROR, EXIT_FAIL_STOP, EXIT_INTERRUPTED, EXIT_OK
 from trioworker._cli.input import UsageError, read_items, read_lines, read_payload
 from trioworker._core.errors import ConfigurationError, DatabaseUnavailable, InvalidWorkItem
 from trioworker._core.model import FINISHED, Enqueued, Status
 from trioworker._core.registry import Registry
 from trioworker._core.retry import Backoff
 from trioworker._core.settings import Settings
-from trioworker._core.text import shell_word
+from trioworker._core.text import shell_word, short_duration
 from trioworker._core.validation import pause_target, validate_enqueue, validate_scope
 from trioworker._postgres.migrate import check_schema, migrate
+from trioworker._postgres.queries import QUERIES
 from trioworker._postgres.store import PostgresStore, open_store
 from trioworker._worker.executor import Tracer
-from trioworker._worker.worker import Worker
+from trioworker._worker.worker import Worker, default_worker_id
 
 log = logging.getLogger("trioworker")
-
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_FAIL_STOP = 70
-EXIT_INTERRUPTED = 130
 
 
 def fail_stop(message: str) -> NoReturn:
@@ -100,7 +96,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     if args.kind is None:
         raise UsageError("enqueue needs a KIND, or --from FILE.jsonl")
     payload = read_payload(args.payload)
-    run_after = dt.timedelta(seconds=args.delay) if args.delay else None
+    run_after = args.delay or None
     try:  # bad input is reported before anything connects
         validate_enqueue(
             args.kind, args.scope, payload, args.dedup_key, run_after, priority=args.priority,
@@ -208,7 +204,22 @@ def _ids(ids: list[int], most: int = 20) -> str:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     statuses = [Status(s) for s in args.status] if args.status else list(FINISHED)
+    what = f"{'/'.join(s.value for s in statuses)} item(s) finished more than"
+    ago = f"{short_duration(args.older_than)} ago"
     check_schema(args.dsn)
+    if args.dry_run:
+        params = {
+            "statuses": [s.value for s in statuses],
+            "older_than": args.older_than.total_seconds(),
+        }
+
+        async def count(store: PostgresStore) -> int:
+            async with store.transaction() as tx:
+                [(n,)] = await tx.execute(QUERIES["count_finished"], params)
+                return int(n)
+
+        print(f"would delete {with_store(args.dsn, count)} {what} {ago} (dry run: none deleted)")
+        return EXIT_OK
     longest = 0.0
     batches = 0
 
@@ -222,21 +233,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
             args.older_than, statuses=statuses, batch=args.batch, on_batch=note
         ),
     )
-    print(
-        f"deleted {deleted} {'/'.join(s.value for s in statuses)} item(s) finished more than"
-        f" {short_duration(args.older_than)} ago, in {batches} batch(es)"
-        f" (longest {longest:.3f}s)"
-    )
+    print(f"deleted {deleted} {what} {ago}, in {batches} batch(es) (longest {longest:.3f}s)")
     return EXIT_OK
-
-
-def short_duration(span: dt.timedelta) -> str:
-    """7d, 12h, 90m, 45s: the largest unit that divides it (seconds otherwise)."""
-    seconds = span.total_seconds()
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
 
 
 def _target(args: argparse.Namespace) -> str:
@@ -360,6 +358,7 @@ def otel_tracer() -> Tracer:
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     check_run_arguments(args)
+    args.worker_id = args.worker_id or default_worker_id()
     registry = load_registry(args.app)
     tracer = otel_tracer() if args.otel else None  # after --app, which may set one up
     if args.retain is not None:
