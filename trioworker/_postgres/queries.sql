@@ -159,6 +159,12 @@ WITH doomed AS (
 DELETE FROM work_items AS w USING doomed WHERE w.id = doomed.id
 RETURNING w.finished_at;
 
+-- name: count_finished
+-- What delete_finished would delete now, counted (`prune --dry-run`).
+SELECT count(*) FROM work_items
+WHERE status IN ('Succeeded', 'Failed', 'Cancelled') AND status = ANY(%(statuses)s)
+  AND finished_at < now() - make_interval(secs => %(older_than)s);
+
 -- name: scope_holder
 -- A scope's Running item (quiesce watches it), and whether any of its Queued items is
 -- still a head (none should be once the scope is paused).
