@@ -89,6 +89,18 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_sql(args: argparse.Namespace) -> int:
+    """Print the queue's migrations as one script (trioworker._postgres.script)."""
+    from trioworker._postgres.script import queue_script
+
+    try:
+        script = queue_script(args.from_migration)
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
+    sys.stdout.write(script)
+    return EXIT_OK
+
+
 def cmd_enqueue(args: argparse.Namespace) -> int:
     kinds = load_registry(args.app).kinds if args.app else None
     if args.from_file is not None:

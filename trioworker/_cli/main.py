@@ -1,4 +1,4 @@
-"""`python -m trioworker`: run a Worker, migrate, enqueue, show, status, cancel, retry,
+"""`python -m trioworker`: run a Worker, migrate, sql, enqueue, show, status, cancel, retry,
 prune, pause, resume, quiesce, dashboard, demo.
 
 Exit codes: 0 done; 1 a runtime error (a bad --app, an unreachable database, an
@@ -296,6 +296,12 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
         help="also apply the migrations of this app's Registry(migrations=...)",
     )
 
+    sql = command("sql", "print the queue's migrations as one SQL script, for an application's"
+                  " own migration tool (Alembic, Django, Flyway); connects to nothing")  # fmt: skip
+    sql.add_argument("--from", dest="from_migration", metavar="ID",
+                     help="start at this migration (such as 0002.x): those the database"
+                     " lacks; default: all")  # fmt: skip
+
     enqueue = command(
         "enqueue", "queue a work item (or many, --from a JSON Lines file); prints the ids"
     )
@@ -433,6 +439,11 @@ def run_command(args: argparse.Namespace) -> int:
 # -- main -------------------------------------------------------------------------------
 
 
+#: Commands that use no database given by the DSN: `sql` connects to nothing, the demo
+#: starts a PostgreSQL of its own.
+NO_DATABASE = {"sql", "demo"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(secrets_in(argv)).parse_args(argv)
@@ -445,7 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("yoyo").setLevel(logging.WARNING)
     try:
         args.dsn = resolve_dsn(args.dsn)
-        if not args.dsn and args.command != "demo":  # the demo starts a PostgreSQL of its own
+        if not args.dsn and args.command not in NO_DATABASE:
             log.info("no DSN given (--dsn or $%s): %s", DSN_ENV, describe_defaults())
         return run_command(args)
     except UsageError as exc:
