@@ -350,11 +350,14 @@ async def test_lease_recovery_runs_every_recovery_interval_and_logs_each_stall(
     assert store.times["recover_expired_leases"] == [0.0, 15.0, 30.0]
     (record,) = records(caplog, "lease expired")
     assert (record.getMessage(), record.levelno) == (
-        "lease expired; stall 1 of 3: requeued",
+        # Issue 20: the Worker whose attempt died, and the one that recovered it.
+        "lease expired; stall 1 of 3: requeued (attempt 1 on Worker ghost; recovered by w1)",
         logging.WARNING,
     )
-    fields = {f: getattr(record, f) for f in ("item_id", "attempt", "kind", "scope", "worker_id")}
-    assert fields == {"item_id": 1, "attempt": 1, "kind": "Orphan", "scope": "g", "worker_id": "w1"}
+    names = ("item_id", "attempt", "kind", "scope", "worker_id", "stalled_worker_id")
+    fields = {f: getattr(record, f) for f in names}
+    assert fields == {"item_id": 1, "attempt": 1, "kind": "Orphan", "scope": "g", "worker_id": "w1",
+                      "stalled_worker_id": "ghost"}  # fmt: skip
     assert worker.statistics().events == {"stall_recovered": 1}
     assert sink.seen == [("stall_recovered", "Orphan", None)]
 
@@ -370,7 +373,8 @@ async def test_a_last_stall_fails_the_item_and_a_cancel_requested_one_is_cancell
         await trio.sleep(16)
     (failed,) = records(caplog, "lease expired")
     assert (failed.getMessage(), failed.levelno) == (
-        "lease expired; stall 1 of 1: failed as stalled", logging.ERROR,
+        "lease expired; stall 1 of 1: failed as stalled (attempt 1 on Worker ghost;"
+        " recovered by w1)", logging.ERROR,
     )  # fmt: skip
     assert failed.item_id == 1  # type: ignore[attr-defined]
     caplog.clear()
@@ -381,7 +385,8 @@ async def test_a_last_stall_fails_the_item_and_a_cancel_requested_one_is_cancell
         await trio.sleep(16)
     (cancelled,) = records(caplog, "lease expired")
     assert (cancelled.getMessage(), cancelled.levelno) == (
-        "lease expired; stall 1: Cancelled (cancel requested)", logging.WARNING,
+        "lease expired; stall 1: Cancelled (cancel requested; attempt 1 on Worker ghost;"
+        " recovered by w1)", logging.WARNING,
     )  # fmt: skip
     assert cancelled.item_id == 1  # type: ignore[attr-defined]
 
@@ -425,7 +430,7 @@ async def test_a_failed_recovery_is_logged_and_tried_again(
         await trio.sleep(16)
     assert messages(caplog, WORKER, logging.WARNING) == [
         "lease recovery failed: repair_heads: down; next try in 15s",
-        "lease expired; stall 1 of 3: requeued",
+        "lease expired; stall 1 of 3: requeued (attempt 1 on Worker ghost; recovered by w1)",
     ]
 
 

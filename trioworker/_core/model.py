@@ -83,6 +83,8 @@ class Recovered:
     stalls: int
     status: Status  # Queued again, or Failed as stalled, or Cancelled
     reason: str | None
+    #: The Worker whose attempt stopped heartbeating (from the attempt's history).
+    worker_id: str | None = None
 
 
 @attrs.frozen

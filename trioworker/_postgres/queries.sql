@@ -75,8 +75,15 @@ SELECT id, status
 FROM work_requeue_v1(%(ids)s, %(attempts)s, %(cause)s, %(delay)s, %(error)s, %(traceback)s);
 
 -- name: recover_expired_leases
-SELECT id, kind, scope, attempt, stalls, status, reason
-FROM work_recover_v1(%(max_stalls)s, %(batch)s);
+-- With the Worker of each stalled attempt: `held` reads the Running rows as they were
+-- when the statement began (its snapshot), before the function took them back.
+WITH held AS (
+    SELECT id, attempt, worker_id FROM work_items
+    WHERE status = 'Running' AND lease_expires_at < now()
+)
+SELECT r.id, r.kind, r.scope, r.attempt, r.stalls, r.status, r.reason, held.worker_id
+FROM work_recover_v1(%(max_stalls)s, %(batch)s) AS r
+LEFT JOIN held ON held.id = r.id AND held.attempt = r.attempt;
 
 -- name: request_cancel
 SELECT work_request_cancel_v1(%(id)s) AS status;

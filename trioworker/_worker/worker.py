@@ -314,28 +314,36 @@ class Worker:
                     "kind": r.kind,
                     "scope": r.scope,
                     "worker_id": self.worker_id,
+                    "stalled_worker_id": r.worker_id,
                 }
+                # Both Workers: the one whose attempt stopped heartbeating, and this one.
+                whose = (
+                    f"attempt {r.attempt} on Worker {r.worker_id}; recovered by {self.worker_id}"
+                )
                 self.observe("stall_recovered", r.kind)
                 if r.status is Status.FAILED:
                     log.error(
-                        "lease expired; stall %d of %d: failed as stalled",
+                        "lease expired; stall %d of %d: failed as stalled (%s)",
                         r.stalls,
                         self.settings.max_stalls,
+                        whose,
                         extra=fields,
                     )
                 elif r.status is Status.QUEUED:
                     log.warning(
-                        "lease expired; stall %d of %d: requeued",
+                        "lease expired; stall %d of %d: requeued (%s)",
                         r.stalls,
                         self.settings.max_stalls,
+                        whose,
                         extra=fields,
                     )
                 else:
                     log.warning(
-                        "lease expired; stall %d: %s (%s)",
+                        "lease expired; stall %d: %s (%s; %s)",
                         r.stalls,
                         r.status.value,
                         r.reason,
+                        whose,
                         extra=fields,
                     )
             await trio.sleep(self.settings.recovery_every)

@@ -517,6 +517,7 @@ class MemoryStore:
         )
         recovered = []
         for row in expired:
+            stalled_on = row.worker_id
             self._note(row, "stalled", "lease expired")
             row.stalls += 1
             if row.stalls >= max_stalls:
@@ -535,6 +536,7 @@ class MemoryStore:
                     stalls=row.stalls,
                     status=row.status,
                     reason=row.reason,
+                    worker_id=stalled_on,
                 )
             )
         return recovered
