@@ -369,7 +369,7 @@ class Worker:
         schedules = self.registry.schedules
         backoff = Backoff(initial=0.5, maximum=max(self.settings.poll * 2, 5.0))
         synced = False  # pragma: no mutate  (None is as false)
-        while True:
+        while not self._stopping.is_set():  # a stopping Worker enqueues no more work
             try:
                 if not synced:
                     await self.store.sync_schedules(schedules)
@@ -393,7 +393,8 @@ class Worker:
             # Until the next due time (by the database's clock), or a poll interval:
             # another Worker may have changed or fired a schedule meanwhile.
             nap = self.settings.poll if wait is None else min(self.settings.poll, wait)
-            await trio.sleep(nap + SCHEDULE_NAP)
+            with trio.move_on_after(nap + SCHEDULE_NAP):
+                await self._stopping.wait()
 
     def info(self) -> WorkerInfo:
         """What this Worker advertises in the Workers table."""
