@@ -231,3 +231,39 @@ def test_the_cli_times_are_iso_utc_in_json_too(dsn: str, pg: Conn) -> None:
     shown = run("--dsn", dsn, "show", "--json", str(row[0]), env={"PGTZ": "Asia/Tokyo"})
     finished = json.loads(shown.stdout)["item"]["finished_at"]
     assert dt.datetime.fromisoformat(finished) == dt.datetime(2026, 12, 2, 15, 4, 5, tzinfo=dt.UTC)
+
+
+# -- pause --kind with a typo ----------------------------------------------------------
+
+
+def test_pause_kind_with_app_refuses_a_kind_it_has_no_handler_for(dsn: str, pg: Conn) -> None:
+    """`pause --kind Thumbnial --app ...` is a usage error as `enqueue --app` gives it,
+    naming the kinds the app has; nothing is paused. A kind it has is paused."""
+    app = "tests.apps.recording:registry"
+    typo = run("--dsn", dsn, "pause", "--kind", "Recrod", "--app", app)
+    assert typo.returncode == 2, typo.stderr
+    assert "unknown kind 'Recrod' (known kinds: " in typo.stderr and "Record" in typo.stderr
+    assert pg.execute("SELECT count(*) FROM work_pauses").fetchone() == (0,)
+    good = run("--dsn", dsn, "pause", "--kind", "Record", "--app", app)
+    assert good.returncode == 0 and good.stdout == "kind 'Record' paused\n", good.stderr
+    assert run("--dsn", dsn, "pause", "--scope", "s", "--app", app).returncode == 2
+
+
+def test_pause_kind_warns_of_a_kind_no_item_or_worker_ever_had(dsn: str, pg: Conn) -> None:
+    """Without --app, a kind that no item, schedule or Worker has ever had is paused
+    (an operator may pause ahead) with a warning that it may be a typo; a kind an item
+    has, or a stopped Worker served, gets no warning."""
+    pg.execute("INSERT INTO work_items (kind, status, finished_at, reason) VALUES"
+               " ('Thumbnail', 'Succeeded', now(), 'done')")  # fmt: skip
+    pg.execute(
+        "INSERT INTO work_workers (id, host, pid, kinds, scopes, unscoped, concurrency,"
+        " stopped_at) VALUES ('gone', 'h', 1, '{Transcode}', NULL, true, 1, now())"
+    )
+    typo = run("--dsn", dsn, "pause", "--kind", "Thumbnial")
+    assert typo.returncode == 0 and typo.stdout == "kind 'Thumbnial' paused\n"
+    assert "warning: no item, schedule or Worker has ever had kind 'Thumbnial': a typo?" in (
+        typo.stderr
+    )
+    for kind in ("Thumbnail", "Transcode"):
+        known = run("--dsn", dsn, "pause", "--kind", kind)
+        assert known.returncode == 0 and "warning" not in known.stderr, known.stderr

@@ -258,17 +258,34 @@ def _pause_or_resume(args: argparse.Namespace, verb: str) -> int:
         pause_target(args.kind, args.scope)
     except InvalidWorkItem as exc:
         raise UsageError(str(exc)) from None
+    if args.app is not None:
+        if args.kind is None:
+            raise UsageError("--app goes with --kind: it checks the kind")
+        kinds = load_registry(args.app).kinds
+        if args.kind not in kinds:  # as enqueue --app refuses it
+            known = ", ".join(sorted(kinds)) or "none"
+            raise UsageError(f"unknown kind {args.kind!r} (known kinds: {known})")
     check_schema(args.dsn)
 
-    async def act(store: PostgresStore) -> bool:
+    async def act(store: PostgresStore) -> tuple[bool, bool]:
         method = store.pause if verb == "pause" else store.resume
         changed: bool = await method(kind=args.kind, scope=args.scope)
-        return changed
+        seen = True
+        if args.kind is not None and args.app is None:
+            async with store.transaction() as tx:
+                [(seen,)] = await tx.execute(QUERIES["kind_seen"], {"kind": args.kind})
+        return changed, seen
 
-    changed = with_store(args.dsn, act)
+    changed, seen = with_store(args.dsn, act)
     done = {"pause": "paused", "resume": "resumed"}[verb]
     was = {"pause": "was paused already", "resume": "was not paused"}[verb]
     print(f"{_target(args)} {done if changed else was}")
+    if not seen:
+        print(
+            f"warning: no item, schedule or Worker has ever had kind {args.kind!r}: a typo?"
+            " (--app MODULE:ATTR checks a kind against the application's handlers)",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 

@@ -375,9 +375,13 @@ def _operating(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
 
     for verb, help in (("pause", "stop claiming a kind's or a scope's items (running ones go"
                         " on)"), ("resume", "lift a pause")):  # fmt: skip
-        target = command(verb, help).add_mutually_exclusive_group(required=True)
+        parser = command(verb, help)
+        target = parser.add_mutually_exclusive_group(required=True)
         target.add_argument("--kind", type=utf8)
         target.add_argument("--scope", type=utf8)
+        parser.add_argument("--app", type=utf8, metavar="MODULE:ATTR",
+                            help="with --kind: refuse a kind it has no handler for (without"
+                            " it, a kind no item or Worker ever had is warned of)")  # fmt: skip
 
     quiesce = command(
         "quiesce",

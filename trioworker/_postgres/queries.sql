@@ -172,6 +172,15 @@ SELECT count(*) FROM work_items
 WHERE status IN ('Succeeded', 'Failed', 'Cancelled') AND status = ANY(%(statuses)s)
   AND finished_at < now() - make_interval(secs => %(older_than)s);
 
+-- name: kind_seen
+-- Whether any Worker ever served the kind (stopped ones stay in work_workers), a
+-- schedule enqueues it, or any item has it (`pause --kind` warns of a typo when none
+-- has). The items are read last: a kind no Worker knows is rare, and no index leads
+-- with kind for items of every status.
+SELECT EXISTS (SELECT 1 FROM work_workers WHERE %(kind)s = ANY(kinds))
+    OR EXISTS (SELECT 1 FROM work_schedules WHERE kind = %(kind)s)
+    OR EXISTS (SELECT 1 FROM work_items WHERE kind = %(kind)s) AS seen;
+
 -- name: scope_holder
 -- A scope's Running item (quiesce watches it), and whether any of its Queued items is
 -- still a head (none should be once the scope is paused).
