@@ -123,7 +123,8 @@ class AttemptRecord:
     worker_id: str | None
     started_at: dt.datetime | None
     ended_at: dt.datetime | None
-    #: failed, retried, released, stalled, cancelled, superseded, succeeded, running
+    #: failed, retried, released, stalled, cancelled, superseded, succeeded, running, and
+    #: operator-retry (an operator put it back in the queue; no Worker ran it)
     outcome: str
     error: str | None = None
     traceback: str | None = None

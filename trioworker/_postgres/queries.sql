@@ -106,6 +106,19 @@ SELECT kind, scope, paused_at FROM work_pauses ORDER BY paused_at;
 -- name: retry_items
 SELECT id FROM work_retry_v1(%(ids)s) AS id;
 
+-- name: mark_retried
+-- An operator's retry in the item's history, in the transaction of the retry: one more
+-- attempt number, noted as `operator-retry` (no Worker ran it), and the reason it waits
+-- with. Neither column is one the triggers watch.
+WITH marked AS (
+    UPDATE work_items
+    SET attempt = attempt + 1, reason = 'retried by an operator after attempt ' || attempt
+    WHERE id = ANY(%(ids)s) AND status = 'Queued'
+    RETURNING id, attempt
+)
+INSERT INTO work_attempts (item_id, attempt, worker_id, started_at, outcome)
+SELECT id, attempt, NULL, NULL, 'operator-retry' FROM marked;
+
 -- name: failed_items
 -- Failed items of a kind (all kinds when NULL) that finished since %(since)s, oldest first.
 SELECT id FROM work_items

@@ -602,9 +602,13 @@ class PostgresStore:
     async def retry(self, ids: Sequence[int]) -> list[int]:  # pragma: no mutate block
         """Failed or Cancelled items back to Queued with a fresh attempt budget (their
         history kept), due now; the ids retried. Others (not finished, succeeded, or
-        whose dedup key a Queued item holds) are left as they are."""
-        rows = await self._rows("retry_items", {"ids": sorted(set(ids))})
-        return [row["id"] for row in rows]
+        whose dedup key a Queued item holds) are left as they are. Each retry is
+        noted in the item's history (`operator-retry`, an attempt number of its own)."""
+        async with self.transaction() as tx:
+            rows = await tx.rows(QUERIES["retry_items"], {"ids": sorted(set(ids))})
+            retried = [row["id"] for row in rows]
+            await tx.execute(QUERIES["mark_retried"], {"ids": retried})
+        return retried
 
     async def failed_items(
         self, *, kind: str | None = None, since: dt.datetime | None = None

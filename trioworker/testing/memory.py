@@ -670,10 +670,15 @@ class MemoryStore:
             row.run_after = self.now()
             row.finished_at = None
             row.failures = row.stalls = 0
-            row.reason = None
             row.cancel_requested = False
             row.worker_id = None
             row.lease_expires_at = None
+            # In the history, as PostgreSQL notes it: an attempt number of its own.
+            row.reason = f"retried by an operator after attempt {row.attempt}"
+            row.attempt += 1
+            self._attempts.setdefault(row.id, {})[row.attempt] = AttemptRecord(
+                row.attempt, None, None, self.now(), "operator-retry"
+            )
             retried.append(id)
             self._notify_if_freed(row.scope)
         return retried
