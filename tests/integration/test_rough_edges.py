@@ -9,14 +9,16 @@ import json
 import os
 import re
 import resource
+import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 import psycopg
 import pytest
 
-from tests.support.processes import ROOT
+from tests.support.processes import ROOT, wait_for, workers
 
 Conn = psycopg.Connection[Any]
 #: A server that does not answer: a command that connects fails with exit 1, not 2.
@@ -267,3 +269,54 @@ def test_pause_kind_warns_of_a_kind_no_item_or_worker_ever_had(dsn: str, pg: Con
     for kind in ("Thumbnail", "Transcode"):
         known = run("--dsn", dsn, "pause", "--kind", kind)
         assert known.returncode == 0 and "warning" not in known.stderr, known.stderr
+
+
+# -- Workers: alive by their own interval, one per id ----------------------------------
+
+
+def workers_of(dsn: str) -> list[dict[str, Any]]:
+    result = run("--dsn", dsn, "status", "--json")
+    assert result.returncode == 0, result.stderr
+    found: list[dict[str, Any]] = json.loads(result.stdout)["workers"]
+    return found
+
+
+def test_a_sigkilled_worker_is_gone_from_status_within_three_of_its_intervals(
+    dsn: str, tmp_path: Any
+) -> None:
+    """A Worker with a 4 s lease advertises every second; killed with SIGKILL (no stop
+    recorded), `status` counts it alive for about three seconds more, not 180."""
+    with workers(tmp_path) as start:
+        worker = start(dsn, "--lease", "4", "--heartbeat", "1", name="w1")
+        wait_for(lambda: [w["alive"] for w in workers_of(dsn)] == [True], 60,
+                 f"w1 to be alive:\n{worker.output()}")  # fmt: skip
+        worker.signal(signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(lambda: [w["alive"] for w in workers_of(dsn)] == [False], 30, "w1 gone")
+        assert time.monotonic() - killed < 15
+        [gone] = workers_of(dsn)
+        assert gone["stopped_at"] is None  # killed: it never said it stopped
+
+
+def test_a_second_worker_with_a_live_workers_id_is_refused(dsn: str, tmp_path: Any) -> None:
+    """`run --worker-id w1` beside a live w1 exits 1 naming it, and leaves the live one
+    alive, not marked stopped; once w1 is killed and gone, a new w1 starts with a
+    fresh started_at."""
+    with workers(tmp_path) as start:
+        first = start(dsn, "--lease", "4", "--heartbeat", "1", name="w1")
+        wait_for(lambda: [w["alive"] for w in workers_of(dsn)] == [True], 60,
+                 f"w1 to be alive:\n{first.output()}")  # fmt: skip
+        [before] = workers_of(dsn)
+        second = start(dsn, "--lease", "4", "--heartbeat", "1", name="w1")
+        assert second.wait(timeout=60) == 1, second.output()
+        assert "worker id 'w1' is in use by a live Worker" in second.output()
+        [after] = workers_of(dsn)
+        assert after["alive"] and after["stopped_at"] is None and after["pid"] == before["pid"]
+        first.signal(signal.SIGKILL)
+        wait_for(lambda: [w["alive"] for w in workers_of(dsn)] == [False], 30, "w1 gone")
+        third = start(dsn, "--lease", "4", "--heartbeat", "1", name="w1")
+        wait_for(lambda: [w["alive"] for w in workers_of(dsn)] == [True], 60,
+                 f"the new w1 to be alive:\n{third.output()}")  # fmt: skip
+        [restarted] = workers_of(dsn)
+        assert restarted["pid"] != before["pid"]
+        assert restarted["started_at"] > before["last_seen"]  # afresh

@@ -99,9 +99,10 @@ def test_from_starts_at_a_migration_and_an_unknown_one_is_a_usage_error() -> Non
     last = trioworker("sql", "--from", QUEUE_MIGRATION_HEAD)
     assert last.returncode == 0
     assert f"-- migration {QUEUE_MIGRATION_HEAD}\n" in last.stdout
+    assert "-- migration 0001.baseline\n" not in last.stdout
     unknown = trioworker("sql", "--from", "0099.nothing")
     assert unknown.returncode == 2
-    assert "no queue migration '0099.nothing': the queue's migrations are 0001.baseline" in (
+    assert "no queue migration '0099.nothing': the queue's migrations are 0001.baseline," in (
         unknown.stderr
     )
 

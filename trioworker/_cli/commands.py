@@ -423,6 +423,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
             )
             if metrics is not None:
                 metrics.attach(worker)
+            await worker.claim_id()  # before the nursery: a taken id is one plain error
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(on_signals, worker, nursery.cancel_scope, interrupted)
                 if metrics is not None:

@@ -13,7 +13,7 @@ from trioworker._cli.terminal import console as stdout_console
 from trioworker._cli.terminal import utc
 from trioworker._core.text import visible
 from trioworker._store.api import Client
-from trioworker._store.reads import ALIVE_WITHIN, STATUS_ORDER
+from trioworker._store.reads import STATUS_ORDER
 
 
 async def gather(store: Client, *, failures: int = 10) -> dict[str, Any]:
@@ -70,9 +70,7 @@ def render(status: dict[str, Any]) -> Group:
             _cell((r["error"] or "")[:120]),
         )
     alive = [w for w in status["workers"] if w["alive"]]
-    workers = Table(
-        title=f"Workers ({len(alive)} alive, seen within {ALIVE_WITHIN:.0f}s)", box=box.SIMPLE_HEAVY
-    )
+    workers = Table(title=f"Workers ({len(alive)} alive)", box=box.SIMPLE_HEAVY)
     for column in ("worker", "kinds", "scopes", "conc", "last seen"):
         workers.add_column(column, overflow="fold")
     for w in alive:

@@ -141,6 +141,8 @@ class WorkerInfo:
     scopes: tuple[str, ...] | None  # None: every scope
     unscoped: bool
     concurrency: int
+    #: How often it advertises itself (seconds); None: it does not say.
+    advertise_every: float | None = None
 
 
 @attrs.frozen

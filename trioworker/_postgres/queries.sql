@@ -229,13 +229,29 @@ SELECT attempt, worker_id, started_at, ended_at, outcome, error, traceback FROM 
 ORDER BY attempt;
 
 -- name: advertise_worker
-INSERT INTO work_workers AS w (id, host, pid, kinds, scopes, unscoped, concurrency)
-VALUES (%(id)s, %(host)s, %(pid)s, %(kinds)s, %(scopes)s, %(unscoped)s, %(concurrency)s)
+-- Record or refresh a Worker. An id another process holds (its row not stopped, and
+-- alive by its own interval) is not taken over: no row comes back. A Worker back
+-- under its id (a restart, a new process) starts afresh: a new started_at.
+INSERT INTO work_workers AS w
+    (id, host, pid, kinds, scopes, unscoped, concurrency, advertise_every)
+VALUES (%(id)s, %(host)s, %(pid)s, %(kinds)s, %(scopes)s, %(unscoped)s, %(concurrency)s,
+        %(advertise_every)s)
 ON CONFLICT (id) DO UPDATE
 SET host = excluded.host, pid = excluded.pid, kinds = excluded.kinds,
     scopes = excluded.scopes, unscoped = excluded.unscoped,
-    concurrency = excluded.concurrency, last_seen = now(), stopped_at = NULL,
-    started_at = CASE WHEN w.stopped_at IS NULL THEN w.started_at ELSE now() END;
+    concurrency = excluded.concurrency, advertise_every = excluded.advertise_every,
+    last_seen = now(), stopped_at = NULL,
+    started_at = CASE WHEN w.stopped_at IS NULL AND w.host = excluded.host
+                           AND w.pid = excluded.pid THEN w.started_at ELSE now() END
+WHERE (w.host = excluded.host AND w.pid = excluded.pid) OR w.stopped_at IS NOT NULL
+   OR w.last_seen <= now() - make_interval(secs => COALESCE(
+          w.advertise_every * %(alive_beats)s, %(alive_within)s))
+RETURNING w.id;
+
+-- name: worker_holding
+-- The live Worker that holds an id (advertise_worker refused it).
+SELECT host, pid, EXTRACT(EPOCH FROM now() - last_seen)::float8 AS seen_ago
+FROM work_workers WHERE id = %(id)s;
 
 -- name: worker_stopped
 UPDATE work_workers SET last_seen = now(), stopped_at = now() WHERE id = %(id)s;
@@ -259,19 +275,20 @@ ORDER BY finished_at DESC LIMIT %(limit)s;
 -- name: workers
 SELECT id, host, pid, started_at, last_seen, stopped_at, kinds, scopes, unscoped,
        concurrency,
-       stopped_at IS NULL AND last_seen > now() - make_interval(secs => %(alive_within)s)
-           AS alive
+       stopped_at IS NULL AND last_seen > now() - make_interval(secs => COALESCE(
+           advertise_every * %(alive_beats)s, %(alive_within)s)) AS alive
 FROM work_workers
 ORDER BY stopped_at IS NOT NULL, last_seen DESC;
 
 -- name: unserved_kinds
--- Kinds with Queued items that no Worker seen within %(alive_within)s seconds serves.
+-- Kinds with Queued items that no live Worker serves (alive as `workers` says).
 SELECT q.kind, q.n
 FROM (SELECT kind, count(*) AS n FROM work_items WHERE status = 'Queued' GROUP BY kind) AS q
 WHERE NOT EXISTS (
     SELECT 1 FROM work_workers AS w
     WHERE q.kind = ANY(w.kinds) AND w.stopped_at IS NULL
-      AND w.last_seen > now() - make_interval(secs => %(alive_within)s))
+      AND w.last_seen > now() - make_interval(secs => COALESCE(
+          w.advertise_every * %(alive_beats)s, %(alive_within)s)))
 ORDER BY q.kind;
 
 -- name: listen

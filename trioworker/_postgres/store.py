@@ -55,6 +55,7 @@ from trioworker._postgres.dsn import redact_dsn
 from trioworker._postgres.queries import QUERIES
 from trioworker._store.api import NotifyCallback, Transaction
 from trioworker._store.reads import (
+    ALIVE_BEATS,
     ALIVE_WITHIN,
     Failure,
     ItemDetails,
@@ -63,6 +64,7 @@ from trioworker._store.reads import (
     RunningItem,
     WorkerState,
     counts_by_kind,
+    id_in_use,
 )
 from trioworker._store.tracing import trace_context_or_current, with_current_trace
 
@@ -690,7 +692,8 @@ class PostgresStore:
     # -- Workers --------------------------------------------------------------------
 
     async def advertise(self, worker: WorkerInfo) -> None:  # pragma: no mutate block
-        """Record (or refresh) a Worker in the Workers table."""
+        """Record (or refresh) a Worker in the Workers table; ConfigurationError when
+        another live Worker holds its id."""
         params = {
             "id": worker.id,
             "host": worker.host,
@@ -699,8 +702,13 @@ class PostgresStore:
             "scopes": None if worker.scopes is None else list(worker.scopes),
             "unscoped": worker.unscoped,
             "concurrency": worker.concurrency,
+            "advertise_every": worker.advertise_every,
+            "alive_beats": ALIVE_BEATS,
+            "alive_within": ALIVE_WITHIN,
         }
-        await self._rows("advertise_worker", params)
+        if not await self._rows("advertise_worker", params):
+            holders = await self._rows("worker_holding", {"id": worker.id})
+            raise id_in_use(worker.id, **(holders[0] if holders else {}))
 
     async def worker_stopped(self, worker_id: str) -> None:  # pragma: no mutate block
         await self._rows("worker_stopped", {"id": worker_id})
@@ -729,7 +737,7 @@ class PostgresStore:
     async def status(self, *, failures: int = 10) -> QueueStatus:  # pragma: no mutate block
         """What `status` shows: counts, Running items, the latest `failures` failures,
         Workers, Queued kinds no live Worker serves, schedules and pauses."""
-        alive = {"alive_within": ALIVE_WITHIN}
+        alive = {"alive_beats": ALIVE_BEATS, "alive_within": ALIVE_WITHIN}
         workers = [
             WorkerState(**{**w, "kinds": tuple(w["kinds"]), "scopes": _tuple(w["scopes"])})
             for w in await self._rows("workers", alive)

@@ -13,6 +13,7 @@ running items are left to lease recovery).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
 import os
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 import attrs
 import trio
 
-from trioworker._core.errors import StoreError
+from trioworker._core.errors import ConfigurationError, StoreError
 from trioworker._core.model import Status, WorkerInfo, WorkItem
 from trioworker._core.registry import Registry
 from trioworker._core.retry import Backoff
@@ -159,6 +160,7 @@ class Worker:
             self.settings.heartbeat,
             self.settings.poll,
         )
+        await self.claim_id()
         if self._watchdog is not None:
             self._watchdog.start()
         try:
@@ -396,6 +398,13 @@ class Worker:
             with trio.move_on_after(nap + SCHEDULE_NAP):
                 await self._stopping.wait()
 
+    async def claim_id(self) -> None:
+        """Advertise this Worker before it claims anything: ConfigurationError if a
+        live Worker holds its id (a second `--worker-id w1` beside a live w1), so two
+        never run, or stop, as one. PostgreSQL unreachable: the presence loop retries."""
+        with contextlib.suppress(StoreError):  # the presence loop tries at once, and says so
+            await self.store.advertise(self.info())
+
     def info(self) -> WorkerInfo:
         """What this Worker advertises in the Workers table."""
         return WorkerInfo(
@@ -406,6 +415,7 @@ class Worker:
             scopes=None if self.scopes is None else tuple(self.scopes),
             unscoped=self.unscoped,
             concurrency=self.settings.concurrency,
+            advertise_every=self.settings.recovery_every,
         )
 
     async def _presence_loop(self) -> None:
@@ -419,6 +429,9 @@ class Worker:
                     advertised = True
                 except StoreError as exc:
                     log.warning("could not advertise this Worker: %s", exc)
+                except ConfigurationError as exc:  # taken over while it seemed gone
+                    log.error("%s", exc)
+                    advertised = False  # its stop is not this Worker's to record
                 await trio.sleep(self.settings.recovery_every)
         finally:
             if advertised:
