@@ -114,6 +114,7 @@ CREATE TABLE work_workers (
     scopes text[],
     unscoped boolean NOT NULL,
     concurrency integer NOT NULL,
+    advertise_every double precision,
     CONSTRAINT work_workers_pkey PRIMARY KEY (id)
 );
 

@@ -11,7 +11,17 @@ client and Worker interfaces, the reads), `_postgres` (the Trio store on Postgre
 `_worker` (the Worker, its executor and the handler's context), `_cli` (the command
 line); `trioworker.testing`, `trioworker.dashboard` and `trioworker.otel` are public
 subpackages of their own.
+
+The pure values and decisions are imported here at once; the names that need Trio,
+trio-asyncio and psycopg (about half a second of CPU to import) are imported on first
+use, so that `python -m trioworker --help` and a command's usage error cost almost
+nothing.
 """
+
+from __future__ import annotations
+
+import importlib as _importlib
+import typing as _typing
 
 from trioworker._core.errors import (
     ConfigurationError,
@@ -40,15 +50,54 @@ from trioworker._core.policy import DoNotRetry, RetryPolicy
 from trioworker._core.public import public_names as _public_names
 from trioworker._core.registry import Registry
 from trioworker._core.schedule import Schedule
-from trioworker._core.settings import Settings
-from trioworker._postgres.clients import AsyncClient, Client
-from trioworker._postgres.dsn import DSN_ENV, resolve_dsn
-from trioworker._postgres.migrate import QUEUE_MIGRATION_HEAD, check_schema, migrate
-from trioworker._postgres.store import PostgresStore, open_store
-from trioworker._store.api import FencedTransaction, Store, Transaction
-from trioworker._store.reads import ItemDetails, QueueCounts, QueueStatus
-from trioworker._worker.context import Context
-from trioworker._worker.worker import Worker, WorkerStatistics
+from trioworker._core.settings import DSN_ENV, Settings
+
+if _typing.TYPE_CHECKING:  # imported on first use, by __getattr__ below
+    from trioworker._postgres.clients import AsyncClient, Client
+    from trioworker._postgres.dsn import resolve_dsn
+    from trioworker._postgres.migrate import QUEUE_MIGRATION_HEAD, check_schema, migrate
+    from trioworker._postgres.store import PostgresStore, open_store
+    from trioworker._store.api import FencedTransaction, Store, Transaction
+    from trioworker._store.reads import ItemDetails, QueueCounts, QueueStatus
+    from trioworker._worker.context import Context
+    from trioworker._worker.worker import Worker, WorkerStatistics
+
+#: The names imported on first use, and the module each comes from.
+_LAZY = {
+    "AsyncClient": "trioworker._postgres.clients",
+    "Client": "trioworker._postgres.clients",
+    "resolve_dsn": "trioworker._postgres.dsn",
+    "QUEUE_MIGRATION_HEAD": "trioworker._postgres.migrate",
+    "check_schema": "trioworker._postgres.migrate",
+    "migrate": "trioworker._postgres.migrate",
+    "PostgresStore": "trioworker._postgres.store",
+    "open_store": "trioworker._postgres.store",
+    "FencedTransaction": "trioworker._store.api",
+    "Store": "trioworker._store.api",
+    "Transaction": "trioworker._store.api",
+    "ItemDetails": "trioworker._store.reads",
+    "QueueCounts": "trioworker._store.reads",
+    "QueueStatus": "trioworker._store.reads",
+    "Context": "trioworker._worker.context",
+    "Worker": "trioworker._worker.worker",
+    "WorkerStatistics": "trioworker._worker.worker",
+}
+
+
+def __getattr__(name: str) -> object:
+    """A lazily imported public name, imported (and named `trioworker.NAME`) once."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'trioworker' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    _public_names(__name__, globals(), [name])
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "DSN_ENV",
@@ -96,4 +145,4 @@ __all__ = [
 ]
 
 
-_public_names(__name__, globals(), __all__)
+_public_names(__name__, globals(), [n for n in __all__ if n not in _LAZY])

@@ -11,7 +11,8 @@ and `pytest` are this environment's):
   `# leave it running` is started in the background (the test waits until the Worker
   has advertised itself); all of them get SIGTERM at the end of the page and must then
   exit 0. A `pip install PACKAGE[EXTRAS] ...` line is checked, not run: each package
-  is installed here, and so are the requirements of each extra named.
+  is installed here, and so are the requirements of each extra named (`.`, a `.whl`
+  and a `pip wheel` line are this project: tests/acceptance/test_wheel.py runs those).
 - **An excerpt**: a block whose first line is `# from: PATH` shows part of a file
   written before: its lines must all be in that file, in order (`...` as in output).
 - **```python** (not a file): run as a script (`python -`) in the project; must exit 0.

@@ -1,17 +1,24 @@
 """The wheel users install: built from this checkout as `pip` builds it, it carries the
 package, its SQL, migrations, dashboard files and type marker, and nothing of the
-example applications (the media demo lives in examples/, outside the package)."""
+example applications (the media demo lives in examples/, outside the package). Installed
+in a fresh venv, from the wheel or from the checkout, it works as the guide says."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import subprocess
 import sys
+import time
+import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.database import Databases
 from tests.support.processes import ROOT
 
 
@@ -40,3 +47,101 @@ def test_the_wheel_holds_the_package_and_none_of_the_examples(wheel: Path) -> No
         "trioworker/_migrations/",
     ]:
         assert any(n.startswith(needed) for n in names), needed
+
+
+# -- installed, as the guide says (issue 20) ---------------------------------------------
+
+#: What a fresh environment lacks that the guide's commands need: nothing. The venv is
+#: made without the checkout on its path, and pip uses this machine's configuration
+#: (its package index and the local ones set up for it), as a user's pip would.
+PIP = ["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+
+
+def fresh_venv(where: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=120)
+    return where / "bin" / "python"
+
+
+def outside(python: Path, *args: str, cwd: Path, dsn: str) -> subprocess.CompletedProcess[str]:
+    """Run the venv's `python ARGS` in a directory that is not the checkout, with only
+    the DSN set for trioworker (no PYTHONPATH: what is imported is what was installed)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["TRIOWORKER_DSN"] = dsn
+    return subprocess.run(
+        [str(python), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture(scope="session")
+def wheel_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the built wheel installed, and its dependencies from the index."""
+    python = fresh_venv(tmp_path_factory.mktemp("venv") / "wheel")
+    subprocess.run([str(python), *PIP, str(wheel)], check=True, timeout=600)
+    return python
+
+
+def test_the_guide_names_the_wheel_that_is_built(wheel: Path) -> None:
+    """The install step's `pip install dist/NAME.whl` is the name pip gives the wheel."""
+    guide = (ROOT / "docs" / "guide" / "getting-started.md").read_text()
+    assert f"pip install dist/{wheel.name}\n" in guide
+
+
+def test_the_installed_wheel_migrates_enqueues_and_reports(
+    wheel_venv: Path, databases: Databases, tmp_path: Path
+) -> None:
+    """From the wheel, outside the checkout: `trioworker migrate` (the console script),
+    `python -m trioworker enqueue` and `status --json` work on an empty database, and
+    what ran is the installed package, with its migrations shipped inside it."""
+    where = outside(wheel_venv, "-c", "import trioworker; print(trioworker.__file__)",
+                    cwd=tmp_path, dsn="")  # fmt: skip
+    assert "site-packages" in where.stdout and str(ROOT) not in where.stdout, where
+    with databases.database(migrated=False) as dsn:
+        script = wheel_venv.parent / "trioworker"
+        migrated = subprocess.run(
+            [str(script), "migrate"], cwd=tmp_path, env={**os.environ, "TRIOWORKER_DSN": dsn},
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert migrated.returncode == 0, migrated.stderr
+        assert migrated.stdout.splitlines()[0] == "applied 0001.baseline"
+        enqueued = outside(wheel_venv, "-m", "trioworker", "enqueue", "Crawl", "--scope", "7",
+                           cwd=tmp_path, dsn=dsn)  # fmt: skip
+        assert enqueued.returncode == 0 and enqueued.stdout.strip().isdigit(), enqueued.stderr
+        status = outside(wheel_venv, "-m", "trioworker", "status", "--json",
+                         cwd=tmp_path, dsn=dsn)  # fmt: skip
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["counts"] == {
+            "Crawl": {"Queued": 1, "Running": 0, "Succeeded": 0, "Failed": 0, "Cancelled": 0}
+        }
+        table = outside(wheel_venv, "-m", "trioworker", "status", cwd=tmp_path, dsn=dsn)
+        assert table.returncode == 0 and "Crawl" in table.stdout, table.stderr
+
+
+def test_the_checkout_installs_with_the_dashboard_extra(
+    databases: Databases, tmp_path: Path
+) -> None:
+    """`pip install '.[dashboard]'` from the checkout (the guide's other way) gives a
+    package whose dashboard serves its overview page."""
+    python = fresh_venv(tmp_path / "venv")
+    subprocess.run([str(python), *PIP, f"{ROOT}[dashboard]"], check=True, timeout=600)
+    with databases.database() as dsn:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        log = (tmp_path / "dashboard.log").open("w")
+        proc = subprocess.Popen(
+            [str(python), "-m", "trioworker", "--dsn", dsn, "dashboard", "--port", "0"],
+            cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            url = None
+            while url is None and time.monotonic() < deadline and proc.poll() is None:
+                found = re.search(r"dashboard listening on (http://\S+)",
+                                  (tmp_path / "dashboard.log").read_text())  # fmt: skip
+                url = found[1] if found else None
+                time.sleep(0.1)
+            assert url, (tmp_path / "dashboard.log").read_text()
+            with urllib.request.urlopen(url, timeout=30) as page:
+                assert page.status == 200 and b"trioworker" in page.read()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+            log.close()

@@ -282,12 +282,13 @@ def test_actions_with_the_token_work(browser: Chrome, queue: Queue) -> None:
     until(browser, lambda: not browser.find_elements(By.CSS_SELECTOR, f'tr[data-id="{crawl}"]'),
           what="the cancelled item to leave the Running page")  # fmt: skip
 
-    # Retry a failure: it runs (and fails) again, two more attempts.
+    # Retry a failure: it runs (and fails) again, two more attempts after the retry's
+    # own mark in its history (attempt 3).
     open_page(browser, url + "/failures")
     failed = min(ids(pg, "status = 'Failed'"))
     click(browser, f'li.failure[data-id="{failed}"] button[data-action="retry"]')
     notice(browser, f"item {failed} queued again")
-    wait_for(lambda: one(pg, "SELECT attempt FROM work_items WHERE id = %s", [failed]) == 4,
+    wait_for(lambda: one(pg, "SELECT attempt FROM work_items WHERE id = %s", [failed]) == 5,
              20, "the retried item's two new attempts")  # fmt: skip
 
     # Resume the kind paused at the start, from the Pauses page.

@@ -119,6 +119,7 @@ def test_migrate_clears_a_stale_yoyo_lock(empty_dsn: str) -> None:
 #: it is released (docs/adr/0009-migrations-queue-and-applications.md).
 RELEASED = {
     "0001.baseline.sql": "5fc4ba317d062050ffa1adfc2765bfa0b59924556bd29af1f9efea9dd63c8c57",
+    "0005.edges.sql": "3ad5e49fd55d3e875beeac075c72d7e98354c6ac07ee6cb0eb7869d92d6e8b2f",
 }
 
 

@@ -133,7 +133,8 @@ async def test_pause_takes_a_kind_or_a_scope(harness: Harness) -> None:
 
 async def test_retry_puts_failed_items_back_with_a_fresh_budget(harness: Harness) -> None:
     """Failed and Cancelled back to Queued, due now, failures and stalls zero; attempt
-    numbers and history go on. Others are left as they are."""
+    numbers and history go on, the retry a mark in it of its own (issue 20). Others are
+    left as they are."""
     store = harness.store
     failed = await fail_one(harness, scope="s1")
     cancelled = await store.enqueue("A")
@@ -146,14 +147,16 @@ async def test_retry_puts_failed_items_back_with_a_fresh_budget(harness: Harness
     assert retried == [failed, cancelled.id]
     rows = {i.id: i for i in harness.items()}
     assert rows[failed].status is Status.QUEUED and rows[failed].failures == 0
-    assert rows[failed].finished_at is None and rows[failed].reason is None
+    assert rows[failed].finished_at is None
+    assert rows[failed].reason == "retried by an operator after attempt 1"
     assert rows[cancelled.id].status is Status.QUEUED
     assert not rows[cancelled.id].cancel_requested
     assert rows[done.id].status is Status.SUCCEEDED
     again = await store.claim("w", LEASE, ["s1"], kinds=["A"], unscoped=False)
-    assert again is not None and again.id == failed and again.attempt == 2
+    assert again is not None and again.id == failed and again.attempt == 3
     assert again.failures == 0
-    assert [a.outcome for a in await store.attempts(failed)] == ["failed", "running"]
+    outcomes = [a.outcome for a in await store.attempts(failed)]
+    assert outcomes == ["failed", "operator-retry", "running"]
 
 
 async def test_retry_leaves_an_item_whose_dedup_key_is_queued_again(harness: Harness) -> None:

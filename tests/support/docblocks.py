@@ -134,18 +134,24 @@ def commands(block: Block) -> list[Command]:
 
 
 def pip_install(line: str) -> list[tuple[str, list[str]]] | None:
-    """The (name, extras) of each package `pip install ...` names (None: not such a
-    line)."""
+    """The (name, extras) of each package `pip install ...` (or `pip wheel ...`) names
+    (None: not such a line). `.` and `.[EXTRAS]` are the checkout, a `.whl` path the
+    wheel built from it: both are trioworker (tests/acceptance/test_wheel.py installs
+    them for real)."""
     words = shlex.split(line, comments=True)
-    if words[:2] != ["pip", "install"]:
+    if words[:2] not in (["pip", "install"], ["pip", "wheel"]):
         return None
     packages = []
     for requirement in (w for w in words[2:] if not w.startswith("-")):
+        if words[1] == "wheel" or requirement.endswith(".whl"):
+            packages.append(("trioworker", []))
+            continue
         match = re.fullmatch(r"(?P<name>[\w.-]+)(?:\[(?P<extras>[\w,-]+)\])?", requirement)
         if match is None:
             raise ValueError(f"cannot check the requirement {requirement!r}")
         extras = match["extras"].split(",") if match["extras"] else []
-        packages.append((match["name"], extras))
+        name = "trioworker" if match["name"] == "." else match["name"]
+        packages.append((name, extras))
     return packages
 
 

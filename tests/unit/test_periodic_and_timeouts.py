@@ -50,6 +50,36 @@ def due_times(
     return [due[id].strftime("%H:%M:%S") for id, _ in runs]
 
 
+async def test_a_stopping_worker_enqueues_no_periodic_items(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Once stop() is called ("no new claims"), the Worker fires no schedule, though it
+    runs on for 30 s finishing its item: the every-5-s items due meanwhile are left to
+    the Workers that stay (issue 20). Before the stop it fired on time."""
+    store, registry = MemoryStore(), Registry()
+
+    @registry.handler("Long")
+    async def long(item: WorkItem, ctx: Context) -> None:
+        await trio.sleep(30)
+
+    @registry.handler("Tick")
+    async def tick(item: WorkItem, ctx: Context) -> None:
+        pass
+
+    registry.periodic("Tick", every=5)
+    await store.enqueue("Long")
+    worker = Worker(store, registry, Settings(concurrency=2), worker_id="w1", fail_stop=print)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker.run)
+        await trio.sleep(7)
+        ticks_before = [i.id for i in store.items() if i.kind == "Tick"]
+        worker.stop()
+    assert trio.current_time() >= 30  # it ran on, draining its Long item
+    assert ticks_before  # it fired on time before the stop
+    ticks = [i for i in store.items() if i.kind == "Tick"]
+    assert [i.id for i in ticks] == ticks_before, [(i.id, i.requested_at) for i in ticks]
+
+
 async def test_a_cron_schedule_enqueues_each_due_time_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

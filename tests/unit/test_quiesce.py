@@ -44,9 +44,9 @@ async def test_a_running_item_is_asked_once_to_stop_and_watched_until_it_ends(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(finish)
         result = await quiesce(store, "s", timeout=100, poll=7)
-    assert result == QuiesceResult(
-        True, 14.0, "item 1 (A) attempt 1 on Worker ghost: cancel requested, lease expires in 53.0s"
-    )
+    # Issue 20: not "cancel requested, lease expires in 53.0s" of an item already ended.
+    ended = "item 1 (A) attempt 1 on Worker ghost, which has ended"
+    assert result == QuiesceResult(True, 14.0, ended)
     assert store.calls.count("request_cancel") == 1
     assert store.times["scope_holder"] == [0.0, 7.0, 14.0]
 

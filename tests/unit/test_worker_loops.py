@@ -29,7 +29,15 @@ from tests.unit._fakes import (
     running,
     sleeping,
 )
-from trioworker import Context, Registry, SchemaNotReady, Settings, Worker, WorkItem
+from trioworker import (
+    ConfigurationError,
+    Context,
+    Registry,
+    SchemaNotReady,
+    Settings,
+    Worker,
+    WorkItem,
+)
 from trioworker._core.model import Fired, WorkerInfo
 
 WORKER = "trioworker.worker"
@@ -350,11 +358,14 @@ async def test_lease_recovery_runs_every_recovery_interval_and_logs_each_stall(
     assert store.times["recover_expired_leases"] == [0.0, 15.0, 30.0]
     (record,) = records(caplog, "lease expired")
     assert (record.getMessage(), record.levelno) == (
-        "lease expired; stall 1 of 3: requeued",
+        # Issue 20: the Worker whose attempt died, and the one that recovered it.
+        "lease expired; stall 1 of 3: requeued (attempt 1 on Worker ghost; recovered by w1)",
         logging.WARNING,
     )
-    fields = {f: getattr(record, f) for f in ("item_id", "attempt", "kind", "scope", "worker_id")}
-    assert fields == {"item_id": 1, "attempt": 1, "kind": "Orphan", "scope": "g", "worker_id": "w1"}
+    names = ("item_id", "attempt", "kind", "scope", "worker_id", "stalled_worker_id")
+    fields = {f: getattr(record, f) for f in names}
+    assert fields == {"item_id": 1, "attempt": 1, "kind": "Orphan", "scope": "g", "worker_id": "w1",
+                      "stalled_worker_id": "ghost"}  # fmt: skip
     assert worker.statistics().events == {"stall_recovered": 1}
     assert sink.seen == [("stall_recovered", "Orphan", None)]
 
@@ -370,7 +381,8 @@ async def test_a_last_stall_fails_the_item_and_a_cancel_requested_one_is_cancell
         await trio.sleep(16)
     (failed,) = records(caplog, "lease expired")
     assert (failed.getMessage(), failed.levelno) == (
-        "lease expired; stall 1 of 1: failed as stalled", logging.ERROR,
+        "lease expired; stall 1 of 1: failed as stalled (attempt 1 on Worker ghost;"
+        " recovered by w1)", logging.ERROR,
     )  # fmt: skip
     assert failed.item_id == 1  # type: ignore[attr-defined]
     caplog.clear()
@@ -381,7 +393,8 @@ async def test_a_last_stall_fails_the_item_and_a_cancel_requested_one_is_cancell
         await trio.sleep(16)
     (cancelled,) = records(caplog, "lease expired")
     assert (cancelled.getMessage(), cancelled.levelno) == (
-        "lease expired; stall 1: Cancelled (cancel requested)", logging.WARNING,
+        "lease expired; stall 1: Cancelled (cancel requested; attempt 1 on Worker ghost;"
+        " recovered by w1)", logging.WARNING,
     )  # fmt: skip
     assert cancelled.item_id == 1  # type: ignore[attr-defined]
 
@@ -425,7 +438,7 @@ async def test_a_failed_recovery_is_logged_and_tried_again(
         await trio.sleep(16)
     assert messages(caplog, WORKER, logging.WARNING) == [
         "lease recovery failed: repair_heads: down; next try in 15s",
-        "lease expired; stall 1 of 3: requeued",
+        "lease expired; stall 1 of 3: requeued (attempt 1 on Worker ghost; recovered by w1)",
     ]
 
 
@@ -571,10 +584,80 @@ async def test_the_worker_advertises_itself_and_records_when_it_stops(
             scopes=("a", "b"),
             unscoped=False,
             concurrency=2,
+            advertise_every=15.0,  # its recovery interval: how it is judged alive
         )
-    assert store.times["advertise"] == [0.0, 15.0, 30.0]
+    # Once to claim its id before it claims anything, then every recovery interval.
+    assert store.times["advertise"] == [0.0, 0.0, 15.0, 30.0]
     assert store.times["worker_stopped"] == [31.0]
     assert store.workers == {}
+
+
+def holder(pid: int = 1, advertise_every: float | None = 15.0) -> WorkerInfo:
+    """Another process's Worker "w1"."""
+    return WorkerInfo(id="w1", host="elsewhere", pid=pid, kinds=("A",), scopes=None,
+                      unscoped=True, concurrency=1, advertise_every=advertise_every)  # fmt: skip
+
+
+async def test_a_worker_id_a_live_worker_holds_is_refused_before_any_claim(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Issue 20: a second Worker "w1" beside a live one raises ConfigurationError
+    naming the holder, and claims, advertises and stops nothing: the live one's row
+    is untouched."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping())
+    await store.advertise(holder())
+    await trio.sleep(44)  # alive for 3 of its 15 s intervals
+    worker = Worker(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
+    with pytest.raises(ConfigurationError, match="worker id 'w1' is in use by a live Worker"
+                       r" \(host elsewhere, pid 1, seen 44.0s ago\)"):  # fmt: skip
+        await worker.run()
+    assert store.times["advertise"] == [0.0, 44.0]
+    assert "claim_batch" not in store.times and "worker_stopped" not in store.times
+    assert store.workers["w1"] == holder()
+
+
+@pytest.mark.parametrize(("advertise_every", "gone_after"), [(15.0, 45), (None, 180)])
+async def test_a_worker_id_whose_holder_is_gone_is_taken_afresh(
+    autojump_clock: trio.testing.MockClock, advertise_every: float | None, gone_after: float
+) -> None:
+    """Three of the holder's intervals after its last advertisement (180 s for one of
+    an earlier version, which did not say), the id is free: the Worker runs, with a
+    new started_at, and `status` counted the dead one alive only until then."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping())
+    await store.advertise(holder(advertise_every=advertise_every))
+    await trio.sleep(gone_after - 1)
+    assert [w.alive for w in (await store.status()).workers] == [True]
+    await trio.sleep(1)
+    assert [w.alive for w in (await store.status()).workers] == [False]
+    async with running(store, registry):
+        [state] = (await store.status()).workers
+        assert (state.pid, state.alive) == (os.getpid(), True)
+        assert state.started_at == state.last_seen  # afresh, not the dead one's
+
+
+async def test_a_worker_whose_id_is_taken_over_logs_it_and_records_no_stop(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Worker cut off long enough to seem gone, whose id another took meanwhile: its
+    next advertisement is refused (an error in the log, the loop goes on), and its own
+    stop is not recorded over the other's row."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping())
+    async with running(store, registry):
+        await trio.sleep(1)
+        store.workers.pop("w1")
+        store._seen.pop("w1")
+        store._advertised.pop("w1")
+        await store.advertise(holder())
+        await trio.sleep(15)
+    assert messages(caplog, WORKER, logging.ERROR) == [
+        "worker id 'w1' is in use by a live Worker (host elsewhere, pid 1, seen 14.0s ago):"
+        " give each Worker its own --worker-id"
+    ]
+    assert "worker_stopped" not in store.times
+    assert store.workers["w1"] == holder()
 
 
 async def test_a_worker_serving_every_scope_advertises_none(
@@ -603,7 +686,7 @@ async def test_presence_failures_are_logged(
     assert store.times["worker_stopped"] == []
     caplog.clear()
     store = ScriptedStore()
-    store.script["advertise"] = ["fail"]
+    store.script["advertise"] = ["fail", "fail"]  # claiming its id at start, then the loop
     store.script["worker_stopped"] = ["fail"]
     async with running(store, Registry()):
         await trio.sleep(20)

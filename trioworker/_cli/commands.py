@@ -17,26 +17,22 @@ from typing import Any, NoReturn
 
 import trio
 
+from trioworker._cli.exits import EXIT_ERROR, EXIT_FAIL_STOP, EXIT_INTERRUPTED, EXIT_OK
 from trioworker._cli.input import UsageError, read_items, read_lines, read_payload
 from trioworker._core.errors import ConfigurationError, DatabaseUnavailable, InvalidWorkItem
 from trioworker._core.model import FINISHED, Enqueued, Status
 from trioworker._core.registry import Registry
 from trioworker._core.retry import Backoff
 from trioworker._core.settings import Settings
-from trioworker._core.text import shell_word
+from trioworker._core.text import shell_word, short_duration
 from trioworker._core.validation import pause_target, validate_enqueue, validate_scope
 from trioworker._postgres.migrate import check_schema, migrate
+from trioworker._postgres.queries import QUERIES
 from trioworker._postgres.store import PostgresStore, open_store
 from trioworker._worker.executor import Tracer
-from trioworker._worker.worker import Worker
+from trioworker._worker.worker import Worker, default_worker_id
 
 log = logging.getLogger("trioworker")
-
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_FAIL_STOP = 70
-EXIT_INTERRUPTED = 130
 
 
 def fail_stop(message: str) -> NoReturn:
@@ -93,6 +89,18 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_sql(args: argparse.Namespace) -> int:
+    """Print the queue's migrations as one script (trioworker._postgres.script)."""
+    from trioworker._postgres.script import queue_script
+
+    try:
+        script = queue_script(args.from_migration)
+    except ConfigurationError as exc:
+        raise UsageError(str(exc)) from None
+    sys.stdout.write(script)
+    return EXIT_OK
+
+
 def cmd_enqueue(args: argparse.Namespace) -> int:
     kinds = load_registry(args.app).kinds if args.app else None
     if args.from_file is not None:
@@ -100,7 +108,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     if args.kind is None:
         raise UsageError("enqueue needs a KIND, or --from FILE.jsonl")
     payload = read_payload(args.payload)
-    run_after = dt.timedelta(seconds=args.delay) if args.delay else None
+    run_after = args.delay or None
     try:  # bad input is reported before anything connects
         validate_enqueue(
             args.kind, args.scope, payload, args.dedup_key, run_after, priority=args.priority,
@@ -208,7 +216,22 @@ def _ids(ids: list[int], most: int = 20) -> str:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     statuses = [Status(s) for s in args.status] if args.status else list(FINISHED)
+    what = f"{'/'.join(s.value for s in statuses)} item(s) finished more than"
+    ago = f"{short_duration(args.older_than)} ago"
     check_schema(args.dsn)
+    if args.dry_run:
+        params = {
+            "statuses": [s.value for s in statuses],
+            "older_than": args.older_than.total_seconds(),
+        }
+
+        async def count(store: PostgresStore) -> int:
+            async with store.transaction() as tx:
+                [(n,)] = await tx.execute(QUERIES["count_finished"], params)
+                return int(n)
+
+        print(f"would delete {with_store(args.dsn, count)} {what} {ago} (dry run: none deleted)")
+        return EXIT_OK
     longest = 0.0
     batches = 0
 
@@ -222,21 +245,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
             args.older_than, statuses=statuses, batch=args.batch, on_batch=note
         ),
     )
-    print(
-        f"deleted {deleted} {'/'.join(s.value for s in statuses)} item(s) finished more than"
-        f" {short_duration(args.older_than)} ago, in {batches} batch(es)"
-        f" (longest {longest:.3f}s)"
-    )
+    print(f"deleted {deleted} {what} {ago}, in {batches} batch(es) (longest {longest:.3f}s)")
     return EXIT_OK
-
-
-def short_duration(span: dt.timedelta) -> str:
-    """7d, 12h, 90m, 45s: the largest unit that divides it (seconds otherwise)."""
-    seconds = span.total_seconds()
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{seconds / size:g}{unit}"
-    return f"{seconds:g}s"
 
 
 def _target(args: argparse.Namespace) -> str:
@@ -248,17 +258,34 @@ def _pause_or_resume(args: argparse.Namespace, verb: str) -> int:
         pause_target(args.kind, args.scope)
     except InvalidWorkItem as exc:
         raise UsageError(str(exc)) from None
+    if args.app is not None:
+        if args.kind is None:
+            raise UsageError("--app goes with --kind: it checks the kind")
+        kinds = load_registry(args.app).kinds
+        if args.kind not in kinds:  # as enqueue --app refuses it
+            known = ", ".join(sorted(kinds)) or "none"
+            raise UsageError(f"unknown kind {args.kind!r} (known kinds: {known})")
     check_schema(args.dsn)
 
-    async def act(store: PostgresStore) -> bool:
+    async def act(store: PostgresStore) -> tuple[bool, bool]:
         method = store.pause if verb == "pause" else store.resume
         changed: bool = await method(kind=args.kind, scope=args.scope)
-        return changed
+        seen = True
+        if args.kind is not None and args.app is None:
+            async with store.transaction() as tx:
+                [(seen,)] = await tx.execute(QUERIES["kind_seen"], {"kind": args.kind})
+        return changed, seen
 
-    changed = with_store(args.dsn, act)
+    changed, seen = with_store(args.dsn, act)
     done = {"pause": "paused", "resume": "resumed"}[verb]
     was = {"pause": "was paused already", "resume": "was not paused"}[verb]
     print(f"{_target(args)} {done if changed else was}")
+    if not seen:
+        print(
+            f"warning: no item, schedule or Worker has ever had kind {args.kind!r}: a typo?"
+            " (--app MODULE:ATTR checks a kind against the application's handlers)",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -360,6 +387,7 @@ def otel_tracer() -> Tracer:
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     check_run_arguments(args)
+    args.worker_id = args.worker_id or default_worker_id()
     registry = load_registry(args.app)
     tracer = otel_tracer() if args.otel else None  # after --app, which may set one up
     if args.retain is not None:
@@ -395,6 +423,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
             )
             if metrics is not None:
                 metrics.attach(worker)
+            await worker.claim_id()  # before the nursery: a taken id is one plain error
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(on_signals, worker, nursery.cancel_scope, interrupted)
                 if metrics is not None:

@@ -1,4 +1,4 @@
-"""`python -m trioworker`: run a Worker, migrate, enqueue, show, status, cancel, retry,
+"""`python -m trioworker`: run a Worker, migrate, sql, enqueue, show, status, cancel, retry,
 prune, pause, resume, quiesce, dashboard, demo.
 
 Exit codes: 0 done; 1 a runtime error (a bad --app, an unreachable database, an
@@ -23,17 +23,17 @@ from typing import Any, NoReturn
 
 import attrs
 
-from trioworker._cli import commands as _commands
-from trioworker._cli.commands import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from trioworker._cli.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from trioworker._cli.input import UsageError
 from trioworker._core.errors import TrioWorkerError
-from trioworker._core.settings import Settings
-from trioworker._core.text import not_unicode, visible
+from trioworker._core.settings import DSN_ENV, QUIESCE_POLL, Settings
+from trioworker._core.text import not_unicode, short_duration, visible
 from trioworker._core.validation import MAX_PRIORITY, MAX_RUN_AFTER_DISTANCE, MIN_PRIORITY
-from trioworker._postgres.dsn import DSN_ENV, describe_defaults, redact, resolve_dsn, secrets
-from trioworker._store.quiesce import QUIESCE_POLL
 from trioworker._worker import logging as _logging
-from trioworker._worker.worker import default_worker_id
+
+# Each verb imports what it needs when it runs (trioworker._cli.commands: Trio,
+# trio-asyncio and psycopg, about half a second of CPU), so that --help and a usage
+# error cost almost nothing (tests/integration/test_cli_edges.py holds it).
 
 log = logging.getLogger("trioworker")
 
@@ -83,19 +83,38 @@ COUNT = number(integer=True, minimum=1, maximum=100_000)
 ITEM_ID = number(integer=True, minimum=1, maximum=2**63 - 1)
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", re.ASCII)
 
 
-def duration(text: str) -> dt.timedelta:
-    """An argparse type: a duration as 90, 90s, 15m, 12h, 7d or 2w (at least 0)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text, re.ASCII)
-    if not match:
-        raise argparse.ArgumentTypeError(
-            f"must be a duration such as 90s, 15m, 12h, 7d or 2w, not {text!r}"
-        )
-    seconds = float(match[1]) * _UNITS[match[2] or "s"]
-    if seconds > 100 * 366 * 86400:
-        raise argparse.ArgumentTypeError(f"must be at most a century, not {text}")
-    return dt.timedelta(seconds=seconds)
+def duration_within(maximum: dt.timedelta) -> Callable[[str], dt.timedelta]:
+    """An argparse type: a duration with its unit, 90s, 15m, 12h, 7d or 2w, up to
+    `maximum`. A bare number is refused: `prune --older-than 5` must not mean five
+    seconds to one reader and five days to another. Every duration option takes it."""
+
+    def parse(text: str) -> dt.timedelta:
+        match = _DURATION.fullmatch(text)
+        if not match:
+            raise argparse.ArgumentTypeError(
+                f"must be a duration such as 90s, 15m, 12h, 7d or 2w, not {text!r}"
+            )
+        if not match[2]:
+            raise argparse.ArgumentTypeError(
+                f"give {text!r} a unit: {match[1]}s, {match[1]}m, {match[1]}h, {match[1]}d"
+                f" or {match[1]}w"
+            )
+        span = dt.timedelta(seconds=float(match[1]) * _UNITS[match[2]])
+        if span > maximum:
+            raise argparse.ArgumentTypeError(
+                f"must be at most {short_duration(maximum)}, not {text}"
+            )
+        return span
+
+    parse.__name__ = "duration"  # argparse's error names it
+    return parse
+
+
+#: --older-than, --retain, --since: at most a century.
+duration = duration_within(dt.timedelta(days=100 * 365))
 
 
 def since(text: str) -> dt.datetime:
@@ -125,7 +144,6 @@ def utf8(value: str) -> str:
     return value
 
 
-duration.__name__ = "duration"
 since.__name__ = "time"
 utf8.__name__ = "text"
 
@@ -178,12 +196,20 @@ SECRET_OPTION = re.compile(r"--?[\w-]*(?:token|passw|secret)[\w-]*", re.IGNORECA
 NOT_SECRET = {"--token-file"}  # a path
 
 
+#: What a text holding a libpq password has in it: a `password` keyword (libpq's
+#: keywords are lower case; the shapes `secrets` guesses at are any case) or a URI.
+MAY_HOLD_PASSWORD = re.compile(r"password|://", re.IGNORECASE)
+
+
 def secrets_in(argv: Sequence[str]) -> tuple[str, ...]:
     """Passwords anywhere on a command line (in a DSN or a URI of any shape, PGPASSWORD,
     the value of an option named like a token or a password)."""
     found = {os.environ.get("PGPASSWORD", "")}
     for index, arg in enumerate(argv):
-        found.update(secrets(arg.split("=", 1)[1] if arg.startswith("--dsn=") else arg))
+        if MAY_HOLD_PASSWORD.search(arg):  # libpq (psycopg) is imported only for these
+            from trioworker._postgres.dsn import secrets
+
+            found.update(secrets(arg.split("=", 1)[1] if arg.startswith("--dsn=") else arg))
         name, eq, value = arg.partition("=")
         if SECRET_OPTION.fullmatch(name) and name not in NOT_SECRET:
             found.add(value if eq else "".join(argv[index + 1 : index + 2]))
@@ -226,9 +252,7 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
     run.add_argument(
         "--app", type=utf8, required=True, metavar="MODULE:ATTR", help="a trioworker.Registry"
     )
-    run.add_argument(
-        "--worker-id", type=utf8, default=default_worker_id(), help="default: HOST-PID"
-    )
+    run.add_argument("--worker-id", type=utf8, help="default: HOST-PID")
     run.add_argument(
         "--scope",
         type=utf8,
@@ -272,6 +296,12 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
         help="also apply the migrations of this app's Registry(migrations=...)",
     )
 
+    sql = command("sql", "print the queue's migrations as one SQL script, for an application's"
+                  " own migration tool (Alembic, Django, Flyway); connects to nothing")  # fmt: skip
+    sql.add_argument("--from", dest="from_migration", metavar="ID",
+                     help="start at this migration (such as 0002.x): those the database"
+                     " lacks; default: all")  # fmt: skip
+
     enqueue = command(
         "enqueue", "queue a work item (or many, --from a JSON Lines file); prints the ids"
     )
@@ -286,10 +316,9 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
     enqueue.add_argument("--dedup-key", type=utf8)
     enqueue.add_argument(
         "--delay",
-        type=number(maximum=MAX_RUN_AFTER_DISTANCE.total_seconds()),
-        default=0.0,
-        metavar="SECONDS",
-        help="due this many seconds from now (0)",
+        type=duration_within(MAX_RUN_AFTER_DISTANCE),
+        metavar="DURATION",
+        help="due this long from now (such as 90s, 15m or 1h); due at once by default",
     )
     enqueue.add_argument(
         "--priority",
@@ -341,12 +370,18 @@ def _operating(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
         help="only items of this status (repeat for more; default: all three)",
     )
     prune.add_argument("--batch", type=COUNT, default=1000, metavar="N", help="rows per batch")
+    prune.add_argument("--dry-run", action="store_true",
+                       help="only count the items it would delete")  # fmt: skip
 
     for verb, help in (("pause", "stop claiming a kind's or a scope's items (running ones go"
                         " on)"), ("resume", "lift a pause")):  # fmt: skip
-        target = command(verb, help).add_mutually_exclusive_group(required=True)
+        parser = command(verb, help)
+        target = parser.add_mutually_exclusive_group(required=True)
         target.add_argument("--kind", type=utf8)
         target.add_argument("--scope", type=utf8)
+        parser.add_argument("--app", type=utf8, metavar="MODULE:ATTR",
+                            help="with --kind: refuse a kind it has no handler for (without"
+                            " it, a kind no item or Worker ever had is warned of)")  # fmt: skip
 
     quiesce = command(
         "quiesce",
@@ -394,30 +429,23 @@ def _dashboard(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     )  # fmt: skip
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "migrate": _commands.cmd_migrate,
-    "enqueue": _commands.cmd_enqueue,
-    "show": _commands.cmd_show,
-    "status": _commands.cmd_status,
-    "cancel": _commands.cmd_cancel,
-    "retry": _commands.cmd_retry,
-    "prune": _commands.cmd_prune,
-    "pause": _commands.cmd_pause,
-    "resume": _commands.cmd_resume,
-    "quiesce": _commands.cmd_quiesce,
-    "dashboard": _commands.cmd_dashboard,
-    "demo": _commands.cmd_demo,
-}
-
-
 def run_command(args: argparse.Namespace) -> int:
+    """Run the verb: `trioworker._cli.commands.cmd_<verb>`, imported only now."""
+    from trioworker._cli import commands
+
     if args.command == "run":
         fields = [field for _, field, _, _ in SETTINGS_OPTIONS]
-        return _commands.cmd_run(args, _commands.worker_settings(args, fields))
-    return COMMANDS[args.command](args)
+        return commands.cmd_run(args, commands.worker_settings(args, fields))
+    command: Callable[[argparse.Namespace], int] = getattr(commands, f"cmd_{args.command}")
+    return command(args)
 
 
 # -- main -------------------------------------------------------------------------------
+
+
+#: Commands that use no database given by the DSN: `sql` connects to nothing, the demo
+#: starts a PostgreSQL of its own.
+NO_DATABASE = {"sql", "demo"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -425,12 +453,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser(secrets_in(argv)).parse_args(argv)
     args.dsn_given = args.dsn is not None or DSN_ENV in os.environ
     raw_dsn = args.dsn if args.dsn is not None else os.environ.get(DSN_ENV, "")
+    from trioworker._postgres.dsn import describe_defaults, resolve_dsn, secrets
+
     _logging.configure(args.log_level, args.log_format, secrets=secrets(raw_dsn))
     if args.log_level != "DEBUG":  # yoyo tells every step it applies
         logging.getLogger("yoyo").setLevel(logging.WARNING)
     try:
         args.dsn = resolve_dsn(args.dsn)
-        if not args.dsn:
+        if not args.dsn and args.command not in NO_DATABASE:
             log.info("no DSN given (--dsn or $%s): %s", DSN_ENV, describe_defaults())
         return run_command(args)
     except UsageError as exc:
@@ -448,6 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def report(message: str, dsn: str, log_format: str, code: int) -> int:
     """The one line a failed command ends with: as a log line in JSON mode; in text,
     what it quotes (a kind, a database's message) shown `visible`."""
+    from trioworker._postgres.dsn import redact
+
     message = redact(message, dsn)
     if log_format == "json":
         log.error("%s", message)

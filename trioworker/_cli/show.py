@@ -12,6 +12,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from trioworker._cli.terminal import console as stdout_console
+from trioworker._cli.terminal import utc as _when
 from trioworker._core.jsontext import UndecodableValue, pretty
 from trioworker._core.text import visible
 from trioworker._store.api import Client
@@ -44,10 +46,6 @@ def to_json(details: dict[str, Any]) -> str:
     """`show --json`: the stored values exactly; a payload that cannot be decoded as
     {"undecodable": why, "text": its stored text, cut to 2,000 characters}."""
     return json.dumps(details, indent=2, default=_json_default)
-
-
-def _when(value: str | None) -> str:
-    return value[:19].replace("T", " ") if value else "-"
 
 
 def _text(value: Any, *, lines: bool = False, style: str = "") -> Text:
@@ -102,4 +100,4 @@ def render_item(details: dict[str, Any]) -> RenderableType:
 
 
 def print_item(details: dict[str, Any], console: Console | None = None) -> None:
-    (console or Console()).print(render_item(details))
+    (console or stdout_console()).print(render_item(details))

@@ -9,9 +9,11 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from trioworker._cli.terminal import console as stdout_console
+from trioworker._cli.terminal import utc
 from trioworker._core.text import visible
 from trioworker._store.api import Client
-from trioworker._store.reads import ALIVE_WITHIN, STATUS_ORDER
+from trioworker._store.reads import STATUS_ORDER
 
 
 async def gather(store: Client, *, failures: int = 10) -> dict[str, Any]:
@@ -63,14 +65,12 @@ def render(status: dict[str, Any]) -> Group:
             str(r["id"]),
             _cell(r["kind"]),
             _cell(r["scope"]),
-            (r["finished_at"] or "")[:19],
+            utc(r["finished_at"]),
             _cell(r["reason"], ""),
             _cell((r["error"] or "")[:120]),
         )
     alive = [w for w in status["workers"] if w["alive"]]
-    workers = Table(
-        title=f"Workers ({len(alive)} alive, seen within {ALIVE_WITHIN:.0f}s)", box=box.SIMPLE_HEAVY
-    )
+    workers = Table(title=f"Workers ({len(alive)} alive)", box=box.SIMPLE_HEAVY)
     for column in ("worker", "kinds", "scopes", "conc", "last seen"):
         workers.add_column(column, overflow="fold")
     for w in alive:
@@ -79,7 +79,7 @@ def render(status: dict[str, Any]) -> Group:
             _cell(", ".join(w["kinds"])),
             _cell(None if w["scopes"] is None else ", ".join(w["scopes"]), "all"),
             str(w["concurrency"]),
-            (w["last_seen"] or "")[11:19],
+            utc(w["last_seen"], date=False),
         )
     parts: list[Any] = [counts, running, workers]
     if status["schedules"]:
@@ -109,7 +109,7 @@ def _schedules_table(rows: list[dict[str, Any]]) -> Table:
             _cell(r["kind"]),
             _cell(r["scope"]),
             _cell(r["spec"]),
-            r["next_due"][:19],
+            utc(r["next_due"]),
             "-" if r["last_item"] is None else str(r["last_item"]),
         )
     return schedules
@@ -120,4 +120,4 @@ def _n(value: int) -> str:
 
 
 def print_status(status: dict[str, Any], console: Console | None = None) -> None:
-    (console or Console()).print(render(status))
+    (console or stdout_console()).print(render(status))

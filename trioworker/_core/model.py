@@ -83,6 +83,8 @@ class Recovered:
     stalls: int
     status: Status  # Queued again, or Failed as stalled, or Cancelled
     reason: str | None
+    #: The Worker whose attempt stopped heartbeating (from the attempt's history).
+    worker_id: str | None = None
 
 
 @attrs.frozen
@@ -121,7 +123,8 @@ class AttemptRecord:
     worker_id: str | None
     started_at: dt.datetime | None
     ended_at: dt.datetime | None
-    #: failed, retried, released, stalled, cancelled, superseded, succeeded, running
+    #: failed, retried, released, stalled, cancelled, superseded, succeeded, running, and
+    #: operator-retry (an operator put it back in the queue; no Worker ran it)
     outcome: str
     error: str | None = None
     traceback: str | None = None
@@ -138,6 +141,8 @@ class WorkerInfo:
     scopes: tuple[str, ...] | None  # None: every scope
     unscoped: bool
     concurrency: int
+    #: How often it advertises itself (seconds); None: it does not say.
+    advertise_every: float | None = None
 
 
 @attrs.frozen

@@ -8,6 +8,12 @@ import attrs
 
 from trioworker._core.errors import ConfigurationError
 
+#: The environment variable the DSN is read from when `--dsn` is not given.
+DSN_ENV = "TRIOWORKER_DSN"
+
+#: How often an operator's quiesce looks at the scope's Running item.
+QUIESCE_POLL = 0.1
+
 
 def _positive(instance: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if not value > 0:

@@ -3,6 +3,7 @@ functions."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import shlex
 
@@ -80,3 +81,12 @@ def shell_word(text: str) -> str:
         return shlex.quote(text)
     body = text.replace("\\", "\\\\").replace("'", "\\'")
     return "$'" + _HIDDEN_IN_LINE.sub(_shell_escape, body) + "'"
+
+
+def short_duration(span: dt.timedelta) -> str:
+    """7d, 12h, 90m, 45s: the largest unit that divides it (seconds otherwise)."""
+    seconds = span.total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"

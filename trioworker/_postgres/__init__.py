@@ -1,0 +1,1 @@
+"""The store on PostgreSQL (docs/design/architecture.md)."""

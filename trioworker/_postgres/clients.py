@@ -128,12 +128,12 @@ class Client:
     ) -> T:  # pragma: no mutate block
         try:
             if conn is not None:
-                return drive.run_sync(conn, op.steps())
+                return drive.run_sync(conn, op)
             pool = self._connections()
             for retry in range(CONFLICT_RETRIES + 1):
                 try:
                     with pool.connection() as pooled:
-                        return drive.run_sync(pooled, op.steps())
+                        return drive.run_sync(pooled, op)
                 except failures.CONFLICTS:
                     if retry == CONFLICT_RETRIES:
                         raise
@@ -331,12 +331,12 @@ class AsyncClient:
     ) -> T:  # pragma: no mutate block
         try:
             if conn is not None:
-                return await drive.run_async(conn, op.steps())
+                return await drive.run_async(conn, op)
             pool = await self._connections()
             for retry in range(CONFLICT_RETRIES + 1):
                 try:
                     async with pool.connection() as pooled:
-                        return await drive.run_async(pooled, op.steps())
+                        return await drive.run_async(pooled, op)
                 except failures.CONFLICTS:
                     if retry == CONFLICT_RETRIES:
                         raise

@@ -14,16 +14,25 @@ from typing import Any, TypeVar, cast
 import psycopg
 from psycopg.rows import dict_row
 
-from trioworker._postgres.operations import Steps
+from trioworker._postgres.operations import Operation, Steps
 from trioworker._postgres.queries import QUERIES
 
 T = TypeVar("T")
 
 
 async def run_async(
+    conn: psycopg.AsyncConnection[Any], op: Operation[T]
+) -> T:  # pragma: no mutate block
+    """Run `op` on `conn` (asyncio side); its result."""
+    if op.atomic:
+        async with conn.transaction():
+            return await _steps_async(conn, op.steps())
+    return await _steps_async(conn, op.steps())
+
+
+async def _steps_async(
     conn: psycopg.AsyncConnection[Any], steps: Steps[T]
 ) -> T:  # pragma: no mutate block
-    """Run `steps` on `conn` (asyncio side); its result."""
     try:
         query = next(steps)
         while True:
@@ -35,8 +44,15 @@ async def run_async(
         return cast(T, done.value)
 
 
-def run_sync(conn: psycopg.Connection[Any], steps: Steps[T]) -> T:  # pragma: no mutate block
-    """Run `steps` on `conn`; its result."""
+def run_sync(conn: psycopg.Connection[Any], op: Operation[T]) -> T:  # pragma: no mutate block
+    """Run `op` on `conn`; its result."""
+    if op.atomic:
+        with conn.transaction():
+            return _steps_sync(conn, op.steps())
+    return _steps_sync(conn, op.steps())
+
+
+def _steps_sync(conn: psycopg.Connection[Any], steps: Steps[T]) -> T:  # pragma: no mutate block
     try:
         query = next(steps)
         while True:

@@ -10,8 +10,7 @@ import psycopg.conninfo
 import psycopg.pq
 
 from trioworker._core.errors import ConfigurationError
-
-DSN_ENV = "TRIOWORKER_DSN"
+from trioworker._core.settings import DSN_ENV
 
 
 def resolve_dsn(explicit: str | None) -> str:

@@ -42,6 +42,7 @@ from trioworker._core.validation import (
     validate_many,
 )
 from trioworker._store.reads import (
+    ALIVE_BEATS,
     ALIVE_WITHIN,
     Failure,
     ItemDetails,
@@ -79,6 +80,9 @@ class Operation(Generic[T]):
 
     name: str
     steps: Callable[[], Steps[T]]
+    #: Its statements must commit together: a driver runs them in one transaction (a
+    #: savepoint inside the caller's).
+    atomic: bool = False
 
 
 # -- enqueue ---------------------------------------------------------------------------
@@ -230,9 +234,16 @@ def _cancel_steps(id: int) -> Steps[CancelOutcome]:
 def retry(ids: Sequence[int]) -> Operation[list[int]]:
     """Failed or Cancelled items back to Queued with a fresh attempt budget (their
     history kept), due now; the ids retried. Others (not finished, succeeded, or whose
-    dedup key a Queued item holds) are left as they are."""
+    dedup key a Queued item holds) are left as they are. Each retry is noted in the
+    item's history (`operator-retry`, an attempt number of its own)."""
     params = {"ids": sorted(set(ids))}
-    return Operation("retry", lambda: _column("retry_items", params, "id"))
+    return Operation("retry", lambda: _retry_steps(params), atomic=True)
+
+
+def _retry_steps(params: Mapping[str, Any]) -> Steps[list[int]]:
+    retried = yield from _column("retry_items", params, "id")
+    yield Query("mark_retried", {"ids": retried})
+    return retried
 
 
 def failed_items(
@@ -315,7 +326,7 @@ def status(*, failures: int = 10) -> Operation[QueueStatus]:
 
 
 def _status_steps(failures: int) -> Steps[QueueStatus]:
-    alive = {"alive_within": ALIVE_WITHIN}
+    alive = {"alive_beats": ALIVE_BEATS, "alive_within": ALIVE_WITHIN}
     workers = yield Query("workers", alive)
     failed = yield Query("recent_failures", {"limit": failures})
     unserved = yield Query("unserved_kinds", alive)

@@ -75,8 +75,15 @@ SELECT id, status
 FROM work_requeue_v1(%(ids)s, %(attempts)s, %(cause)s, %(delay)s, %(error)s, %(traceback)s);
 
 -- name: recover_expired_leases
-SELECT id, kind, scope, attempt, stalls, status, reason
-FROM work_recover_v1(%(max_stalls)s, %(batch)s);
+-- With the Worker of each stalled attempt: `held` reads the Running rows as they were
+-- when the statement began (its snapshot), before the function took them back.
+WITH held AS (
+    SELECT id, attempt, worker_id FROM work_items
+    WHERE status = 'Running' AND lease_expires_at < now()
+)
+SELECT r.id, r.kind, r.scope, r.attempt, r.stalls, r.status, r.reason, held.worker_id
+FROM work_recover_v1(%(max_stalls)s, %(batch)s) AS r
+LEFT JOIN held ON held.id = r.id AND held.attempt = r.attempt;
 
 -- name: request_cancel
 SELECT work_request_cancel_v1(%(id)s) AS status;
@@ -98,6 +105,19 @@ SELECT kind, scope, paused_at FROM work_pauses ORDER BY paused_at;
 
 -- name: retry_items
 SELECT id FROM work_retry_v1(%(ids)s) AS id;
+
+-- name: mark_retried
+-- An operator's retry in the item's history, in the transaction of the retry: one more
+-- attempt number, noted as `operator-retry` (no Worker ran it), and the reason it waits
+-- with. Neither column is one the triggers watch.
+WITH marked AS (
+    UPDATE work_items
+    SET attempt = attempt + 1, reason = 'retried by an operator after attempt ' || attempt
+    WHERE id = ANY(%(ids)s) AND status = 'Queued'
+    RETURNING id, attempt
+)
+INSERT INTO work_attempts (item_id, attempt, worker_id, started_at, outcome)
+SELECT id, attempt, NULL, NULL, 'operator-retry' FROM marked;
 
 -- name: failed_items
 -- Failed items of a kind (all kinds when NULL) that finished since %(since)s, oldest first.
@@ -159,6 +179,21 @@ WITH doomed AS (
 DELETE FROM work_items AS w USING doomed WHERE w.id = doomed.id
 RETURNING w.finished_at;
 
+-- name: count_finished
+-- What delete_finished would delete now, counted (`prune --dry-run`).
+SELECT count(*) FROM work_items
+WHERE status IN ('Succeeded', 'Failed', 'Cancelled') AND status = ANY(%(statuses)s)
+  AND finished_at < now() - make_interval(secs => %(older_than)s);
+
+-- name: kind_seen
+-- Whether any Worker ever served the kind (stopped ones stay in work_workers), a
+-- schedule enqueues it, or any item has it (`pause --kind` warns of a typo when none
+-- has). The items are read last: a kind no Worker knows is rare, and no index leads
+-- with kind for items of every status.
+SELECT EXISTS (SELECT 1 FROM work_workers WHERE %(kind)s = ANY(kinds))
+    OR EXISTS (SELECT 1 FROM work_schedules WHERE kind = %(kind)s)
+    OR EXISTS (SELECT 1 FROM work_items WHERE kind = %(kind)s) AS seen;
+
 -- name: scope_holder
 -- A scope's Running item (quiesce watches it), and whether any of its Queued items is
 -- still a head (none should be once the scope is paused).
@@ -194,13 +229,29 @@ SELECT attempt, worker_id, started_at, ended_at, outcome, error, traceback FROM 
 ORDER BY attempt;
 
 -- name: advertise_worker
-INSERT INTO work_workers AS w (id, host, pid, kinds, scopes, unscoped, concurrency)
-VALUES (%(id)s, %(host)s, %(pid)s, %(kinds)s, %(scopes)s, %(unscoped)s, %(concurrency)s)
+-- Record or refresh a Worker. An id another process holds (its row not stopped, and
+-- alive by its own interval) is not taken over: no row comes back. A Worker back
+-- under its id (a restart, a new process) starts afresh: a new started_at.
+INSERT INTO work_workers AS w
+    (id, host, pid, kinds, scopes, unscoped, concurrency, advertise_every)
+VALUES (%(id)s, %(host)s, %(pid)s, %(kinds)s, %(scopes)s, %(unscoped)s, %(concurrency)s,
+        %(advertise_every)s)
 ON CONFLICT (id) DO UPDATE
 SET host = excluded.host, pid = excluded.pid, kinds = excluded.kinds,
     scopes = excluded.scopes, unscoped = excluded.unscoped,
-    concurrency = excluded.concurrency, last_seen = now(), stopped_at = NULL,
-    started_at = CASE WHEN w.stopped_at IS NULL THEN w.started_at ELSE now() END;
+    concurrency = excluded.concurrency, advertise_every = excluded.advertise_every,
+    last_seen = now(), stopped_at = NULL,
+    started_at = CASE WHEN w.stopped_at IS NULL AND w.host = excluded.host
+                           AND w.pid = excluded.pid THEN w.started_at ELSE now() END
+WHERE (w.host = excluded.host AND w.pid = excluded.pid) OR w.stopped_at IS NOT NULL
+   OR w.last_seen <= now() - make_interval(secs => COALESCE(
+          w.advertise_every * %(alive_beats)s, %(alive_within)s))
+RETURNING w.id;
+
+-- name: worker_holding
+-- The live Worker that holds an id (advertise_worker refused it).
+SELECT host, pid, EXTRACT(EPOCH FROM now() - last_seen)::float8 AS seen_ago
+FROM work_workers WHERE id = %(id)s;
 
 -- name: worker_stopped
 UPDATE work_workers SET last_seen = now(), stopped_at = now() WHERE id = %(id)s;
@@ -224,19 +275,20 @@ ORDER BY finished_at DESC LIMIT %(limit)s;
 -- name: workers
 SELECT id, host, pid, started_at, last_seen, stopped_at, kinds, scopes, unscoped,
        concurrency,
-       stopped_at IS NULL AND last_seen > now() - make_interval(secs => %(alive_within)s)
-           AS alive
+       stopped_at IS NULL AND last_seen > now() - make_interval(secs => COALESCE(
+           advertise_every * %(alive_beats)s, %(alive_within)s)) AS alive
 FROM work_workers
 ORDER BY stopped_at IS NOT NULL, last_seen DESC;
 
 -- name: unserved_kinds
--- Kinds with Queued items that no Worker seen within %(alive_within)s seconds serves.
+-- Kinds with Queued items that no live Worker serves (alive as `workers` says).
 SELECT q.kind, q.n
 FROM (SELECT kind, count(*) AS n FROM work_items WHERE status = 'Queued' GROUP BY kind) AS q
 WHERE NOT EXISTS (
     SELECT 1 FROM work_workers AS w
     WHERE q.kind = ANY(w.kinds) AND w.stopped_at IS NULL
-      AND w.last_seen > now() - make_interval(secs => %(alive_within)s))
+      AND w.last_seen > now() - make_interval(secs => COALESCE(
+          w.advertise_every * %(alive_beats)s, %(alive_within)s)))
 ORDER BY q.kind;
 
 -- name: listen

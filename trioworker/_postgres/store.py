@@ -8,6 +8,7 @@ nowhere else.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -49,9 +50,12 @@ from trioworker._postgres.dsn import redact_dsn
 from trioworker._postgres.queries import QUERIES
 from trioworker._store.api import NotifyCallback, Transaction
 from trioworker._store.reads import (
+    ALIVE_BEATS,
+    ALIVE_WITHIN,
     ItemDetails,
     QueueCounts,
     QueueStatus,
+    id_in_use,
 )
 
 log = logging.getLogger("trioworker.store")
@@ -171,7 +175,7 @@ class PostgresStore:
     ) -> T:  # pragma: no mutate block
         """Run a client operation (operations.py) on a pooled connection, or in `tx`."""
         return await self._conns.call(
-            op.name, lambda conn: drive.run_async(conn, op.steps()), conn=_connection_of(tx)
+            op.name, lambda conn: drive.run_async(conn, op), conn=_connection_of(tx)
         )
 
     async def enqueue(
@@ -570,7 +574,8 @@ class PostgresStore:
                     due, following = plan(schedule, next_due, now)
                     assert due is not None
                     request = schedule_request(schedule, due, now)
-                    enqueued = await drive.run_async(conn, operations.enqueue_steps(request))
+                    steps = functools.partial(operations.enqueue_steps, request)
+                    enqueued = await drive.run_async(conn, operations.Operation("enqueue", steps))
                     await conn.execute(
                         QUERIES["fired_schedule"],
                         {"name": name, "next_due": following, "due": due, "item": enqueued.id},
@@ -588,7 +593,8 @@ class PostgresStore:
     # -- Workers --------------------------------------------------------------------
 
     async def advertise(self, worker: WorkerInfo) -> None:  # pragma: no mutate block
-        """Record (or refresh) a Worker in the Workers table."""
+        """Record (or refresh) a Worker in the Workers table; ConfigurationError when
+        another live Worker holds its id."""
         params = {
             "id": worker.id,
             "host": worker.host,
@@ -597,8 +603,13 @@ class PostgresStore:
             "scopes": None if worker.scopes is None else list(worker.scopes),
             "unscoped": worker.unscoped,
             "concurrency": worker.concurrency,
+            "advertise_every": worker.advertise_every,
+            "alive_beats": ALIVE_BEATS,
+            "alive_within": ALIVE_WITHIN,
         }
-        await self._rows("advertise_worker", params)
+        if not await self._rows("advertise_worker", params):
+            holders = await self._rows("worker_holding", {"id": worker.id})
+            raise id_in_use(worker.id, **(holders[0] if holders else {}))
 
     async def worker_stopped(self, worker_id: str) -> None:  # pragma: no mutate block
         await self._rows("worker_stopped", {"id": worker_id})

@@ -13,12 +13,10 @@ import attrs
 import trio
 
 from trioworker._core.model import ScopeHolder
+from trioworker._core.settings import QUIESCE_POLL
 from trioworker._core.text import visible
 from trioworker._core.validation import validate_scope
 from trioworker._store.api import Store
-
-#: How often the scope's Running item is looked at.
-QUIESCE_POLL = 0.1
 
 
 @attrs.frozen
@@ -31,17 +29,27 @@ class QuiesceResult:
     holder: str | None
 
 
+def _attempt(holder: ScopeHolder) -> str:
+    return (
+        f"item {holder.id} ({visible(holder.kind)}) attempt {holder.attempt} on Worker"
+        f" {visible(str(holder.worker_id))}"
+    )
+
+
 def describe(holder: ScopeHolder) -> str:
+    """The scope's holder as last seen Running."""
     state = "cancel requested" if holder.cancel_requested else "running"
     lease = (
         f"lease expires in {holder.lease_left:.1f}s"
         if holder.lease_left > 0
         else f"lease expired {abs(holder.lease_left):.1f}s ago"
     )
-    return (
-        f"item {holder.id} ({visible(holder.kind)}) attempt {holder.attempt} on Worker"
-        f" {visible(str(holder.worker_id))}: {state}, {lease}"
-    )
+    return f"{_attempt(holder)}: {state}, {lease}"
+
+
+def describe_ended(holder: ScopeHolder) -> str:
+    """A holder seen Running before, no longer Running: its attempt has written."""
+    return f"{_attempt(holder)}, which has ended"
 
 
 async def quiesce(
@@ -56,11 +64,15 @@ async def quiesce(
     validate_scope(scope)
     started = trio.current_time()
     held_by: str | None = None
+    last: ScopeHolder | None = None  # the holder seen at the last look
     with trio.move_on_after(timeout):
         await store.pause(scope=scope)
         asked: set[tuple[int, int]] = set()
         while True:
             holder, heads = await store.scope_holder(scope)
+            if holder is None and last is not None:
+                held_by = describe_ended(last)  # not its lease as last seen: it ended
+            last = holder
             if holder is not None:
                 held_by = describe(holder)
                 if holder.lease_left <= 0:

@@ -11,11 +11,31 @@ from typing import Any
 
 import attrs
 
+from trioworker._core.errors import ConfigurationError
 from trioworker._core.model import AttemptRecord, ItemState, Pause, ScheduleState, Status
 
-#: A Worker whose advertisement is older than this is reported gone, and its kinds
-#: unserved.
+#: A Worker is alive while its advertisement is younger than this many of its own
+#: advertisement intervals (`Settings.recovery_every`, a quarter lease): a SIGKILLed
+#: Worker is reported gone, and its kinds unserved, within 45 s by default.
+ALIVE_BEATS = 3
+#: The window for a Worker that did not say its interval (an earlier version's).
 ALIVE_WITHIN = 180.0
+
+
+def id_in_use(
+    worker_id: str, host: str = "?", pid: int = 0, seen_ago: float = 0.0
+) -> ConfigurationError:
+    """The error of a Worker whose id a live Worker holds."""
+    return ConfigurationError(
+        f"worker id {worker_id!r} is in use by a live Worker (host {host}, pid {pid},"
+        f" seen {seen_ago:.1f}s ago): give each Worker its own --worker-id"
+    )
+
+
+def alive_window(advertise_every: float | None) -> float:
+    """How long after its last advertisement a Worker still counts as alive."""
+    return ALIVE_WITHIN if advertise_every is None else ALIVE_BEATS * advertise_every
+
 
 STATUS_ORDER = tuple(s.value for s in Status)
 
@@ -78,7 +98,7 @@ class WorkerState:
     scopes: tuple[str, ...] | None
     unscoped: bool
     concurrency: int
-    alive: bool  # not stopped, and seen within ALIVE_WITHIN
+    alive: bool  # not stopped, and seen within alive_window(its interval)
 
 
 @attrs.frozen

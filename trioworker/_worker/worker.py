@@ -13,6 +13,7 @@ running items are left to lease recovery).
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
 import os
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 import attrs
 import trio
 
-from trioworker._core.errors import StoreError
+from trioworker._core.errors import ConfigurationError, StoreError
 from trioworker._core.model import Status, WorkerInfo, WorkItem
 from trioworker._core.registry import Registry
 from trioworker._core.retry import Backoff
@@ -159,6 +160,7 @@ class Worker:
             self.settings.heartbeat,
             self.settings.poll,
         )
+        await self.claim_id()
         if self._watchdog is not None:
             self._watchdog.start()
         try:
@@ -314,28 +316,36 @@ class Worker:
                     "kind": r.kind,
                     "scope": r.scope,
                     "worker_id": self.worker_id,
+                    "stalled_worker_id": r.worker_id,
                 }
+                # Both Workers: the one whose attempt stopped heartbeating, and this one.
+                whose = (
+                    f"attempt {r.attempt} on Worker {r.worker_id}; recovered by {self.worker_id}"
+                )
                 self.observe("stall_recovered", r.kind)
                 if r.status is Status.FAILED:
                     log.error(
-                        "lease expired; stall %d of %d: failed as stalled",
+                        "lease expired; stall %d of %d: failed as stalled (%s)",
                         r.stalls,
                         self.settings.max_stalls,
+                        whose,
                         extra=fields,
                     )
                 elif r.status is Status.QUEUED:
                     log.warning(
-                        "lease expired; stall %d of %d: requeued",
+                        "lease expired; stall %d of %d: requeued (%s)",
                         r.stalls,
                         self.settings.max_stalls,
+                        whose,
                         extra=fields,
                     )
                 else:
                     log.warning(
-                        "lease expired; stall %d: %s (%s)",
+                        "lease expired; stall %d: %s (%s; %s)",
                         r.stalls,
                         r.status.value,
                         r.reason,
+                        whose,
                         extra=fields,
                     )
             await trio.sleep(self.settings.recovery_every)
@@ -361,7 +371,7 @@ class Worker:
         schedules = self.registry.schedules
         backoff = Backoff(initial=0.5, maximum=max(self.settings.poll * 2, 5.0))
         synced = False  # pragma: no mutate  (None is as false)
-        while True:
+        while not self._stopping.is_set():  # a stopping Worker enqueues no more work
             try:
                 if not synced:
                     await self.store.sync_schedules(schedules)
@@ -385,7 +395,15 @@ class Worker:
             # Until the next due time (by the database's clock), or a poll interval:
             # another Worker may have changed or fired a schedule meanwhile.
             nap = self.settings.poll if wait is None else min(self.settings.poll, wait)
-            await trio.sleep(nap + SCHEDULE_NAP)
+            with trio.move_on_after(nap + SCHEDULE_NAP):
+                await self._stopping.wait()
+
+    async def claim_id(self) -> None:
+        """Advertise this Worker before it claims anything: ConfigurationError if a
+        live Worker holds its id (a second `--worker-id w1` beside a live w1), so two
+        never run, or stop, as one. PostgreSQL unreachable: the presence loop retries."""
+        with contextlib.suppress(StoreError):  # the presence loop tries at once, and says so
+            await self.store.advertise(self.info())
 
     def info(self) -> WorkerInfo:
         """What this Worker advertises in the Workers table."""
@@ -397,6 +415,7 @@ class Worker:
             scopes=None if self.scopes is None else tuple(self.scopes),
             unscoped=self.unscoped,
             concurrency=self.settings.concurrency,
+            advertise_every=self.settings.recovery_every,
         )
 
     async def _presence_loop(self) -> None:
@@ -410,6 +429,9 @@ class Worker:
                     advertised = True
                 except StoreError as exc:
                     log.warning("could not advertise this Worker: %s", exc)
+                except ConfigurationError as exc:  # taken over while it seemed gone
+                    log.error("%s", exc)
+                    advertised = False  # its stop is not this Worker's to record
                 await trio.sleep(self.settings.recovery_every)
         finally:
             if advertised:

@@ -8,11 +8,13 @@ from typing import Any
 
 from trioworker._core.jsontext import loads_or_mark
 from trioworker._core.model import Status
-from trioworker._store.reads import ALIVE_WITHIN
+from trioworker._store.reads import ALIVE_BEATS, ALIVE_WITHIN
 from trioworker.dashboard._chart import minutes, throughput_svg
 from trioworker.dashboard._reader import Reader, Rows
 
 STATUSES = [s.value for s in Status]
+#: How the queries judge a Worker alive (trioworker._store.reads.alive_window).
+ALIVE = {"alive_beats": ALIVE_BEATS, "alive_within": ALIVE_WITHIN}
 #: The chart's span: the last hour, a bar a minute.
 CHART_MINUTES = 60
 #: The most rows a list page shows (its total is still counted).
@@ -60,8 +62,8 @@ async def overview(reader: Reader) -> dict[str, Any]:
         queued={},
         scope_summary={},
         throughput={"minutes": CHART_MINUTES},
-        worker_summary={"alive_within": ALIVE_WITHIN},
-        unserved={"alive_within": ALIVE_WITHIN},
+        worker_summary=ALIVE,
+        unserved=ALIVE,
     )
     now = got["clock"][0]["now"]
     by_kind, totals = counts_table(got["counts"])
@@ -140,13 +142,13 @@ async def item(reader: Reader, id: int) -> dict[str, Any] | None:
 
 
 async def workers(reader: Reader) -> dict[str, Any]:
-    got = await reader.snapshot(clock={}, workers={"alive_within": ALIVE_WITHIN})
+    got = await reader.snapshot(clock={}, workers=ALIVE)
     rows = got["workers"]
     return {
         "now": got["clock"][0]["now"],
         "rows": rows,
         "alive": sum(1 for r in rows if r["alive"]),
-        "alive_within": ALIVE_WITHIN,
+        "alive_beats": ALIVE_BEATS,
     }
 
 

@@ -46,7 +46,8 @@ GROUP BY 1, 2 ORDER BY 1, 2;
 
 -- name: worker_summary
 SELECT count(*) FILTER (WHERE stopped_at IS NULL
-                          AND last_seen > now() - make_interval(secs => %(alive_within)s))
+                          AND last_seen > now() - make_interval(secs => COALESCE(
+                              advertise_every * %(alive_beats)s, %(alive_within)s)))
            AS alive,
        count(*) AS known
 FROM work_workers;
@@ -112,8 +113,8 @@ SELECT kind, count(*) AS n FROM work_items WHERE status = 'Failed' GROUP BY kind
 SELECT w.id, w.host, w.pid, w.started_at, w.last_seen, w.stopped_at, w.kinds, w.scopes,
        w.unscoped, w.concurrency,
        EXTRACT(EPOCH FROM now() - w.last_seen)::float8 AS seen_ago,
-       w.stopped_at IS NULL AND w.last_seen > now() - make_interval(secs => %(alive_within)s)
-           AS alive,
+       w.stopped_at IS NULL AND w.last_seen > now() - make_interval(secs => COALESCE(
+           w.advertise_every * %(alive_beats)s, %(alive_within)s)) AS alive,
        COALESCE(r.n, 0) AS running
 FROM work_workers AS w
 LEFT JOIN (SELECT worker_id, count(*) AS n FROM work_items

@@ -48,14 +48,15 @@ from trioworker._core.validation import (
 )
 from trioworker._store.api import NotifyCallback, Transaction
 from trioworker._store.reads import (
-    ALIVE_WITHIN,
     Failure,
     ItemDetails,
     QueueCounts,
     QueueStatus,
     RunningItem,
     WorkerState,
+    alive_window,
     counts_by_kind,
+    id_in_use,
 )
 from trioworker._store.tracing import trace_context_or_current, with_current_trace
 
@@ -517,6 +518,7 @@ class MemoryStore:
         )
         recovered = []
         for row in expired:
+            stalled_on = row.worker_id
             self._note(row, "stalled", "lease expired")
             row.stalls += 1
             if row.stalls >= max_stalls:
@@ -535,6 +537,7 @@ class MemoryStore:
                     stalls=row.stalls,
                     status=row.status,
                     reason=row.reason,
+                    worker_id=stalled_on,
                 )
             )
         return recovered
@@ -570,7 +573,19 @@ class MemoryStore:
     async def advertise(self, worker: WorkerInfo) -> None:
         await self._enter("advertise")
         now = self.now()
-        started = self._seen.get(worker.id, (now, now, None))[0]
+        held = self._advertised.get(worker.id)
+        started, seen, stopped = self._seen.get(worker.id, (now, now, None))
+        other = held is not None and (held.host, held.pid) != (worker.host, worker.pid)
+        age = (now - seen).total_seconds()
+        if (
+            held is not None
+            and other
+            and stopped is None
+            and age < alive_window(held.advertise_every)
+        ):
+            raise id_in_use(worker.id, held.host, held.pid, age)
+        if held is None or other or stopped is not None:
+            started = now  # a Worker back under its id starts afresh
         self.workers[worker.id] = worker
         self._seen[worker.id] = (started, now, None)
         self._advertised[worker.id] = worker
@@ -668,10 +683,15 @@ class MemoryStore:
             row.run_after = self.now()
             row.finished_at = None
             row.failures = row.stalls = 0
-            row.reason = None
             row.cancel_requested = False
             row.worker_id = None
             row.lease_expires_at = None
+            # In the history, as PostgreSQL notes it: an attempt number of its own.
+            row.reason = f"retried by an operator after attempt {row.attempt}"
+            row.attempt += 1
+            self._attempts.setdefault(row.id, {})[row.attempt] = AttemptRecord(
+                row.attempt, None, None, self.now(), "operator-retry"
+            )
             retried.append(id)
             self._notify_if_freed(row.scope)
         return retried
@@ -810,12 +830,13 @@ class MemoryStore:
                          key=lambda r: (r.started_at or now, r.id))  # fmt: skip
         failed = sorted((r for r in rows if r.status is Status.FAILED),
                         key=lambda r: r.finished_at or now, reverse=True)[:failures]  # fmt: skip
-        alive_since = now - dt.timedelta(seconds=ALIVE_WITHIN)
         workers = [
             WorkerState(
                 id=w.id, host=w.host, pid=w.pid, started_at=started, last_seen=seen,
                 stopped_at=stopped, kinds=w.kinds, scopes=w.scopes, unscoped=w.unscoped,
-                concurrency=w.concurrency, alive=stopped is None and seen > alive_since,
+                concurrency=w.concurrency,
+                alive=stopped is None
+                and (now - seen).total_seconds() < alive_window(w.advertise_every),
             )
             for w in self._advertised.values()
             for started, seen, stopped in [self._seen[w.id]]

@@ -15,6 +15,11 @@
   let busy = false;
   let failures = 0;
 
+  // Now, in UTC on the 24-hour clock, as every time on the page is shown.
+  function utcNow() {
+    return new Date().toISOString().slice(11, 19) + " UTC";
+  }
+
   function stamp(text, bad) {
     if (!updated) return;
     updated.textContent = text;
@@ -52,7 +57,7 @@
         if (keep.has(d.dataset.key)) d.open = true;
       }
       failures = 0;
-      stamp("updated " + new Date().toLocaleTimeString(), !answer.ok);
+      stamp("updated " + utcNow(), !answer.ok);
       document.dispatchEvent(new CustomEvent("trioworker:refreshed"));
     } catch (error) {
       failures += 1;
@@ -93,7 +98,7 @@
   });
 
   if (every > 0) {
-    stamp("updated " + new Date().toLocaleTimeString(), false);
+    stamp("updated " + utcNow(), false);
     setInterval(refresh, every);
     document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
   }

@@ -1,0 +1,7 @@
+"""The exit codes of `python -m trioworker` (its module docstring says what each means)."""
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_FAIL_STOP = 70
+EXIT_INTERRUPTED = 130
