@@ -27,7 +27,7 @@ from trioworker._core.jsontext import UndecodableValue
 from trioworker._core.model import ScopeHolder
 from trioworker._postgres import operations
 from trioworker._postgres.operations import Operation, Query, Rows
-from trioworker._store.reads import ALIVE_WITHIN, Failure, RunningItem, WorkerState
+from trioworker._store.reads import ALIVE_BEATS, ALIVE_WITHIN, Failure, RunningItem, WorkerState
 
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 MIN = dt.datetime.min.replace(tzinfo=dt.UTC)
@@ -239,11 +239,17 @@ def test_cancel_outcomes(status: str | None, found: Rows | None, outcome: Cancel
     assert sent[1:] == ([] if found is None else [Query("status_of", {"id": 7})])
 
 
-def test_retry_sends_each_id_once_in_order() -> None:
+def test_retry_sends_each_id_once_in_order_and_marks_the_retried_in_one_transaction() -> None:
     op = operations.retry([3, 1, 3])
-    assert op.name == "retry"
-    result, sent = run(op, [{"id": 1}])
-    assert result == [1] and sent == [Query("retry_items", {"ids": [1, 3]})]
+    assert op.name == "retry" and op.atomic
+    result, sent = run(op, [{"id": 1}], [])
+    assert result == [1]
+    assert sent == [Query("retry_items", {"ids": [1, 3]}), Query("mark_retried", {"ids": [1]})]
+
+
+def test_only_an_operation_of_several_writes_asks_for_a_transaction() -> None:
+    assert not operations.cancel(1).atomic
+    assert not operations.enqueue("A").atomic
 
 
 def test_failed_items_since_the_beginning_by_default() -> None:
@@ -356,7 +362,7 @@ def test_status_reads_each_part_from_its_own_query() -> None:
         op, [worker, every], [failure], [{"kind": "B", "n": 2}], COUNTS, [{"n": 1}], [running],
         [SCHEDULE], [pause],
     )  # fmt: skip
-    alive = {"alive_within": ALIVE_WITHIN}
+    alive = {"alive_beats": ALIVE_BEATS, "alive_within": ALIVE_WITHIN}
     assert sent == [
         Query("workers", alive), Query("recent_failures", {"limit": 3}),
         Query("unserved_kinds", alive), Query("counts_by_kind_and_status", {}),
