@@ -19,6 +19,7 @@ SCENARIOS = {
     "pickup": "time from enqueue to handler start on an idle Worker",
     "bridge": "per-call cost of the store's trio-asyncio path against psycopg's sync API",
     "prune": "retention of 1 M finished rows in batches, beside one DELETE, under a prober",
+    "clients": "one enqueue through the Trio store, Client and AsyncClient, side by side",
 }
 
 
