@@ -46,6 +46,7 @@ from trioworker._core.schedule import Schedule
 from trioworker._core.settings import Settings
 from trioworker._postgres.dsn import DSN_ENV, resolve_dsn
 from trioworker._postgres.migrate import QUEUE_MIGRATION_HEAD, check_schema, migrate
+from trioworker._postgres.schema_name import SCHEMA_ENV, resolve_schema
 from trioworker._postgres.store import PostgresStore, open_store
 from trioworker._store.api import Client, FencedTransaction, Store, Transaction
 from trioworker._store.reads import ItemDetails, QueueCounts, QueueStatus
@@ -55,6 +56,7 @@ from trioworker._worker.worker import Worker, WorkerStatistics
 __all__ = [
     "DSN_ENV",
     "QUEUE_MIGRATION_HEAD",
+    "SCHEMA_ENV",
     "AttemptRecord",
     "CancelOutcome",
     "Client",
@@ -94,6 +96,7 @@ __all__ = [
     "migrate",
     "open_store",
     "resolve_dsn",
+    "resolve_schema",
 ]
 
 

@@ -52,7 +52,7 @@ from trioworker._core.validation import (
 from trioworker._postgres import bridge as _bridge
 from trioworker._postgres.connection import Connections
 from trioworker._postgres.dsn import redact_dsn
-from trioworker._postgres.queries import QUERIES
+from trioworker._postgres.schema_name import DEFAULT_SCHEMA
 from trioworker._store.api import NotifyCallback, Transaction
 from trioworker._store.reads import (
     ALIVE_WITHIN,
@@ -72,8 +72,6 @@ T = TypeVar("T")
 Op = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
 
 RUNNING_SCOPE_INDEX = "work_items_one_running_per_scope"
-NOTIFY_CHANNEL = "trioworker"
-SETTLE_CHANNEL = "trioworker_settle"
 #: A claim that loses a scope race claims again at once, up to this many times: each
 #: one sees the commits that beat the one before (two losses in a row were seen with
 #: 2 claimers on one scope of four lines, bench contention's W=2 S=1 L=4).
@@ -154,6 +152,7 @@ class PostgresStore:
         call_timeout: float = 10.0,
         known_kinds: Sequence[str] | None = None,
         application_name: str = "trioworker",
+        schema: str | None = None,
     ) -> None:  # pragma: no mutate block
         self.dsn = dsn
         self.call_timeout = call_timeout
@@ -163,7 +162,11 @@ class PostgresStore:
             max_connections=max_connections,
             call_timeout=call_timeout,
             application_name=application_name,
+            schema=schema,
         )
+        #: The PostgreSQL schema that holds the queue (`resolve_schema`).
+        self.schema = self._conns.schema
+        self._sql = self._conns.queries
         self._race_losses = 0
         self._dedup_hits = 0
         self._scopes_settled = 0
@@ -181,7 +184,7 @@ class PostgresStore:
     async def _rows(
         self, name: str, params: dict[str, Any]
     ) -> list[dict[str, Any]]:  # pragma: no mutate block
-        return await self._conns.rows(name, QUERIES[name], params)
+        return await self._conns.rows(name, self._sql[name], params)
 
     async def enqueue(
         self,
@@ -231,13 +234,13 @@ class PostgresStore:
             "trace_context": request.trace_context_json,
         }
         for _ in range(5):
-            cur = await conn.execute(QUERIES["enqueue"], params)
+            cur = await conn.execute(self._sql["enqueue"], params)
             row = await cur.fetchone()
             if row is not None:
                 return Enqueued(id=row[0], deduplicated=False)
             # The dedup key is taken: find the Queued holder (it may have been claimed
             # in between, in which case the insert goes through next time).
-            cur = await conn.execute(QUERIES["queued_with_dedup_key"], params)
+            cur = await conn.execute(self._sql["queued_with_dedup_key"], params)
             row = await cur.fetchone()
             if row is not None:
                 return Enqueued(id=row[0], deduplicated=True)
@@ -267,13 +270,13 @@ class PostgresStore:
         }
 
         async def op(conn: psycopg.AsyncConnection[Any]) -> list[Enqueued]:
-            cur = await conn.execute(QUERIES["enqueue_many"], params)
+            cur = await conn.execute(self._sql["enqueue_many"], params)
             inserted = [(row[0], row[1]) for row in await cur.fetchall()]
             merged = match_inserted([r.dedup_key for r in requests], inserted)
             keys = sorted({k for k, e in merged if e is None and k is not None})
             holders: dict[str, int] = {}
             if keys:
-                cur = await conn.execute(QUERIES["queued_with_dedup_keys"], {"dedup_keys": keys})
+                cur = await conn.execute(self._sql["queued_with_dedup_keys"], {"dedup_keys": keys})
                 holders = {key: id for id, key in await cur.fetchall()}
             results = []
             for (key, paired), request in zip(merged, requests, strict=True):
@@ -308,7 +311,7 @@ class PostgresStore:
         through `Context.transaction()`."""
         async with self._conns.transaction() as conn:
             tx = PostgresFencedTransaction(self._conns, conn, id, attempt)
-            if not await tx.execute(QUERIES["lock_attempt"], {"id": id, "attempt": attempt}):
+            if not await tx.execute(self._sql["lock_attempt"], {"id": id, "attempt": attempt}):
                 raise Lost(f"item {id} attempt {attempt} no longer owns the item; nothing written")
             yield tx
             if tx.completes:
@@ -316,7 +319,7 @@ class PostgresStore:
                     "ids": [id], "attempts": [attempt], "status": Status.SUCCEEDED.value,
                     "reason": None, "error": None, "wait": True, "traceback": None,
                 }  # fmt: skip
-                if not await tx.execute(QUERIES["finish"], params):  # pragma: no cover
+                if not await tx.execute(self._sql["finish"], params):  # pragma: no cover
                     raise Lost(f"item {id} attempt {attempt} could not be finished")
 
     # -- claim and the fenced writes ---------------------------------------------
@@ -367,7 +370,7 @@ class PostgresStore:
             for retry in range(_RACE_RETRIES + 1):
                 try:
                     async with conn.cursor(row_factory=dict_row) as cur:
-                        await cur.execute(QUERIES["claim"], params)
+                        await cur.execute(self._sql["claim"], params)
                         return await cur.fetchall()
                 except psycopg.errors.UniqueViolation as exc:
                     if retry == _RACE_RETRIES or not _violates(exc, RUNNING_SCOPE_INDEX):
@@ -559,7 +562,7 @@ class PostgresStore:
             "statuses": [s.value for s in statuses],
             "after": dt.datetime.min.replace(tzinfo=dt.UTC),
         }
-        query = QUERIES["delete_finished"]
+        query = self._sql["delete_finished"]
         deleted = 0
         while True:
 
@@ -662,7 +665,7 @@ class PostgresStore:
         async def op(conn: psycopg.AsyncConnection[Any]) -> tuple[list[Fired], float | None]:
             fired: list[Fired] = []
             async with conn.transaction():
-                cur = await conn.execute(QUERIES["due_schedules"], carried)
+                cur = await conn.execute(self._sql["due_schedules"], carried)
                 for name, next_due, now in await cur.fetchall():
                     schedule = by_name[name]
                     due, following = plan(schedule, next_due, now)
@@ -670,11 +673,11 @@ class PostgresStore:
                     request = schedule_request(schedule, due, now)
                     enqueued = await self._enqueue_on(conn, request)
                     await conn.execute(
-                        QUERIES["fired_schedule"],
+                        self._sql["fired_schedule"],
                         {"name": name, "next_due": following, "due": due, "item": enqueued.id},
                     )
                     fired.append(Fired(name, due, enqueued.id, enqueued.deduplicated))
-                cur = await conn.execute(QUERIES["next_schedule_due"], carried)
+                cur = await conn.execute(self._sql["next_schedule_due"], carried)
                 row = await cur.fetchone()
             return fired, None if row is None or row[0] is None else max(0.0, row[0])
 
@@ -769,7 +772,8 @@ class PostgresStore:
         )
 
     def __repr__(self) -> str:
-        return f"PostgresStore({redact_dsn(self.dsn)!r})"
+        where = "" if self.schema == DEFAULT_SCHEMA else f", schema={self.schema!r}"
+        return f"PostgresStore({redact_dsn(self.dsn)!r}{where})"
 
 
 def match_inserted(
@@ -832,8 +836,10 @@ async def open_store(
     call_timeout: float = 10.0,
     known_kinds: Sequence[str] | None = None,
     application_name: str = "trioworker",
+    schema: str | None = None,
 ) -> AsyncIterator[PostgresStore]:  # pragma: no mutate block
-    """Open a PostgresStore (and a trio-asyncio loop, if none is running here)."""
+    """Open a PostgresStore (and a trio-asyncio loop, if none is running here) on the
+    queue in `schema` (default: $TRIOWORKER_SCHEMA, else public)."""
     async with _bridge.ensure_loop():
         store = PostgresStore(
             dsn,
@@ -841,6 +847,7 @@ async def open_store(
             call_timeout=call_timeout,
             known_kinds=known_kinds,
             application_name=application_name,
+            schema=schema,
         )
         await store.open()
         try:
