@@ -131,7 +131,9 @@ CREATE OR REPLACE FUNCTION public.work_channel(p_name text)
  SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
     SELECT CASE WHEN current_schema() = 'public' THEN p_name
-                ELSE p_name || '.' || current_schema() END
+                WHEN octet_length(p_name || '.' || current_schema()) <= 63
+                THEN p_name || '.' || current_schema()
+                ELSE p_name || '.' || md5(current_schema()) END
 $function$;
 
 CREATE OR REPLACE FUNCTION public.work_claim_v1(p_worker text, p_lease double precision, p_limit integer, p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)

@@ -14,6 +14,9 @@
 -- too, with nothing to write in that migration. The rule for migration authors: name
 -- the queue's functions work_...; that is what gets pinned.
 --
+-- Without --schema, migrate runs as it always did, in the role's current schema (public,
+-- or docs/roles.sql's trioworker), and the functions are pinned to that one.
+--
 -- NOTIFY channels are per schema: trioworker and trioworker_settle in public (as
 -- before), trioworker.NAME and trioworker_settle.NAME elsewhere (work_channel). The
 -- functions call pg_notify('trioworker', ...) unqualified; the pinned search_path puts
@@ -22,10 +25,14 @@
 -- depends: 0001.baseline
 
 -- The name of a NOTIFY channel in the queue's schema (the Workers LISTEN on these).
+-- Channels take 63 bytes: a schema name too long for that (never one --schema takes) is
+-- replaced by its md5.
 CREATE FUNCTION work_channel(p_name text) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN current_schema() = 'public' THEN p_name
-                ELSE p_name || '.' || current_schema() END
+                WHEN octet_length(p_name || '.' || current_schema()) <= 63
+                THEN p_name || '.' || current_schema()
+                ELSE p_name || '.' || md5(current_schema()) END
 $$;
 
 -- pg_catalog.pg_notify on the schema's channel: what the queue's functions call.

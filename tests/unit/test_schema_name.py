@@ -8,25 +8,22 @@ import pytest
 
 from trioworker import ConfigurationError
 from trioworker._postgres.queries import WRITTEN, qualify, queries_in
-from trioworker._postgres.schema_name import (
-    DEFAULT_SCHEMA,
-    MAX_SCHEMA_LENGTH,
-    SCHEMA_ENV,
-    resolve_schema,
-)
+from trioworker._postgres.schema_name import MAX_SCHEMA_LENGTH, SCHEMA_ENV, resolve_schema
 
 
-def test_the_schema_is_the_given_one_else_the_environments_else_public(
+def test_the_schema_is_the_given_one_else_the_environments_else_the_search_paths(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """schema=/--schema wins over $TRIOWORKER_SCHEMA, which wins over public."""
+    """schema=/--schema wins over $TRIOWORKER_SCHEMA; with neither (or it empty), None:
+    the objects are named unqualified, as before, for the search_path to find."""
     monkeypatch.delenv(SCHEMA_ENV, raising=False)
-    assert resolve_schema(None) == DEFAULT_SCHEMA == "public"
+    assert resolve_schema(None) is None
+    assert queries_in(None) is WRITTEN
     monkeypatch.setenv(SCHEMA_ENV, "queue_env")
     assert resolve_schema(None) == "queue_env"
     assert resolve_schema("queue_given") == "queue_given"
     monkeypatch.setenv(SCHEMA_ENV, "")
-    assert resolve_schema(None) == "public"
+    assert resolve_schema(None) is None
 
 
 @pytest.mark.parametrize(

@@ -70,7 +70,7 @@ def load_registry(spec: str) -> Registry:
     return registry
 
 
-def with_store(dsn: str, schema: str, body: Any, **options: Any) -> Any:
+def with_store(dsn: str, schema: str | None, body: Any, **options: Any) -> Any:
     """Run `await body(store)` on a one-connection store on the queue in `schema`, from
     synchronous code."""
 
@@ -436,7 +436,9 @@ async def on_signals(worker: Worker, scope: trio.CancelScope, interrupted: trio.
                 return
 
 
-def wait_for_schema(dsn: str, schema: str, timeout: float, registry: Registry) -> None:
+def wait_for_schema(
+    dsn: str, schema: str | None, timeout: float, registry: Registry
+) -> None:
     """Check the schema (the queue's and the app's migrations), retrying while
     PostgreSQL is unreachable (up to `timeout`)."""
     deadline = time.monotonic() + timeout if timeout > 0 else float("inf")

@@ -10,10 +10,12 @@ yoyo's own lock is a row in `yoyo_lock`, which a process killed inside it leaves
 behind. Migrators here first take a PostgreSQL session advisory lock, which dies with
 its connection, so a leftover `yoyo_lock` row is known to be stale and is removed.
 
-The queue lives in one schema (`schema=`, default $TRIOWORKER_SCHEMA, else public;
-docs/design/schema.md): `migrate` creates it if need be and runs every migration, and
-yoyo's own tables, with the session's search_path set to it. The advisory lock is keyed
-by the schema, so migrators of two schemas in one database do not wait for each other.
+The queue lives in one schema (`schema=`, default $TRIOWORKER_SCHEMA; docs/design/
+schema.md): `migrate` creates it if need be and runs every migration, and yoyo's own
+tables, with the session's search_path set to it. With no schema named, the role's
+search_path decides, as it always did (public, or docs/roles.sql's `trioworker`). The
+advisory lock is keyed by the schema, so migrators of two schemas in one database do
+not wait for each other.
 """
 
 from __future__ import annotations
@@ -33,16 +35,22 @@ from yoyo import get_backend, read_migrations
 
 from trioworker._core.errors import ConfigurationError, DatabaseUnavailable, SchemaNotReady
 from trioworker._postgres.dsn import describe_defaults, redact, redact_dsn
-from trioworker._postgres.schema_name import DEFAULT_SCHEMA, resolve_schema
+from trioworker._postgres.schema_name import SCHEMA_ENV, resolve_schema
 
 log = logging.getLogger("trioworker.migrate")
 
 #: (namespace, key) of the advisory lock every migrator of the public schema takes;
 #: 29815 is 'tw'. Another schema's key is hashtext(schema) (`_LOCK`).
 MIGRATION_LOCK = (29815, 0)
+#: The schema's CREATE privilege and its advisory lock; %(schema)s NULL: the session's
+#: current schema.
+_MAY_CREATE = (
+    "SELECT current_user, COALESCE(%(schema)s, current_schema()),"
+    " has_schema_privilege(COALESCE(%(schema)s, current_schema()), 'CREATE')"
+)
 _LOCK = (
-    "SELECT pg_advisory_lock(%(namespace)s,"
-    " CASE WHEN %(schema)s = 'public' THEN %(key)s ELSE hashtext(%(schema)s) END)"
+    "SELECT pg_advisory_lock(%(namespace)s, CASE COALESCE(%(schema)s, current_schema())"
+    " WHEN 'public' THEN %(key)s ELSE hashtext(COALESCE(%(schema)s, current_schema())) END)"
 )
 
 #: The queue's last migration: an application's first migration depends on it
@@ -75,13 +83,13 @@ def _sources(apps: Iterable[HasMigrations]) -> list[str]:
     return sources
 
 
-def yoyo_uri(dsn: str, schema: str = DEFAULT_SCHEMA) -> str:
+def yoyo_uri(dsn: str, schema: str | None = None) -> str:
     """A yoyo URI for a libpq DSN; every parameter rides in the query string, and
-    yoyo's own `schema` (its sessions' search_path) names the queue's schema."""
-    params = psycopg.conninfo.conninfo_to_dict(dsn)
-    return "postgresql+psycopg:///?" + urllib.parse.urlencode(
-        {**{k: str(v) for k, v in params.items()}, "schema": resolve_schema(schema)}
-    )
+    yoyo's own `schema` (its sessions' search_path), if given, names the queue's."""
+    params = {k: str(v) for k, v in psycopg.conninfo.conninfo_to_dict(dsn).items()}
+    if schema is not None:
+        params["schema"] = schema
+    return "postgresql+psycopg:///?" + urllib.parse.urlencode(params)
 
 
 # Connection failures no retry can fix: bad password, unknown role or database, no
@@ -126,21 +134,25 @@ def _create_schema(conn: psycopg.Connection[tuple[object, ...]], schema: str) ->
 
 def migrate(dsn: str, *apps: HasMigrations, schema: str | None = None) -> list[str]:
     """Apply the queue's pending migrations, and those of `apps`, in `schema` (default
-    $TRIOWORKER_SCHEMA, else public; created if need be); the ids applied (empty when
-    the schema was already current)."""
+    $TRIOWORKER_SCHEMA, else the search_path's: public; created if need be); the ids
+    applied (empty when the schema was already current)."""
     schema = resolve_schema(schema)
     sources = _sources(apps)
     if not pending_migrations(dsn, *apps, schema=schema):
         return []
     with _connect(dsn) as lock_conn:
-        _create_schema(lock_conn, schema)
-        row = lock_conn.execute(
-            "SELECT current_user, has_schema_privilege(%s, 'CREATE')", [schema]
-        ).fetchone()
-        if row is None or not row[1]:
+        if schema is not None:
+            _create_schema(lock_conn, schema)
+        row = lock_conn.execute(_MAY_CREATE, {"schema": schema}).fetchone()
+        if row is None or row[1] is None:
             raise ConfigurationError(
-                f"role {row[0] if row else '?'!r} may not change the schema {schema!r}:"
-                " run migrate with the migration role (docs/roles.md)"
+                "no schema of the role's search_path exists: name one with --schema"
+                f" or ${SCHEMA_ENV}"
+            )
+        if not row[2]:
+            raise ConfigurationError(
+                f"role {row[0]!r} may not change the schema {row[1]!r}: run migrate with"
+                " the migration role (docs/roles.md)"
             )
         namespace, key = MIGRATION_LOCK
         lock_conn.execute(_LOCK, {"namespace": namespace, "key": key, "schema": schema})
@@ -169,7 +181,8 @@ def pending_migrations(dsn: str, *apps: HasMigrations, schema: str | None = None
     """
     schema = resolve_schema(schema)
     wanted = [m.id for m in read_migrations(*_sources(apps))]
-    bookkeeping = sql.Identifier(schema, "_yoyo_migration")
+    names = ("_yoyo_migration",) if schema is None else (schema, "_yoyo_migration")
+    bookkeeping = sql.Identifier(*names)
     with _connect(dsn) as conn:
         exists = conn.execute(
             "SELECT to_regclass(%s) IS NOT NULL", [bookkeeping.as_string(conn)]
@@ -183,14 +196,15 @@ def pending_migrations(dsn: str, *apps: HasMigrations, schema: str | None = None
 
 def check_schema(dsn: str, *apps: HasMigrations, schema: str | None = None) -> None:
     """Raise SchemaNotReady unless every migration (the queue's, and those of `apps`)
-    has been applied in `schema` (default $TRIOWORKER_SCHEMA, else public)."""
+    has been applied in `schema` (default $TRIOWORKER_SCHEMA, else the search_path's)."""
     schema = resolve_schema(schema)
     pending = pending_migrations(dsn, *apps, schema=schema)
     if pending:
         app = " --app MODULE:ATTR" if any(a.migrations for a in apps) else ""
-        option = "" if schema == DEFAULT_SCHEMA else f" --schema {schema}"
+        option = "" if schema is None else f" --schema {schema}"
+        where = "" if schema is None else f" (in schema {schema})"
         raise SchemaNotReady(
-            f"the database lacks migrations {', '.join(pending)} in schema {schema!r}:"
+            f"the database lacks migrations {', '.join(pending)}{where}:"
             f" run `python -m trioworker{option} migrate{app}` (with a role allowed to"
-            " change the schema; --schema or $TRIOWORKER_SCHEMA names the queue's schema)"
+            " change the schema)"
         )

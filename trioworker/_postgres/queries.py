@@ -2,7 +2,8 @@
 
 Every object of the queue is named `work_...` (tables, indexes, functions), and
 nothing else the statements name is: so `queries_in(schema)` writes each such name as
-`schema.work_...`, quoted by psycopg.sql.Identifier, outside comments and literals.
+`schema.work_...`, quoted by psycopg.sql.Identifier, outside comments and literals
+(with no schema given, the statements stay as written, resolved by the search_path).
 A statement added to queries.sql is qualified like the others, with nothing to do.
 The caller's own search_path is never touched (docs/design/schema.md).
 """
@@ -45,7 +46,12 @@ def qualify(statement: LiteralString, schema: str) -> LiteralString:
     return _TOKEN.sub(lambda m: m["keep"] or prefix + m["name"], statement)
 
 
-def qualify_all(queries: Mapping[str, LiteralString], schema: str) -> dict[str, LiteralString]:
+def qualify_all(
+    queries: Mapping[str, LiteralString], schema: str | None
+) -> Mapping[str, LiteralString]:
+    """`queries` qualified by `schema` (None: as they are)."""
+    if schema is None:
+        return queries
     return {name: qualify(statement, schema) for name, statement in queries.items()}
 
 
@@ -54,6 +60,7 @@ WRITTEN = parse(resources.files("trioworker._postgres").joinpath("queries.sql").
 
 
 @functools.cache
-def queries_in(schema: str) -> Mapping[str, LiteralString]:
-    """Every statement of queries.sql, for the queue in `schema`."""
+def queries_in(schema: str | None) -> Mapping[str, LiteralString]:
+    """Every statement of queries.sql, for the queue in `schema` (None: as written,
+    for the search_path to resolve)."""
     return qualify_all(WRITTEN, schema)

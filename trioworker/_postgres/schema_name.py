@@ -1,10 +1,13 @@
 """Which PostgreSQL schema holds the queue (docs/design/schema.md).
 
 One name everywhere: `--schema` on the command line, `schema=` in Python, else
-`$TRIOWORKER_SCHEMA`, else `public` (where the queue has always lived). The name is a
-plain lower-case identifier, so it never needs quoting in a shell, a DSN or a log line,
-and the per-schema NOTIFY channels (`trioworker_settle.NAME`) stay within
-PostgreSQL's 63 bytes.
+`$TRIOWORKER_SCHEMA`. Given a name, every statement names the queue's objects
+qualified by it, whatever the session's search_path. Given none, they are named
+unqualified, as before there was a choice: PostgreSQL finds them through the role's
+search_path, which is `public` unless the role says otherwise (docs/roles.sql sets
+`trioworker`). A name is a plain lower-case identifier, so it never needs quoting in a
+shell, a DSN or a log line, and the per-schema NOTIFY channels
+(`trioworker_settle.NAME`) stay within PostgreSQL's 63 bytes.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import re
 from trioworker._core.errors import ConfigurationError
 
 SCHEMA_ENV = "TRIOWORKER_SCHEMA"
-DEFAULT_SCHEMA = "public"
 #: 40 at most: the longest channel, "trioworker_settle." + the name, fits in 63 bytes.
 MAX_SCHEMA_LENGTH = 40
 _NAME = re.compile(r"[a-z_][a-z0-9_]*")
@@ -33,8 +35,9 @@ def check_schema_name(name: str) -> str:
     return name
 
 
-def resolve_schema(explicit: str | None = None) -> str:
-    """The queue's schema: `explicit`, else $TRIOWORKER_SCHEMA, else public."""
+def resolve_schema(explicit: str | None = None) -> str | None:
+    """The queue's schema: `explicit`, else $TRIOWORKER_SCHEMA, else None (the objects
+    are found through the search_path: public, unless the role's says otherwise)."""
     if explicit is None:
-        explicit = os.environ.get(SCHEMA_ENV) or DEFAULT_SCHEMA
-    return check_schema_name(explicit)
+        explicit = os.environ.get(SCHEMA_ENV) or None
+    return None if explicit is None else check_schema_name(explicit)

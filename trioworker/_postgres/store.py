@@ -52,7 +52,6 @@ from trioworker._core.validation import (
 from trioworker._postgres import bridge as _bridge
 from trioworker._postgres.connection import Connections
 from trioworker._postgres.dsn import redact_dsn
-from trioworker._postgres.schema_name import DEFAULT_SCHEMA
 from trioworker._store.api import NotifyCallback, Transaction
 from trioworker._store.reads import (
     ALIVE_WITHIN,
@@ -164,7 +163,8 @@ class PostgresStore:
             application_name=application_name,
             schema=schema,
         )
-        #: The PostgreSQL schema that holds the queue (`resolve_schema`).
+        #: The PostgreSQL schema that holds the queue (`resolve_schema`); None: the
+        #: search_path finds it.
         self.schema = self._conns.schema
         self._sql = self._conns.queries
         self._race_losses = 0
@@ -772,7 +772,7 @@ class PostgresStore:
         )
 
     def __repr__(self) -> str:
-        where = "" if self.schema == DEFAULT_SCHEMA else f", schema={self.schema!r}"
+        where = "" if self.schema is None else f", schema={self.schema!r}"
         return f"PostgresStore({redact_dsn(self.dsn)!r}{where})"
 
 
@@ -839,7 +839,7 @@ async def open_store(
     schema: str | None = None,
 ) -> AsyncIterator[PostgresStore]:  # pragma: no mutate block
     """Open a PostgresStore (and a trio-asyncio loop, if none is running here) on the
-    queue in `schema` (default: $TRIOWORKER_SCHEMA, else public)."""
+    queue in `schema` (default: $TRIOWORKER_SCHEMA, else the search_path's: public)."""
     async with _bridge.ensure_loop():
         store = PostgresStore(
             dsn,

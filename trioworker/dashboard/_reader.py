@@ -30,7 +30,7 @@ Rows = list[dict[str, Any]]
 
 
 @functools.cache
-def queries_in(schema: str) -> Mapping[str, LiteralString]:
+def queries_in(schema: str | None) -> Mapping[str, LiteralString]:
     """The dashboard's statements for the queue in `schema` (as the store's own)."""
     return qualify_all(QUERIES, schema)
 
