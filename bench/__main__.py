@@ -1,4 +1,5 @@
-"""`python -m bench hol|contention|e2e|pickup|bridge|all [--quick] [--dsn DSN] [--out DIR]`."""
+"""`python -m bench hol|contention|e2e|pickup|bridge|prune|schema|all [--quick] [--dsn DSN]
+[--out DIR]`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ SCENARIOS = {
     "pickup": "time from enqueue to handler start on an idle Worker",
     "bridge": "per-call cost of the store's trio-asyncio path against psycopg's sync API",
     "prune": "retention of 1 M finished rows in batches, beside one DELETE, under a prober",
+    "schema": "per-call cost of the functions' pinned search_path, and of a schema of its own",
 }
 
 

@@ -498,7 +498,6 @@ CREATE OR REPLACE FUNCTION public.work_not_blank(p_name text)
  RETURNS boolean
  LANGUAGE sql
  IMMUTABLE PARALLEL SAFE
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 RETURN (p_name ~ '[^\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]'::text);
 
 CREATE OR REPLACE FUNCTION public.work_note_attempt(p_id bigint, p_outcome text, p_error text DEFAULT NULL::text, p_traceback text DEFAULT NULL::text)
@@ -597,7 +596,7 @@ BEGIN
     FOR f IN
         SELECT p.oid FROM pg_catalog.pg_proc AS p
         JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
-        WHERE n.nspname = home AND p.prokind IN ('f', 'p')
+        WHERE n.nspname = home AND p.prokind IN ('f', 'p') AND p.provolatile <> 'i'
           AND (p.proname LIKE 'work\_%' OR p.proname = 'pg_notify')
           AND NOT wanted = ANY (COALESCE(p.proconfig, '{}'))
         ORDER BY p.oid

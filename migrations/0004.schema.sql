@@ -12,7 +12,7 @@
 -- post-apply.pin-functions.sql after every `migrate` that applied anything: a function
 -- a later migration adds or replaces (CREATE OR REPLACE drops the setting) is pinned
 -- too, with nothing to write in that migration. The rule for migration authors: name
--- the queue's functions work_...; that is what gets pinned.
+-- the queue's functions work_...; that is what gets pinned (IMMUTABLE ones excepted).
 --
 -- Without --schema, migrate runs as it always did, in the role's current schema (public,
 -- or docs/roles.sql's trioworker), and the functions are pinned to that one.
@@ -40,7 +40,10 @@ CREATE FUNCTION pg_notify(p_channel text, p_payload text) RETURNS void
 LANGUAGE sql VOLATILE AS $$ SELECT pg_catalog.pg_notify(work_channel(p_channel), p_payload) $$;
 
 -- Pin every function of the queue (named work_..., and pg_notify above) in the
--- current schema to it; those already pinned are left alone. Returns how many changed.
+-- current schema to it, but for IMMUTABLE ones: those may read no table, so they need
+-- no search_path of their own, and a pinned function is never inlined (work_not_blank,
+-- in work_items' CHECK constraint, would cost a function call per row and column).
+-- Those already pinned are left alone. Returns how many changed.
 CREATE FUNCTION work_pin_search_path() RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -52,7 +55,7 @@ BEGIN
     FOR f IN
         SELECT p.oid FROM pg_catalog.pg_proc AS p
         JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
-        WHERE n.nspname = home AND p.prokind IN ('f', 'p')
+        WHERE n.nspname = home AND p.prokind IN ('f', 'p') AND p.provolatile <> 'i'
           AND (p.proname LIKE 'work\_%' OR p.proname = 'pg_notify')
           AND NOT wanted = ANY (COALESCE(p.proconfig, '{}'))
         ORDER BY p.oid

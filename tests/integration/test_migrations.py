@@ -119,7 +119,7 @@ def test_migrate_clears_a_stale_yoyo_lock(empty_dsn: str) -> None:
 #: it is released (docs/adr/0009-migrations-queue-and-applications.md).
 RELEASED = {
     "0001.baseline.sql": "5fc4ba317d062050ffa1adfc2765bfa0b59924556bd29af1f9efea9dd63c8c57",
-    "0004.schema.sql": "25335a07cd23f9fdf87ba6227ad69fdc504a06db3f9b22941d4e87d0ae0b6aff",
+    "0004.schema.sql": "856c9846c95c7f46f3c7619ea23a31ad30cf70cb33c9aa8eff40377bb3ae9a53",
 }
 
 

@@ -157,7 +157,8 @@ class Connections:
     def translate(self, name: str, exc: psycopg.Error) -> StoreError | SchemaNotReady:
         message = redact(f"{name}: {type(exc).__name__}: {exc}".strip(), self.dsn)
         if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction):
-            return SchemaNotReady(f"{message} (run `python -m trioworker migrate`)")
+            option = "" if self.schema is None else f" --schema {self.schema}"
+            return SchemaNotReady(f"{message} (run `python -m trioworker{option} migrate`)")
         if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
             return DatabaseUnavailable(message)
         return StoreError(message)
