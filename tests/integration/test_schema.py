@@ -197,6 +197,11 @@ async def test_two_schemas_in_one_database_see_neither_the_others_items_nor_its_
     for schema in ("tenant_a", "tenant_b"):
         migrate(app_dsn, schema=schema)
         check_schema(app_dsn, schema=schema)
+    with trio.fail_after(60):  # a listener that never starts fails the test, not hangs it
+        await both_queues(app_dsn)
+
+
+async def both_queues(app_dsn: str) -> None:
     async with (
         open_store(app_dsn, schema="tenant_a") as a,
         open_store(app_dsn, schema="tenant_b") as b,
