@@ -1,4 +1,5 @@
-"""`python -m bench hol|contention|e2e|pickup|bridge|all [--quick] [--dsn DSN] [--out DIR]`."""
+"""`python -m bench hol|contention|e2e|pickup|bridge|prune|schema|all [--quick] [--dsn DSN]
+[--out DIR]`."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ SCENARIOS = {
     "bridge": "per-call cost of the store's trio-asyncio path against psycopg's sync API",
     "prune": "retention of 1 M finished rows in batches, beside one DELETE, under a prober",
     "clients": "one enqueue through the Trio store, Client and AsyncClient, side by side",
+    "schema": "per-call cost of the functions' pinned search_path, and of a schema of its own",
 }
 
 

@@ -175,3 +175,53 @@ SELECT count(*) FROM graphile_worker.add_jobs(ARRAY(
 -- name: graphile_unfinished
 -- Graphile Worker deletes a job when it completes; a failed one stays (and counts).
 SELECT count(*) FROM graphile_worker._private_jobs;
+
+-- name: unpin_functions
+-- The queue's functions as they were before migration 0004: no search_path of their own,
+-- resolved by the caller's (bench schema: what pinning costs).
+DO $$
+DECLARE f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = current_schema()
+               AND (p.proname LIKE 'work\_%' OR p.proname = 'pg_notify')
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s RESET search_path', f);
+    END LOOP;
+END
+$$;
+
+-- name: set_local_search_path
+-- The alternative to pinning: each transaction sets its search_path first.
+SET LOCAL search_path = public;
+
+-- name: server_loop_function
+-- Server-side timing, free of the client and the network: %(n)s claims of the free item,
+-- each undone by its subtransaction; seconds per claim. A temporary function, resolved
+-- by the session's search_path.
+CREATE OR REPLACE FUNCTION pg_temp.bench_claims(p_n integer) RETURNS float8
+LANGUAGE plpgsql AS $$
+DECLARE
+    t0 timestamptz := clock_timestamp();
+BEGIN
+    FOR i IN 1..p_n LOOP
+        BEGIN
+            PERFORM * FROM work_claim_v1('bench', 60, 1, ARRAY['Free']);
+            RAISE EXCEPTION 'undo' USING ERRCODE = 'P0001';
+        EXCEPTION WHEN raise_exception THEN
+            NULL;
+        END;
+    END LOOP;
+    RETURN extract(epoch FROM clock_timestamp() - t0) / p_n;
+END
+$$;
+
+-- name: server_claims
+SELECT pg_temp.bench_claims(%(n)s);
+
+-- name: server_insert
+-- %(n)s scoped items in one statement (each fires the arrive trigger), rolled back by
+-- the caller; EXPLAIN ANALYZE gives the time inside PostgreSQL.
+EXPLAIN (ANALYZE, TIMING OFF)
+INSERT INTO work_items (kind, scope)
+SELECT 'Filler', 'loop-' || (g %% 50) FROM generate_series(1, %(n)s) AS g;

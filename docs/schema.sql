@@ -119,12 +119,31 @@ CREATE TABLE work_workers (
 );
 
 
+CREATE OR REPLACE FUNCTION public.pg_notify(p_channel text, p_payload text)
+ RETURNS void
+ LANGUAGE sql
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
+AS $function$ SELECT pg_catalog.pg_notify(work_channel(p_channel), p_payload) $function$;
+
+CREATE OR REPLACE FUNCTION public.work_channel(p_name text)
+ RETURNS text
+ LANGUAGE sql
+ STABLE
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT CASE WHEN current_schema() = 'public' THEN p_name
+                WHEN octet_length(p_name || '.' || current_schema()) <= 63
+                THEN p_name || '.' || current_schema()
+                ELSE p_name || '.' || md5(current_schema()) END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_claim_v1(p_worker text, p_lease double precision, p_limit integer, p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
  RETURNS SETOF work_items
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -261,6 +280,7 @@ CREATE OR REPLACE FUNCTION public.work_finish_v1(p_ids bigint[], p_attempts inte
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -321,6 +341,7 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_internal_begin()
  RETURNS text
  LANGUAGE plpgsql
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := COALESCE(current_setting('trioworker.internal', true), '');
@@ -333,12 +354,14 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_internal_end(p_was text)
  RETURNS void
  LANGUAGE sql
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$ SELECT set_config('trioworker.internal', p_was, true) $function$;
 
 CREATE OR REPLACE FUNCTION public.work_items_arrive()
  RETURNS trigger
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     line text;
@@ -386,6 +409,7 @@ CREATE OR REPLACE FUNCTION public.work_items_confirm_place()
  RETURNS trigger
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     r record;
@@ -426,6 +450,7 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_items_depart()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 BEGIN
     INSERT INTO work_unsettled_scopes (scope) VALUES (OLD.scope);
@@ -437,6 +462,7 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_items_notify_unscoped()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 BEGIN
     IF EXISTS (SELECT 1 FROM inserted
@@ -450,6 +476,7 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_lock_scope(p_scope text)
  RETURNS boolean
  LANGUAGE plpgsql
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := current_setting('lock_timeout');
@@ -477,6 +504,7 @@ RETURN (p_name ~ '[^\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2
 CREATE OR REPLACE FUNCTION public.work_note_attempt(p_id bigint, p_outcome text, p_error text DEFAULT NULL::text, p_traceback text DEFAULT NULL::text)
  RETURNS void
  LANGUAGE plpgsql
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     noted integer;
@@ -498,6 +526,7 @@ CREATE OR REPLACE FUNCTION public.work_pause_v1(p_kind text, p_scope text)
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -537,6 +566,7 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_pauses_changed()
  RETURNS trigger
  LANGUAGE plpgsql
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     s text;
@@ -553,12 +583,39 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_pin_search_path()
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    home text := current_schema();
+    wanted text := format('search_path=%I, pg_catalog, pg_temp', current_schema());
+    f regprocedure;
+    pinned integer := 0;
+BEGIN
+    FOR f IN
+        SELECT p.oid FROM pg_catalog.pg_proc AS p
+        JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
+        WHERE n.nspname = home AND p.prokind IN ('f', 'p') AND p.provolatile <> 'i'
+          AND (p.proname LIKE 'work\_%' OR p.proname = 'pg_notify')
+          AND NOT wanted = ANY (COALESCE(p.proconfig, '{}'))
+        ORDER BY p.oid
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_catalog, pg_temp', f, home);
+        pinned := pinned + 1;
+    END LOOP;
+    RETURN pinned;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_recover_v1(p_max_stalls integer, p_batch integer)
  RETURNS TABLE(id bigint, kind text, scope text, attempt integer, stalls integer, status text, reason text)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -604,6 +661,7 @@ CREATE OR REPLACE FUNCTION public.work_repair_v1(p_limit integer)
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -666,6 +724,7 @@ CREATE OR REPLACE FUNCTION public.work_request_cancel_v1(p_id bigint)
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -690,6 +749,7 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_requeue_row(p_id bigint, p_cause text, p_delay double precision, p_error text, p_traceback text DEFAULT NULL::text)
  RETURNS text
  LANGUAGE plpgsql
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     key text;
@@ -743,6 +803,7 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_requeue_update(p_id bigint, p_cause text, p_delay double precision, p_error text, p_traceback text)
  RETURNS void
  LANGUAGE plpgsql
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 BEGIN
     UPDATE work_items
@@ -765,6 +826,7 @@ CREATE OR REPLACE FUNCTION public.work_requeue_v1(p_ids bigint[], p_attempts int
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -804,6 +866,7 @@ CREATE OR REPLACE FUNCTION public.work_resume_v1(p_kind text, p_scope text)
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -828,6 +891,7 @@ CREATE OR REPLACE FUNCTION public.work_retry_v1(p_ids bigint[])
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -866,6 +930,7 @@ CREATE OR REPLACE FUNCTION public.work_seconds_until_due_v1(p_kinds text[], p_sc
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     seconds double precision;
@@ -911,6 +976,7 @@ CREATE OR REPLACE FUNCTION public.work_settle_locked(p_scopes text[], OUT promot
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     wanted bigint[];
@@ -1004,6 +1070,7 @@ CREATE OR REPLACE FUNCTION public.work_settle_noted_v1(p_limit integer)
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -1031,6 +1098,7 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_settle_scope(p_scope text, OUT promoted integer, OUT settled boolean)
  RETURNS record
  LANGUAGE sql
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
     SELECT s.promoted, cardinality(s.unsettled) = 0 FROM work_settle_locked(ARRAY[p_scope]) AS s
 $function$;
@@ -1038,6 +1106,7 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_settle_scopes(p_scopes text[])
  RETURNS integer
  LANGUAGE plpgsql
+ SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     s text;

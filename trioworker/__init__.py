@@ -51,6 +51,7 @@ from trioworker._core.public import public_names as _public_names
 from trioworker._core.registry import Registry
 from trioworker._core.schedule import Schedule
 from trioworker._core.settings import DSN_ENV, Settings
+from trioworker._postgres.schema_name import SCHEMA_ENV, resolve_schema
 
 if _typing.TYPE_CHECKING:  # imported on first use, by __getattr__ below
     from trioworker._postgres.clients import AsyncClient, Client
@@ -102,6 +103,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "DSN_ENV",
     "QUEUE_MIGRATION_HEAD",
+    "SCHEMA_ENV",
     "AsyncClient",
     "AttemptRecord",
     "CancelOutcome",
@@ -142,6 +144,7 @@ __all__ = [
     "migrate",
     "open_store",
     "resolve_dsn",
+    "resolve_schema",
 ]
 
 

@@ -35,7 +35,7 @@ from trioworker import (
     WorkItem,
     open_store,
 )
-from trioworker._postgres.queries import QUERIES
+from trioworker._postgres.queries import WRITTEN as QUERIES
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]

@@ -20,13 +20,15 @@ HEADER = """\
 """
 
 
-def describe(conn: psycopg.Connection[Any]) -> str:
+def describe(conn: psycopg.Connection[Any], schema: str = "public") -> str:
+    """The schema of the queue in `schema`, as docs/schema.sql has it for public."""
     out = [HEADER]
     tables = [
         r[0]
         for r in conn.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
-            " AND tablename NOT LIKE '\\_yoyo%' AND tablename <> 'yoyo_lock' ORDER BY 1"
+            "SELECT tablename FROM pg_tables WHERE schemaname = %s"
+            " AND tablename NOT LIKE '\\_yoyo%%' AND tablename <> 'yoyo_lock' ORDER BY 1",
+            [schema],
         )
     ]
     for table in tables:
@@ -36,10 +38,11 @@ def describe(conn: psycopg.Connection[Any]) -> str:
                    pg_get_expr(d.adbin, d.adrelid), a.attidentity
             FROM pg_attribute a
             LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-            WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped
+            WHERE a.attrelid = format('%%I.%%I', %s::text, %s::text)::regclass
+              AND a.attnum > 0 AND NOT a.attisdropped
             ORDER BY a.attnum
             """,
-            (table,),
+            (schema, table),
         ).fetchall()
         lines = []
         for name, type_, notnull, default, identity in columns:
@@ -55,29 +58,31 @@ def describe(conn: psycopg.Connection[Any]) -> str:
             lines.append(line)
         constraints = conn.execute(
             "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
-            " WHERE conrelid = %s::regclass AND contype IN ('p', 'u', 'c', 'f', 'x')"
-            " ORDER BY conname",
-            (table,),
+            " WHERE conrelid = format('%%I.%%I', %s::text, %s::text)::regclass"
+            " AND contype IN ('p', 'u', 'c', 'f', 'x') ORDER BY conname",
+            (schema, table),
         ).fetchall()
         lines += [f"    CONSTRAINT {name} {definition}" for name, definition in constraints]
         out.append(f"CREATE TABLE {table} (\n" + ",\n".join(lines) + "\n);\n")
         indexes = conn.execute(
-            "SELECT indexdef FROM pg_indexes WHERE schemaname = 'public' AND tablename = %s"
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND tablename = %s"
             " AND indexname NOT IN (SELECT conname FROM pg_constraint) ORDER BY indexname",
-            (table,),
+            (schema, table),
         ).fetchall()
         out += [f"{definition};" for (definition,) in indexes]
         out.append("")
     functions = conn.execute(
         "SELECT pg_get_functiondef(p.oid) FROM pg_proc p"
         " JOIN pg_namespace n ON n.oid = p.pronamespace"
-        " WHERE n.nspname = 'public' ORDER BY p.proname"
+        " WHERE n.nspname = %s ORDER BY p.proname",
+        [schema],
     ).fetchall()
     out += [f"{definition.strip()};\n" for (definition,) in functions]
     triggers = conn.execute(
         "SELECT pg_get_triggerdef(t.oid) FROM pg_trigger t"
         " JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = 'public' AND NOT t.tgisinternal ORDER BY t.tgname"
+        " WHERE n.nspname = %s AND NOT t.tgisinternal ORDER BY t.tgname",
+        [schema],
     ).fetchall()
     out += [f"{definition};" for (definition,) in triggers]
     return "\n".join(out).rstrip() + "\n"

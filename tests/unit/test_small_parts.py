@@ -10,7 +10,8 @@ from trioworker import ConfigurationError, InvalidWorkItem, Registry, Settings
 from trioworker._core.validation import MAX_PAYLOAD_BYTES, validate_enqueue
 from trioworker._postgres.dsn import redact, redact_dsn, resolve_dsn
 from trioworker._postgres.migrate import migrations_dir
-from trioworker._postgres.queries import QUERIES, parse
+from trioworker._postgres.queries import WRITTEN as QUERIES
+from trioworker._postgres.queries import parse
 
 NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 

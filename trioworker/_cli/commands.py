@@ -27,7 +27,7 @@ from trioworker._core.settings import Settings
 from trioworker._core.text import shell_word, short_duration
 from trioworker._core.validation import pause_target, validate_enqueue, validate_scope
 from trioworker._postgres.migrate import check_schema, migrate
-from trioworker._postgres.queries import QUERIES
+from trioworker._postgres.queries import queries_in
 from trioworker._postgres.store import PostgresStore, open_store
 from trioworker._worker.executor import Tracer
 from trioworker._worker.worker import Worker, default_worker_id
@@ -66,11 +66,12 @@ def load_registry(spec: str) -> Registry:
     return registry
 
 
-def with_store(dsn: str, body: Any, **options: Any) -> Any:
-    """Run `await body(store)` on a one-connection store, from synchronous code."""
+def with_store(dsn: str, schema: str | None, body: Any, **options: Any) -> Any:
+    """Run `await body(store)` on a one-connection store on the queue in `schema`, from
+    synchronous code."""
 
     async def main() -> Any:
-        async with open_store(dsn, max_connections=1, **options) as store:
+        async with open_store(dsn, max_connections=1, schema=schema, **options) as store:
             return await body(store)
 
     return trio.run(main)
@@ -81,7 +82,7 @@ def with_store(dsn: str, body: Any, **options: Any) -> Any:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     apps = [load_registry(args.app)] if args.app else []
-    applied = migrate(args.dsn, *apps)
+    applied = migrate(args.dsn, *apps, schema=args.schema)
     for migration in applied:
         print(f"applied {migration}")
     if not applied:
@@ -116,7 +117,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except InvalidWorkItem as exc:
         raise UsageError(str(exc)) from None
-    check_schema(args.dsn)
+    check_schema(args.dsn, schema=args.schema)
 
     async def enqueue(store: PostgresStore) -> None:
         enqueued = await store.enqueue(
@@ -131,7 +132,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         if enqueued.deduplicated:
             print(f"(already queued with dedup key {args.dedup_key!r})", file=sys.stderr)
 
-    with_store(args.dsn, enqueue, known_kinds=kinds)
+    with_store(args.dsn, args.schema, enqueue, known_kinds=kinds)
     return EXIT_OK
 
 
@@ -142,13 +143,13 @@ def _enqueue_from(args: argparse.Namespace, kinds: Collection[str] | None) -> in
     if given:
         raise UsageError(f"--from takes each item from its line: not with {', '.join(given)}")
     items = read_items(read_lines(args.from_file), known_kinds=kinds)
-    check_schema(args.dsn)
+    check_schema(args.dsn, schema=args.schema)
 
     async def enqueue(store: PostgresStore) -> list[Enqueued]:
         async with store.transaction() as tx:
             return await store.enqueue_many(items, tx=tx)
 
-    results: list[Enqueued] = with_store(args.dsn, enqueue, known_kinds=kinds)
+    results: list[Enqueued] = with_store(args.dsn, args.schema, enqueue, known_kinds=kinds)
     for enqueued in results:
         print(enqueued.id)
     merged = sum(e.deduplicated for e in results)
@@ -161,8 +162,8 @@ def _enqueue_from(args: argparse.Namespace, kinds: Collection[str] | None) -> in
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    check_schema(args.dsn)
-    outcome = with_store(args.dsn, lambda store: store.cancel(args.id)).value
+    check_schema(args.dsn, schema=args.schema)
+    outcome = with_store(args.dsn, args.schema, lambda store: store.cancel(args.id)).value
     messages = {
         "cancelled": f"item {args.id} cancelled (it had not started)",
         "requested": f"item {args.id} is running; asked it to stop at its next heartbeat",
@@ -176,8 +177,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from trioworker._cli.status import gather, print_status
 
-    check_schema(args.dsn)
-    status = with_store(args.dsn, gather)
+    check_schema(args.dsn, schema=args.schema)
+    status = with_store(args.dsn, args.schema, gather)
     if args.json:
         print(json.dumps(status, indent=2, default=str))
     else:
@@ -190,13 +191,13 @@ def cmd_retry(args: argparse.Namespace) -> int:
         raise UsageError("retry takes item IDs, or --failed [--kind K] [--since TIME]")
     if not args.failed and (args.kind or args.since):
         raise UsageError("--kind and --since go with --failed")
-    check_schema(args.dsn)
+    check_schema(args.dsn, schema=args.schema)
 
     async def retry(store: PostgresStore) -> tuple[list[int], list[int]]:
         ids = args.ids or await store.failed_items(kind=args.kind, since=args.since)
         return ids, await store.retry(ids) if ids else []
 
-    asked, retried = with_store(args.dsn, retry)
+    asked, retried = with_store(args.dsn, args.schema, retry)
     print(f"retried {len(retried)} item(s)" + (f": {_ids(retried)}" if retried else ""))
     left = sorted(set(asked) - set(retried))
     if left:
@@ -218,7 +219,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     statuses = [Status(s) for s in args.status] if args.status else list(FINISHED)
     what = f"{'/'.join(s.value for s in statuses)} item(s) finished more than"
     ago = f"{short_duration(args.older_than)} ago"
-    check_schema(args.dsn)
+    check_schema(args.dsn, schema=args.schema)
     if args.dry_run:
         params = {
             "statuses": [s.value for s in statuses],
@@ -227,10 +228,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
         async def count(store: PostgresStore) -> int:
             async with store.transaction() as tx:
-                [(n,)] = await tx.execute(QUERIES["count_finished"], params)
+                [(n,)] = await tx.execute(queries_in(store.schema)["count_finished"], params)
                 return int(n)
 
-        print(f"would delete {with_store(args.dsn, count)} {what} {ago} (dry run: none deleted)")
+        n = with_store(args.dsn, args.schema, count)
+        print(f"would delete {n} {what} {ago} (dry run: none deleted)")
         return EXIT_OK
     longest = 0.0
     batches = 0
@@ -241,6 +243,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
     deleted = with_store(
         args.dsn,
+        args.schema,
         lambda store: store.delete_finished(
             args.older_than, statuses=statuses, batch=args.batch, on_batch=note
         ),
@@ -265,7 +268,7 @@ def _pause_or_resume(args: argparse.Namespace, verb: str) -> int:
         if args.kind not in kinds:  # as enqueue --app refuses it
             known = ", ".join(sorted(kinds)) or "none"
             raise UsageError(f"unknown kind {args.kind!r} (known kinds: {known})")
-    check_schema(args.dsn)
+    check_schema(args.dsn, schema=args.schema)
 
     async def act(store: PostgresStore) -> tuple[bool, bool]:
         method = store.pause if verb == "pause" else store.resume
@@ -273,10 +276,12 @@ def _pause_or_resume(args: argparse.Namespace, verb: str) -> int:
         seen = True
         if args.kind is not None and args.app is None:
             async with store.transaction() as tx:
-                [(seen,)] = await tx.execute(QUERIES["kind_seen"], {"kind": args.kind})
+                [(seen,)] = await tx.execute(
+                    queries_in(store.schema)["kind_seen"], {"kind": args.kind}
+                )
         return changed, seen
 
-    changed, seen = with_store(args.dsn, act)
+    changed, seen = with_store(args.dsn, args.schema, act)
     done = {"pause": "paused", "resume": "resumed"}[verb]
     was = {"pause": "was paused already", "resume": "was not paused"}[verb]
     print(f"{_target(args)} {done if changed else was}")
@@ -304,8 +309,10 @@ def cmd_quiesce(args: argparse.Namespace) -> int:
         validate_scope(args.scope)
     except InvalidWorkItem as exc:
         raise UsageError(f"--scope {args.scope!r}: {exc}") from None
-    check_schema(args.dsn)
-    result = with_store(args.dsn, lambda store: quiesce(store, args.scope, timeout=args.timeout))
+    check_schema(args.dsn, schema=args.schema)
+    result = with_store(
+        args.dsn, args.schema, lambda store: quiesce(store, args.scope, timeout=args.timeout)
+    )
     resume = f"(it stays paused: python -m trioworker resume --scope {shell_word(args.scope)})"
     if result.done:
         ended = f"; last held by {result.holder}" if result.holder else ""
@@ -322,8 +329,8 @@ def cmd_quiesce(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from trioworker._cli.show import item_details, print_item, to_json
 
-    check_schema(args.dsn)
-    details = with_store(args.dsn, lambda store: item_details(store, args.id))
+    check_schema(args.dsn, schema=args.schema)
+    details = with_store(args.dsn, args.schema, lambda store: item_details(store, args.id))
     if details is None:
         print(f"no item {args.id}", file=sys.stderr)
         return EXIT_ERROR
@@ -393,9 +400,9 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     if args.retain is not None:
         registry.retention(args.retain)
     if args.migrate:
-        for migration in migrate(args.dsn, registry):
+        for migration in migrate(args.dsn, registry, schema=args.schema):
             log.info("applied migration %s", migration)
-    wait_for_schema(args.dsn, args.startup_timeout, registry)
+    wait_for_schema(args.dsn, args.schema, args.startup_timeout, registry)
     interrupted = trio.Event()
 
     async def main() -> None:
@@ -403,6 +410,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
             args.dsn,
             max_connections=2 * settings.concurrency + 4,
             application_name=f"trioworker {args.worker_id}"[:63],
+            schema=args.schema,
         ) as store:
             metrics = None
             if args.metrics_port is not None:
@@ -460,14 +468,14 @@ async def on_signals(worker: Worker, scope: trio.CancelScope, interrupted: trio.
                 return
 
 
-def wait_for_schema(dsn: str, timeout: float, registry: Registry) -> None:
+def wait_for_schema(dsn: str, schema: str | None, timeout: float, registry: Registry) -> None:
     """Check the schema (the queue's and the app's migrations), retrying while
     PostgreSQL is unreachable (up to `timeout`)."""
     deadline = time.monotonic() + timeout if timeout > 0 else float("inf")
     backoff = Backoff(initial=0.5, maximum=10.0)
     while True:
         try:
-            check_schema(dsn, registry)
+            check_schema(dsn, registry, schema=schema)
             return
         except DatabaseUnavailable as exc:
             delay = backoff.next()
@@ -495,12 +503,15 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         )
     except ConfigurationError as exc:
         raise UsageError(str(exc)) from None
-    check_schema(args.dsn)
+    check_schema(args.dsn, schema=args.schema)
 
     async def main() -> None:
         async with (
             open_store(
-                args.dsn, max_connections=4, application_name="trioworker dashboard"
+                args.dsn,
+                max_connections=4,
+                application_name="trioworker dashboard",
+                schema=args.schema,
             ) as store,
             trio.open_nursery() as nursery,
         ):

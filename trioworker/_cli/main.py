@@ -5,8 +5,8 @@ Exit codes: 0 done; 1 a runtime error (a bad --app, an unreachable database, an
 unmigrated schema); 2 a usage error (bad options or input, refused before anything
 connects); 70 fail-stop (a handler would not stop); 130 interrupted twice.
 
-The global options (--dsn, --log-level, --log-format) go before or after the command,
-and no error message ever shows a password: argparse's own are redacted too.
+The global options (--dsn, --schema, --log-level, --log-format) go before or after the
+command, and no error message ever shows a password: argparse's own are redacted too.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ import attrs
 
 from trioworker._cli.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from trioworker._cli.input import UsageError
-from trioworker._core.errors import TrioWorkerError
+from trioworker._core.errors import ConfigurationError, TrioWorkerError
 from trioworker._core.settings import DSN_ENV, QUIESCE_POLL, Settings
 from trioworker._core.text import not_unicode, short_duration, visible
 from trioworker._core.validation import MAX_PRIORITY, MAX_RUN_AFTER_DISTANCE, MIN_PRIORITY
+from trioworker._postgres.schema_name import SCHEMA_ENV, resolve_schema
 from trioworker._worker import logging as _logging
 
 # Each verb imports what it needs when it runs (trioworker._cli.commands: Trio,
@@ -227,6 +228,12 @@ def _globals(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         "--dsn", type=utf8, default=default(None), help="libpq connection string or URI"
     )
     parser.add_argument(
+        "--schema",
+        type=utf8,
+        default=default(None),
+        help=f"the PostgreSQL schema that holds the queue (default: ${SCHEMA_ENV}, else public)",
+    )
+    parser.add_argument(
         "--log-level", default=default("INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     parser.add_argument("--log-format", default=default("text"), choices=["text", "json"])
@@ -237,7 +244,8 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
     parser = Parser(
         prog="python -m trioworker",
         description="A PostgreSQL-backed work queue with Trio Workers.",
-        epilog=f"DSN: --dsn, else ${DSN_ENV}, else libpq's PG* variables. Exit codes: 0 done,"
+        epilog=f"DSN: --dsn, else ${DSN_ENV}, else libpq's PG* variables. Schema: --schema,"
+        f" else ${SCHEMA_ENV}, else public. Exit codes: 0 done,"
         " 1 runtime error, 2 usage error, 70 fail-stop, 130 interrupted twice.",
     )
     _globals(parser, suppress=False)
@@ -460,6 +468,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("yoyo").setLevel(logging.WARNING)
     try:
         args.dsn = resolve_dsn(args.dsn)
+        try:
+            args.schema = resolve_schema(args.schema)
+        except ConfigurationError as exc:  # refused before anything connects
+            raise UsageError(f"--schema or ${SCHEMA_ENV}: {exc}") from None
         if not args.dsn and args.command not in NO_DATABASE:
             log.info("no DSN given (--dsn or $%s): %s", DSN_ENV, describe_defaults())
         return run_command(args)

@@ -41,6 +41,8 @@ from trioworker._core.model import (
 from trioworker._postgres import drive, failures, operations
 from trioworker._postgres.connection import SESSION_SETTINGS, connect_kwargs
 from trioworker._postgres.dsn import redact_dsn, resolve_dsn
+from trioworker._postgres.queries import queries_in
+from trioworker._postgres.schema_name import resolve_schema
 from trioworker._store.reads import ItemDetails, QueueCounts, QueueStatus
 
 T = TypeVar("T")
@@ -59,8 +61,13 @@ class _Settings:
         max_connections: int,
         timeout: float,
         application_name: str,
+        schema: str | None,
     ) -> None:  # pragma: no mutate block
         self.dsn = resolve_dsn(dsn)
+        #: The queue's schema (None: $TRIOWORKER_SCHEMA, else the search_path's), and
+        #: every statement qualified by it: the caller's search_path is never changed.
+        self.schema = resolve_schema(schema)
+        self.queries = queries_in(self.schema)
         self.max_connections = max_connections
         self.timeout = timeout
         self.kwargs = {**connect_kwargs(self.dsn, application_name), "autocommit": True}
@@ -69,7 +76,7 @@ class _Settings:
         self, name: str, exc: psycopg.Error, *, in_callers: bool
     ) -> StoreError | SchemaNotReady:  # pragma: no mutate block
         """`exc` translated; a conflict in the caller's transaction says whose it is."""
-        translated = failures.translate(name, exc, self.dsn)
+        translated = failures.translate(name, exc, self.dsn, self.schema)
         if in_callers and isinstance(exc, failures.CONFLICTS):
             return StoreError(f"{translated} (in the caller's transaction: retry it)")
         return translated
@@ -85,7 +92,9 @@ class Client:
     done. Safe to share between threads.
 
     `known_kinds` refuses other kinds, as `PostgresStore`'s does; `max_connections`
-    bounds its own pool, `timeout` how long a call waits for one of its connections.
+    bounds its own pool, `timeout` how long a call waits for one of its connections;
+    `schema` names the queue's schema (default `$TRIOWORKER_SCHEMA`, else the
+    connection's search_path finds it, as before).
     """
 
     def __init__(
@@ -97,8 +106,9 @@ class Client:
         max_connections: int = 4,
         timeout: float = 10.0,
         application_name: str = "trioworker-client",
+        schema: str | None = None,
     ) -> None:  # pragma: no mutate block
-        self._settings = _Settings(dsn, max_connections, timeout, application_name)
+        self._settings = _Settings(dsn, max_connections, timeout, application_name, schema)
         #: The kinds enqueue accepts (None: any), as `PostgresStore.known_kinds`.
         self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
         self._pool = pool
@@ -128,12 +138,12 @@ class Client:
     ) -> T:  # pragma: no mutate block
         try:
             if conn is not None:
-                return drive.run_sync(conn, op)
+                return drive.run_sync(conn, op, self._settings.queries)
             pool = self._connections()
             for retry in range(CONFLICT_RETRIES + 1):
                 try:
                     with pool.connection() as pooled:
-                        return drive.run_sync(pooled, op)
+                        return drive.run_sync(pooled, op, self._settings.queries)
                 except failures.CONFLICTS:
                     if retry == CONFLICT_RETRIES:
                         raise
@@ -282,7 +292,9 @@ class AsyncClient:
     `await client.close()` (or use `async with`). Use it on one event loop.
 
     `known_kinds` refuses other kinds, as `PostgresStore`'s does; `max_connections`
-    bounds its own pool, `timeout` how long a call waits for one of its connections.
+    bounds its own pool, `timeout` how long a call waits for one of its connections;
+    `schema` names the queue's schema (default `$TRIOWORKER_SCHEMA`, else the
+    connection's search_path finds it, as before).
     """
 
     def __init__(
@@ -294,8 +306,9 @@ class AsyncClient:
         max_connections: int = 4,
         timeout: float = 10.0,
         application_name: str = "trioworker-client",
+        schema: str | None = None,
     ) -> None:  # pragma: no mutate block
-        self._settings = _Settings(dsn, max_connections, timeout, application_name)
+        self._settings = _Settings(dsn, max_connections, timeout, application_name, schema)
         #: The kinds enqueue accepts (None: any), as `PostgresStore.known_kinds`.
         self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
         self._pool = pool
@@ -331,12 +344,12 @@ class AsyncClient:
     ) -> T:  # pragma: no mutate block
         try:
             if conn is not None:
-                return await drive.run_async(conn, op)
+                return await drive.run_async(conn, op, self._settings.queries)
             pool = await self._connections()
             for retry in range(CONFLICT_RETRIES + 1):
                 try:
                     async with pool.connection() as pooled:
-                        return await drive.run_async(pooled, op)
+                        return await drive.run_async(pooled, op, self._settings.queries)
                 except failures.CONFLICTS:
                     if retry == CONFLICT_RETRIES:
                         raise

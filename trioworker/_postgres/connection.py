@@ -19,6 +19,7 @@ import psycopg
 import psycopg.errors
 import psycopg_pool
 import trio
+from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
@@ -27,7 +28,8 @@ from trioworker._core.retry import Backoff
 from trioworker._postgres import bridge as _bridge
 from trioworker._postgres import failures
 from trioworker._postgres.dsn import redact, redact_dsn
-from trioworker._postgres.queries import QUERIES
+from trioworker._postgres.queries import queries_in
+from trioworker._postgres.schema_name import resolve_schema
 from trioworker._store.api import NotifyCallback
 
 log = logging.getLogger("trioworker.store")
@@ -35,8 +37,6 @@ log = logging.getLogger("trioworker.store")
 T = TypeVar("T")
 Op = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
 
-NOTIFY_CHANNEL = "trioworker"
-SETTLE_CHANNEL = "trioworker_settle"
 _CONFLICT_RETRIES = 5
 #: A transaction's BEGIN tries this many pooled connections before it gives up.
 _BEGIN_TRIES = 3
@@ -57,10 +57,20 @@ class Connections:
     """A pool of connections to one database, and the way every call goes through it."""
 
     def __init__(
-        self, dsn: str, *, max_connections: int, call_timeout: float, application_name: str
+        self,
+        dsn: str,
+        *,
+        max_connections: int,
+        call_timeout: float,
+        application_name: str,
+        schema: str | None = None,
     ) -> None:  # pragma: no mutate block
         self.dsn = dsn
         self.call_timeout = call_timeout
+        #: The queue's schema, and every statement qualified by it (queries.py): the
+        #: connections' own search_path is left as it is, for the caller's SQL.
+        self.schema = resolve_schema(schema)
+        self.queries = queries_in(self.schema)
         self._connect_kwargs = connect_kwargs(dsn, application_name)
         self._pool = psycopg_pool.AsyncConnectionPool(
             dsn,
@@ -142,7 +152,7 @@ class Connections:
             await self._pool.putconn(conn)
 
     def translate(self, name: str, exc: psycopg.Error) -> StoreError | SchemaNotReady:
-        return failures.translate(name, exc, self.dsn)
+        return failures.translate(name, exc, self.dsn, self.schema)
 
     async def rows(
         self, name: str, query: LiteralString, params: dict[str, Any]
@@ -227,9 +237,7 @@ class Connections:
                             self.dsn, **self._connect_kwargs, autocommit=True
                         )
                     )
-                    await self.run(conn.execute(QUERIES["listen"]))
-                    if on_settle is not None:
-                        await self.run(conn.execute(QUERIES["listen_settle"]))
+                    channels = await self.run(self._listen(conn, settle=on_settle is not None))
                 backoff.reset()
                 if started:
                     log.info("listening for new work again")
@@ -240,7 +248,7 @@ class Connections:
                     started = True
                     task_status.started()
                 while True:
-                    await self.run(_relay(conn, on_notify, on_settle, check_every))
+                    await self.run(_relay(conn, channels, on_notify, on_settle, check_every))
                     with trio.fail_after(self.call_timeout):
                         await self.run(conn.execute("SELECT 1"))
             except (psycopg.Error, trio.TooSlowError, OSError) as exc:
@@ -257,21 +265,38 @@ class Connections:
                     with trio.CancelScope(shield=True):
                         await self.run(conn.close())
 
+    async def _listen(
+        self, conn: psycopg.AsyncConnection[Any], *, settle: bool
+    ) -> tuple[str, str]:  # pragma: no mutate block
+        """LISTEN on the schema's channels (for new work; and for scopes to settle);
+        their names, (new work, settle)."""
+        # asyncio side
+        cur = await conn.execute(self.queries["channels"])
+        row = await cur.fetchone()
+        assert row is not None
+        notify, settle_channel = str(row[0]), str(row[1])
+        listen = sql.SQL(self.queries["listen"])
+        for channel in (notify, settle_channel) if settle else (notify,):
+            await conn.execute(listen.format(channel=sql.Identifier(channel)))
+        return notify, settle_channel
+
     def __repr__(self) -> str:
         return f"Connections({redact_dsn(self.dsn)!r})"
 
 
 async def _relay(
     conn: psycopg.AsyncConnection[Any],
+    channels: tuple[str, str],
     on_notify: NotifyCallback,
     on_settle: NotifyCallback | None,
     quiet_period: float,
 ) -> None:  # pragma: no mutate block
     # asyncio side: returns after `quiet_period` seconds without a notification
+    notify_channel, settle_channel = channels
     async for notify in conn.notifies(timeout=quiet_period):
-        if notify.channel == NOTIFY_CHANNEL:
+        if notify.channel == notify_channel:
             on_notify(notify.payload)
-        elif notify.channel == SETTLE_CHANNEL and on_settle is not None:
+        elif notify.channel == settle_channel and on_settle is not None:
             on_settle(notify.payload)
 
 

@@ -9,55 +9,61 @@ statement commits on its own (autocommit), as the Trio store's calls always have
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, cast
+from collections.abc import Mapping
+from typing import Any, LiteralString, TypeVar, cast
 
 import psycopg
 from psycopg.rows import dict_row
 
 from trioworker._postgres.operations import Operation, Steps
-from trioworker._postgres.queries import QUERIES
 
 T = TypeVar("T")
+Queries = Mapping[str, LiteralString]
 
 
 async def run_async(
-    conn: psycopg.AsyncConnection[Any], op: Operation[T]
+    conn: psycopg.AsyncConnection[Any], op: Operation[T], queries: Queries
 ) -> T:  # pragma: no mutate block
-    """Run `op` on `conn` (asyncio side); its result."""
+    """Run `op` on `conn` (asyncio side) with the statements `queries` (the queue's
+    schema's: queries.queries_in); its result."""
     if op.atomic:
         async with conn.transaction():
-            return await _steps_async(conn, op.steps())
-    return await _steps_async(conn, op.steps())
+            return await _steps_async(conn, op.steps(), queries)
+    return await _steps_async(conn, op.steps(), queries)
 
 
 async def _steps_async(
-    conn: psycopg.AsyncConnection[Any], steps: Steps[T]
+    conn: psycopg.AsyncConnection[Any], steps: Steps[T], queries: Queries
 ) -> T:  # pragma: no mutate block
     try:
         query = next(steps)
         while True:
             async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(QUERIES[query.name], query.params)
+                await cur.execute(queries[query.name], query.params)
                 rows = await cur.fetchall() if cur.description else []
             query = steps.send(rows)
     except StopIteration as done:
         return cast(T, done.value)
 
 
-def run_sync(conn: psycopg.Connection[Any], op: Operation[T]) -> T:  # pragma: no mutate block
-    """Run `op` on `conn`; its result."""
+def run_sync(
+    conn: psycopg.Connection[Any], op: Operation[T], queries: Queries
+) -> T:  # pragma: no mutate block
+    """Run `op` on `conn` with the statements `queries`; its result."""
     if op.atomic:
         with conn.transaction():
-            return _steps_sync(conn, op.steps())
-    return _steps_sync(conn, op.steps())
+            return _steps_sync(conn, op.steps(), queries)
+    return _steps_sync(conn, op.steps(), queries)
 
 
-def _steps_sync(conn: psycopg.Connection[Any], steps: Steps[T]) -> T:  # pragma: no mutate block
+def _steps_sync(
+    conn: psycopg.Connection[Any], steps: Steps[T], queries: Queries
+) -> T:  # pragma: no mutate block
     try:
         query = next(steps)
         while True:
             with conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(QUERIES[query.name], query.params)
+                cur.execute(queries[query.name], query.params)
                 rows = cur.fetchall() if cur.description else []
             query = steps.send(rows)
     except StopIteration as done:

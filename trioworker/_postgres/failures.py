@@ -15,12 +15,15 @@ from trioworker._postgres.dsn import redact
 CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
 
-def translate(name: str, exc: psycopg.Error, dsn: str) -> StoreError | SchemaNotReady:
+def translate(
+    name: str, exc: psycopg.Error, dsn: str, schema: str | None = None
+) -> StoreError | SchemaNotReady:
     """`exc`, raised by call `name`, as the trioworker error it means (the DSN's
-    password never in its text)."""
+    password never in its text); `schema` is the queue's, None: the search_path's."""
     message = redact(f"{name}: {type(exc).__name__}: {exc}".strip(), dsn)
     if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction):
-        return SchemaNotReady(f"{message} (run `python -m trioworker migrate`)")
+        option = "" if schema is None else f" --schema {schema}"
+        return SchemaNotReady(f"{message} (run `python -m trioworker{option} migrate`)")
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return DatabaseUnavailable(message)
     return StoreError(message)

@@ -9,6 +9,13 @@ last. Migration ids (file names) share one namespace, so give them a prefix.
 yoyo's own lock is a row in `yoyo_lock`, which a process killed inside it leaves
 behind. Migrators here first take a PostgreSQL session advisory lock, which dies with
 its connection, so a leftover `yoyo_lock` row is known to be stale and is removed.
+
+The queue lives in one schema (`schema=`, default $TRIOWORKER_SCHEMA; docs/design/
+schema.md): `migrate` creates it if need be and runs every migration, and yoyo's own
+tables, with the session's search_path set to it. With no schema named, the role's
+search_path decides, as it always did (public, or docs/roles.sql's `trioworker`). The
+advisory lock is keyed by the schema, so migrators of two schemas in one database do
+not wait for each other.
 """
 
 from __future__ import annotations
@@ -22,18 +29,32 @@ from typing import Protocol
 
 import psycopg
 import psycopg.conninfo
+import psycopg.errors
+from psycopg import sql
 from yoyo import get_backend, read_migrations
 
 from trioworker._core.errors import ConfigurationError, DatabaseUnavailable, SchemaNotReady
 from trioworker._postgres.dsn import describe_defaults, redact, redact_dsn
+from trioworker._postgres.schema_name import SCHEMA_ENV, resolve_schema
 
 log = logging.getLogger("trioworker.migrate")
 
-#: (namespace, key) of the advisory lock every migrator takes; 29815 is 'tw'.
+#: (namespace, key) of the advisory lock every migrator of the public schema takes;
+#: 29815 is 'tw'. Another schema's key is hashtext(schema) (`_LOCK`).
 MIGRATION_LOCK = (29815, 0)
+#: The schema's CREATE privilege and its advisory lock; %(schema)s NULL: the session's
+#: current schema.
+_MAY_CREATE = (
+    "SELECT current_user, COALESCE(%(schema)s, current_schema()),"
+    " has_schema_privilege(COALESCE(%(schema)s, current_schema()), 'CREATE')"
+)
+_LOCK = (
+    "SELECT pg_advisory_lock(%(namespace)s, CASE COALESCE(%(schema)s, current_schema())"
+    " WHEN 'public' THEN %(key)s ELSE hashtext(COALESCE(%(schema)s, current_schema())) END)"
+)
 
 #: The queue's last migration: an application's first migration depends on it
-#: (`-- depends: 0001.baseline`, written from this constant by `trioworker sql`-minded
+#: (`-- depends: 0005.edges`, written from this constant by `trioworker sql`-minded
 #: tools; a test keeps it the last file of migrations/).
 QUEUE_MIGRATION_HEAD = "0005.edges"
 
@@ -62,12 +83,13 @@ def _sources(apps: Iterable[HasMigrations]) -> list[str]:
     return sources
 
 
-def yoyo_uri(dsn: str) -> str:
-    """A yoyo URI for a libpq DSN; every parameter rides in the query string."""
-    params = psycopg.conninfo.conninfo_to_dict(dsn)
-    return "postgresql+psycopg:///?" + urllib.parse.urlencode(
-        {k: str(v) for k, v in params.items()}
-    )
+def yoyo_uri(dsn: str, schema: str | None = None) -> str:
+    """A yoyo URI for a libpq DSN; every parameter rides in the query string, and
+    yoyo's own `schema` (its sessions' search_path), if given, names the queue's."""
+    params = {k: str(v) for k, v in psycopg.conninfo.conninfo_to_dict(dsn).items()}
+    if schema is not None:
+        params["schema"] = schema
+    return "postgresql+psycopg:///?" + urllib.parse.urlencode(params)
 
 
 # Connection failures no retry can fix: bad password, unknown role or database, no
@@ -95,23 +117,46 @@ def _connect(dsn: str) -> psycopg.Connection[tuple[object, ...]]:
         raise connection_error(exc, dsn) from None
 
 
-def migrate(dsn: str, *apps: HasMigrations) -> list[str]:
-    """Apply the queue's pending migrations, and those of `apps`; the ids applied
-    (empty when the schema was already current)."""
+def _create_schema(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> None:
+    """Create the queue's schema unless it exists (a DBA may have made it: then the
+    migration role needs no CREATE on the database)."""
+    exists = conn.execute("SELECT to_regnamespace(%s) IS NOT NULL", [schema]).fetchone()
+    if exists and exists[0]:
+        return
+    try:
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+    except psycopg.errors.InsufficientPrivilege:
+        raise ConfigurationError(
+            f"the schema {schema!r} does not exist and this role may not create it:"
+            " create it (docs/roles.sql) or run migrate with a role that may"
+        ) from None
+
+
+def migrate(dsn: str, *apps: HasMigrations, schema: str | None = None) -> list[str]:
+    """Apply the queue's pending migrations, and those of `apps`, in `schema` (default
+    $TRIOWORKER_SCHEMA, else the search_path's: public; created if need be); the ids
+    applied (empty when the schema was already current)."""
+    schema = resolve_schema(schema)
     sources = _sources(apps)
-    if not pending_migrations(dsn, *apps):
+    if not pending_migrations(dsn, *apps, schema=schema):
         return []
     with _connect(dsn) as lock_conn:
-        row = lock_conn.execute(
-            "SELECT current_user, has_schema_privilege(current_schema(), 'CREATE')"
-        ).fetchone()
-        if row is None or not row[1]:
+        if schema is not None:
+            _create_schema(lock_conn, schema)
+        row = lock_conn.execute(_MAY_CREATE, {"schema": schema}).fetchone()
+        if row is None or row[1] is None:
             raise ConfigurationError(
-                f"role {row[0] if row else '?'!r} may not change the schema: run migrate"
-                " with the migration role (docs/roles.md)"
+                "no schema of the role's search_path exists: name one with --schema"
+                f" or ${SCHEMA_ENV}"
             )
-        lock_conn.execute("SELECT pg_advisory_lock(%s, %s)", MIGRATION_LOCK)
-        backend = get_backend(yoyo_uri(dsn))
+        if not row[2]:
+            raise ConfigurationError(
+                f"role {row[0]!r} may not change the schema {row[1]!r}: run migrate with"
+                " the migration role (docs/roles.md)"
+            )
+        namespace, key = MIGRATION_LOCK
+        lock_conn.execute(_LOCK, {"namespace": namespace, "key": key, "schema": schema})
+        backend = get_backend(yoyo_uri(dsn, schema))
         try:
             if "yoyo_lock" in backend.list_tables():
                 backend.execute("DELETE FROM yoyo_lock")  # stale: we hold the real lock
@@ -127,30 +172,39 @@ def migrate(dsn: str, *apps: HasMigrations) -> list[str]:
     return applied
 
 
-def pending_migrations(dsn: str, *apps: HasMigrations) -> list[str]:
-    """Migrations of the queue (and of `apps`) that the database has not applied yet.
+def pending_migrations(dsn: str, *apps: HasMigrations, schema: str | None = None) -> list[str]:
+    """Migrations of the queue (and of `apps`) that the database has not applied yet
+    in `schema`.
 
     Reads yoyo's bookkeeping table directly: a Worker's role may not create the
     tables yoyo would create on connecting.
     """
+    schema = resolve_schema(schema)
     wanted = [m.id for m in read_migrations(*_sources(apps))]
+    names = ("_yoyo_migration",) if schema is None else (schema, "_yoyo_migration")
+    bookkeeping = sql.Identifier(*names)
     with _connect(dsn) as conn:
-        exists = conn.execute("SELECT to_regclass('_yoyo_migration') IS NOT NULL").fetchone()
+        exists = conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL", [bookkeeping.as_string(conn)]
+        ).fetchone()
         applied: set[str] = set()
         if exists and exists[0]:
-            rows = conn.execute("SELECT migration_id FROM _yoyo_migration")
+            rows = conn.execute(sql.SQL("SELECT migration_id FROM {}").format(bookkeeping))
             applied = {str(r[0]) for r in rows}
     return [m for m in wanted if m not in applied]
 
 
-def check_schema(dsn: str, *apps: HasMigrations) -> None:
+def check_schema(dsn: str, *apps: HasMigrations, schema: str | None = None) -> None:
     """Raise SchemaNotReady unless every migration (the queue's, and those of `apps`)
-    has been applied."""
-    pending = pending_migrations(dsn, *apps)
+    has been applied in `schema` (default $TRIOWORKER_SCHEMA, else the search_path's)."""
+    schema = resolve_schema(schema)
+    pending = pending_migrations(dsn, *apps, schema=schema)
     if pending:
         app = " --app MODULE:ATTR" if any(a.migrations for a in apps) else ""
+        option = "" if schema is None else f" --schema {schema}"
+        where = "" if schema is None else f" (in schema {schema})"
         raise SchemaNotReady(
-            f"the database lacks migrations {', '.join(pending)}:"
-            f" run `python -m trioworker migrate{app}` (with a role allowed to change the"
-            " schema)"
+            f"the database lacks migrations {', '.join(pending)}{where}:"
+            f" run `python -m trioworker{option} migrate{app}` (with a role allowed to"
+            " change the schema)"
         )

@@ -291,8 +291,11 @@ WHERE NOT EXISTS (
           w.advertise_every * %(alive_beats)s, %(alive_within)s)))
 ORDER BY q.kind;
 
--- name: listen
-LISTEN trioworker;
+-- name: channels
+-- The NOTIFY channels of the queue's schema (work_channel, migrations/0004.schema.sql):
+-- trioworker and trioworker_settle in public, suffixed by the schema's name elsewhere.
+SELECT work_channel('trioworker') AS notify, work_channel('trioworker_settle') AS settle;
 
--- name: listen_settle
-LISTEN trioworker_settle;
+-- name: listen
+-- The one statement with an identifier filled in: {channel}, by psycopg.sql.Identifier.
+LISTEN {channel};

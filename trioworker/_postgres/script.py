@@ -53,7 +53,8 @@ INSERT INTO _yoyo_log VALUES (gen_random_uuid()::text, '{hash}', '{id}', 'apply'
 def queue_script(start: str | None = None) -> str:
     """The queue's migrations from `start` on (all of them by default) as one script,
     with yoyo's record of each. ConfigurationError for an unknown `start`."""
-    migrations = list(read_migrations(str(migrations_dir())))
+    collection = read_migrations(str(migrations_dir()))
+    migrations = list(collection)
     ids = [m.id for m in migrations]
     if start is not None:
         if start not in ids:
@@ -70,6 +71,9 @@ def queue_script(start: str | None = None) -> str:
         with open(migration.path, encoding="utf-8") as file:
             text = file.read()
         out.append(f"-- migration {migration.id}\n\n{text.rstrip()}\n")
+    for hook in collection.post_apply:  # what `migrate` runs after applying anything
+        with open(hook.path, encoding="utf-8") as file:
+            out.append(f"-- after the migrations ({hook.id})\n\n{file.read().rstrip()}\n")
     out.append("-- yoyo's record of what this script applied\n\n" + BOOKKEEPING)
     for migration in migrations:
         out.append(RECORD.format(hash=migration.hash, id=migration.id))

@@ -47,7 +47,6 @@ from trioworker._postgres import bridge as _bridge
 from trioworker._postgres import drive, failures, operations
 from trioworker._postgres.connection import Connections
 from trioworker._postgres.dsn import redact_dsn
-from trioworker._postgres.queries import QUERIES
 from trioworker._store.api import NotifyCallback, Transaction
 from trioworker._store.reads import (
     ALIVE_BEATS,
@@ -64,8 +63,6 @@ T = TypeVar("T")
 Op = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
 
 RUNNING_SCOPE_INDEX = "work_items_one_running_per_scope"
-NOTIFY_CHANNEL = "trioworker"
-SETTLE_CHANNEL = "trioworker_settle"
 #: A claim that loses a scope race claims again at once, up to this many times: each
 #: one sees the commits that beat the one before (two losses in a row were seen with
 #: 2 claimers on one scope of four lines, bench contention's W=2 S=1 L=4).
@@ -141,6 +138,7 @@ class PostgresStore:
         call_timeout: float = 10.0,
         known_kinds: Sequence[str] | None = None,
         application_name: str = "trioworker",
+        schema: str | None = None,
     ) -> None:  # pragma: no mutate block
         self.dsn = dsn
         self.call_timeout = call_timeout
@@ -150,7 +148,12 @@ class PostgresStore:
             max_connections=max_connections,
             call_timeout=call_timeout,
             application_name=application_name,
+            schema=schema,
         )
+        #: The PostgreSQL schema that holds the queue (`resolve_schema`); None: the
+        #: search_path finds it.
+        self.schema = self._conns.schema
+        self._sql = self._conns.queries
         self._race_losses = 0
         self._dedup_hits = 0
         self._scopes_settled = 0
@@ -168,14 +171,14 @@ class PostgresStore:
     async def _rows(
         self, name: str, params: dict[str, Any]
     ) -> list[dict[str, Any]]:  # pragma: no mutate block
-        return await self._conns.rows(name, QUERIES[name], params)
+        return await self._conns.rows(name, self._sql[name], params)
 
     async def _run(
         self, op: operations.Operation[T], tx: Transaction | None = None
     ) -> T:  # pragma: no mutate block
         """Run a client operation (operations.py) on a pooled connection, or in `tx`."""
         return await self._conns.call(
-            op.name, lambda conn: drive.run_async(conn, op), conn=_connection_of(tx)
+            op.name, lambda conn: drive.run_async(conn, op, self._sql), conn=_connection_of(tx)
         )
 
     async def enqueue(
@@ -234,7 +237,7 @@ class PostgresStore:
         through `Context.transaction()`."""
         async with self._conns.transaction() as conn:
             tx = PostgresFencedTransaction(self._conns, conn, id, attempt)
-            if not await tx.execute(QUERIES["lock_attempt"], {"id": id, "attempt": attempt}):
+            if not await tx.execute(self._sql["lock_attempt"], {"id": id, "attempt": attempt}):
                 raise Lost(f"item {id} attempt {attempt} no longer owns the item; nothing written")
             yield tx
             if tx.completes:
@@ -242,7 +245,7 @@ class PostgresStore:
                     "ids": [id], "attempts": [attempt], "status": Status.SUCCEEDED.value,
                     "reason": None, "error": None, "wait": True, "traceback": None,
                 }  # fmt: skip
-                if not await tx.execute(QUERIES["finish"], params):  # pragma: no cover
+                if not await tx.execute(self._sql["finish"], params):  # pragma: no cover
                     raise Lost(f"item {id} attempt {attempt} could not be finished")
 
     # -- claim and the fenced writes ---------------------------------------------
@@ -293,7 +296,7 @@ class PostgresStore:
             for retry in range(_RACE_RETRIES + 1):
                 try:
                     async with conn.cursor(row_factory=dict_row) as cur:
-                        await cur.execute(QUERIES["claim"], params)
+                        await cur.execute(self._sql["claim"], params)
                         return await cur.fetchall()
                 except psycopg.errors.UniqueViolation as exc:
                     if retry == _RACE_RETRIES or not failures.violates(exc, RUNNING_SCOPE_INDEX):
@@ -480,7 +483,7 @@ class PostgresStore:
             "statuses": [s.value for s in statuses],
             "after": dt.datetime.min.replace(tzinfo=dt.UTC),
         }
-        query = QUERIES["delete_finished"]
+        query = self._sql["delete_finished"]
         deleted = 0
         while True:
 
@@ -568,20 +571,22 @@ class PostgresStore:
         async def op(conn: psycopg.AsyncConnection[Any]) -> tuple[list[Fired], float | None]:
             fired: list[Fired] = []
             async with conn.transaction():
-                cur = await conn.execute(QUERIES["due_schedules"], carried)
+                cur = await conn.execute(self._sql["due_schedules"], carried)
                 for name, next_due, now in await cur.fetchall():
                     schedule = by_name[name]
                     due, following = plan(schedule, next_due, now)
                     assert due is not None
                     request = schedule_request(schedule, due, now)
                     steps = functools.partial(operations.enqueue_steps, request)
-                    enqueued = await drive.run_async(conn, operations.Operation("enqueue", steps))
+                    enqueued = await drive.run_async(
+                        conn, operations.Operation("enqueue", steps), self._sql
+                    )
                     await conn.execute(
-                        QUERIES["fired_schedule"],
+                        self._sql["fired_schedule"],
                         {"name": name, "next_due": following, "due": due, "item": enqueued.id},
                     )
                     fired.append(Fired(name, due, enqueued.id, enqueued.deduplicated))
-                cur = await conn.execute(QUERIES["next_schedule_due"], carried)
+                cur = await conn.execute(self._sql["next_schedule_due"], carried)
                 row = await cur.fetchone()
             return fired, None if row is None or row[0] is None else max(0.0, row[0])
 
@@ -661,7 +666,8 @@ class PostgresStore:
         )
 
     def __repr__(self) -> str:
-        return f"PostgresStore({redact_dsn(self.dsn)!r})"
+        where = "" if self.schema is None else f", schema={self.schema!r}"
+        return f"PostgresStore({redact_dsn(self.dsn)!r}{where})"
 
 
 def _connection_of(tx: Transaction | None) -> psycopg.AsyncConnection[Any] | None:
@@ -681,6 +687,7 @@ async def open_store(
     call_timeout: float = 10.0,
     known_kinds: Sequence[str] | None = None,
     application_name: str = "trioworker",
+    schema: str | None = None,
 ) -> AsyncIterator[PostgresStore]:  # pragma: no mutate block
     """Open a PostgresStore (and a trio-asyncio loop, if none is running here)."""
     _bridge.require_trio("open_store")
@@ -691,6 +698,7 @@ async def open_store(
             call_timeout=call_timeout,
             known_kinds=known_kinds,
             application_name=application_name,
+            schema=schema,
         )
         await store.open()
         try:

@@ -9,13 +9,16 @@ refuse any write, whatever role the dashboard connects as.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from importlib import resources
-from typing import Any
+from typing import Any, LiteralString
 
-from trioworker._postgres.queries import QUERIES as CORE_QUERIES
-from trioworker._postgres.queries import parse
+from trioworker._postgres.queries import WRITTEN as CORE_QUERIES
+from trioworker._postgres.queries import parse, qualify_all
 from trioworker._postgres.store import PostgresStore
 
+#: As written (unqualified); `queries_in` qualifies them by the queue's schema.
 QUERIES = {
     **parse(resources.files("trioworker.dashboard").joinpath("queries.sql").read_text()),
     # What `status` reads too: the same statements, from the queue's own file.
@@ -26,11 +29,18 @@ QUERIES = {
 Rows = list[dict[str, Any]]
 
 
+@functools.cache
+def queries_in(schema: str | None) -> Mapping[str, LiteralString]:
+    """The dashboard's statements for the queue in `schema` (as the store's own)."""
+    return qualify_all(QUERIES, schema)
+
+
 class Reader:
     """Runs the dashboard's named read queries on a PostgresStore."""
 
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
+        self._sql = queries_in(store.schema)
 
     async def snapshot(self, **statements: dict[str, Any]) -> dict[str, Rows]:
         """{name: rows} for each named query (keyword: its parameters), all read in
@@ -43,5 +53,5 @@ class Reader:
             # The first statement of the transaction, so it may still set these.
             await tx.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             for name, params in statements.items():
-                results[name] = await tx.rows(QUERIES[name], params)
+                results[name] = await tx.rows(self._sql[name], params)
         return results
