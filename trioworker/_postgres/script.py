@@ -42,6 +42,13 @@ CREATE TABLE IF NOT EXISTS _yoyo_version (
 INSERT INTO _yoyo_version VALUES (2, now() AT TIME ZONE 'UTC') ON CONFLICT DO NOTHING;
 """
 
+#: A post-apply hook is logged by yoyo, not recorded as applied (it runs every time).
+LOGGED = """\
+INSERT INTO _yoyo_log VALUES (gen_random_uuid()::text, '{hash}', '{id}', 'apply',
+    current_user, 'trioworker sql', 'applied by another tool from trioworker sql',
+    now() AT TIME ZONE 'UTC');
+"""
+
 RECORD = """\
 INSERT INTO _yoyo_migration VALUES ('{hash}', '{id}', now() AT TIME ZONE 'UTC');
 INSERT INTO _yoyo_log VALUES (gen_random_uuid()::text, '{hash}', '{id}', 'apply',
@@ -77,4 +84,6 @@ def queue_script(start: str | None = None) -> str:
     out.append("-- yoyo's record of what this script applied\n\n" + BOOKKEEPING)
     for migration in migrations:
         out.append(RECORD.format(hash=migration.hash, id=migration.id))
+    for hook in collection.post_apply:
+        out.append(LOGGED.format(hash=hook.hash, id=hook.id))
     return "\n".join(out)
