@@ -76,7 +76,11 @@ def test_the_cli_a_worker_and_the_dashboard_run_in_a_schema_of_their_own(
     with psycopg.connect(app_dsn, autocommit=True) as pg:
         before = app_table(pg)
         migrated = cli(app_dsn, "--schema", "tenant_a", "migrate")
-        assert migrated.stdout.splitlines() == ["applied 0001.baseline", "applied 0004.schema", "applied 0005.edges"]
+        assert migrated.stdout.splitlines() == [
+            "applied 0001.baseline",
+            "applied 0004.schema",
+            "applied 0005.edges",
+        ]
         assert cli(app_dsn, "migrate", "--schema", "tenant_a").stdout == "schema is up to date\n"
         env = {"TRIOWORKER_SCHEMA": "tenant_a"}
 
@@ -114,7 +118,7 @@ def test_the_cli_a_worker_and_the_dashboard_run_in_a_schema_of_their_own(
 
         assert app_table(pg) == before
         assert public_objects(pg) == [("table", "work_items")]
-        assert pg.execute("SELECT count(*) FROM tenant_a._yoyo_migration").fetchone() == (2,)
+        assert pg.execute("SELECT count(*) FROM tenant_a._yoyo_migration").fetchone() == (3,)
         assert pg.execute("SELECT to_regclass('public._yoyo_migration')").fetchone() == (None,)
 
 
