@@ -39,6 +39,14 @@ SETTLE_CHANNEL = "trioworker_settle"
 #: The queue's own writes retry these (none is expected by design; each is counted).
 _CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 _CONFLICT_RETRIES = 5
+#: The answers of a server that cannot take writes now: a standby, or a primary being
+#: demoted in a failover (SQLSTATE 25006). Like a lost link they mean "reconnect": the
+#: connection is discarded, so the pool's next one follows a multi-host DSN's
+#: target_session_attrs=read-write to the new primary, and the attempt's self-stop timer
+#: (not the handler or the item) pays for the time it takes.
+_NOT_WRITABLE = (psycopg.errors.ReadOnlySqlTransaction,)
+#: Errors after which a connection is discarded rather than handed out again.
+_CUT_OFF = (psycopg.OperationalError, psycopg.InterfaceError, *_NOT_WRITABLE)
 #: A transaction's BEGIN tries this many pooled connections before it gives up.
 _BEGIN_TRIES = 3
 
@@ -148,7 +156,11 @@ class Connections:
         message = redact(f"{name}: {type(exc).__name__}: {exc}".strip(), self.dsn)
         if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction):
             return SchemaNotReady(f"{message} (run `python -m trioworker migrate`)")
-        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        if isinstance(exc, _NOT_WRITABLE):
+            return DatabaseUnavailable(
+                f"{message} (the server is read-only: a standby or a demoted primary; reconnecting)"
+            )
+        if isinstance(exc, _CUT_OFF):
             return DatabaseUnavailable(message)
         return StoreError(message)
 
@@ -286,14 +298,13 @@ async def _relay(
 async def _discarding_on_failure(
     conn: psycopg.AsyncConnection[Any], op: Op[T]
 ) -> T:  # pragma: no mutate block
-    # asyncio side: a connection that was cancelled mid-statement, or whose link
-    # failed, is closed so the pool discards it rather than handing it out again.
+    # asyncio side: a connection that was cancelled mid-statement, whose link failed,
+    # or whose server turned read-only, is closed so the pool discards it rather than
+    # handing it out again.
     try:
         return await op(conn)
     except BaseException as exc:
-        if not isinstance(exc, psycopg.Error) or isinstance(
-            exc, psycopg.OperationalError | psycopg.InterfaceError
-        ):
+        if not isinstance(exc, psycopg.Error) or isinstance(exc, _CUT_OFF):
             await conn.close()
         raise
 
