@@ -45,7 +45,8 @@ def tables(dsn: str) -> list[str]:
 
 
 QUEUE_TABLES = [
-    "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_attempts", "work_items",
+    "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_attempts", "work_failover_guard",
+    "work_items",
     "work_pauses", "work_schedules", "work_unsettled_scopes", "work_workers", "yoyo_lock",
 ]  # fmt: skip
 MEDIA_TABLES = [
@@ -119,6 +120,7 @@ def test_migrate_clears_a_stale_yoyo_lock(empty_dsn: str) -> None:
 #: it is released (docs/adr/0009-migrations-queue-and-applications.md).
 RELEASED = {
     "0001.baseline.sql": "5fc4ba317d062050ffa1adfc2765bfa0b59924556bd29af1f9efea9dd63c8c57",
+    "0003.failover.sql": "dcd1c736122d04bc46d659c4b327d8a774e0be8fddbccf28435d5b130ae2d7b2",
 }
 
 

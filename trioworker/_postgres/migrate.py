@@ -35,7 +35,7 @@ MIGRATION_LOCK = (29815, 0)
 #: The queue's last migration: an application's first migration depends on it
 #: (`-- depends: 0001.baseline`, written from this constant by `trioworker sql`-minded
 #: tools; a test keeps it the last file of migrations/).
-QUEUE_MIGRATION_HEAD = "0001.baseline"
+QUEUE_MIGRATION_HEAD = "0003.failover"
 
 
 class HasMigrations(Protocol):
