@@ -82,6 +82,7 @@ def test_connections_get_link_timeouts_and_a_name() -> None:
         "keepalives_count": "3",
         "tcp_user_timeout": "10000",
         "application_name": "trioworker w1",
+        "prepare_threshold": None,
     }
     mine = _connect_kwargs(
         "host=db connect_timeout=1 application_name=mine options='-c work_mem=8MB'",

@@ -250,3 +250,15 @@ LISTEN trioworker;
 
 -- name: listen_settle
 LISTEN trioworker_settle;
+
+-- name: listen_probe
+-- The listener proves that notifications reach its connection (a transaction pooler
+-- such as PgBouncer would hand them to no one): it listens here, a pooled connection
+-- notifies, and the probe must arrive.
+LISTEN trioworker_probe;
+
+-- name: notify_probe
+SELECT pg_notify('trioworker_probe', '');
+
+-- name: unlisten_probe
+UNLISTEN trioworker_probe;

@@ -154,7 +154,10 @@ class PostgresStore:
         call_timeout: float = 10.0,
         known_kinds: Sequence[str] | None = None,
         application_name: str = "trioworker",
+        listen_dsn: str | None = None,
     ) -> None:  # pragma: no mutate block
+        """`listen_dsn`: a direct DSN for LISTEN when `dsn` goes through a transaction
+        pooler such as PgBouncer (default: `dsn`)."""
         self.dsn = dsn
         self.call_timeout = call_timeout
         self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
@@ -163,6 +166,7 @@ class PostgresStore:
             max_connections=max_connections,
             call_timeout=call_timeout,
             application_name=application_name,
+            listen_dsn=listen_dsn,
         )
         self._race_losses = 0
         self._dedup_hits = 0
@@ -832,6 +836,7 @@ async def open_store(
     call_timeout: float = 10.0,
     known_kinds: Sequence[str] | None = None,
     application_name: str = "trioworker",
+    listen_dsn: str | None = None,
 ) -> AsyncIterator[PostgresStore]:  # pragma: no mutate block
     """Open a PostgresStore (and a trio-asyncio loop, if none is running here)."""
     async with _bridge.ensure_loop():
@@ -841,6 +846,7 @@ async def open_store(
             call_timeout=call_timeout,
             known_kinds=known_kinds,
             application_name=application_name,
+            listen_dsn=listen_dsn,
         )
         await store.open()
         try:
