@@ -85,11 +85,10 @@ class Figures:
     self_stops: int = 0
     fail_stops: int = 0
     key_errors: int = 0
-    #: Seconds from the fault's start to the first run that started after the new
-    #: primary took writes (None: no such run).
-    to_first_claim: float | None = None
-    to_first_scoped_claim: float | None = None
-    fault_seconds: float | None = None  # from the fault's start to the new primary
+    #: Per fault: seconds from its start until the new primary took writes
+    #: ("fault"), and until the first run (of any item, of a scoped one) that
+    #: started after that.
+    faults: dict[str, dict[str, float | None]] = attrs.Factory(dict)
 
     @property
     def total_overlaps(self) -> int:
@@ -99,14 +98,18 @@ class Figures:
         def s(x: float | None) -> str:
             return "-" if x is None else f"{x:.1f}s"
 
+        faults = " ".join(
+            f"[{name}: fault={s(f['fault'])} to_first_claim={s(f['to_first_claim'])}"
+            f" to_first_scoped_claim={s(f['to_first_scoped_claim'])}]"
+            for name, f in self.faults.items()
+        )
         return (
             f"{label}: items={self.items} runs={self.runs} overlaps={self.total_overlaps}"
             f" {self.overlaps or ''} lost={self.lost} statuses={self.statuses}"
             f" run_again_after_clean_end={self.run_again_after_clean_end}"
             f" self_stops={self.self_stops} fail_stops={self.fail_stops}"
-            f" unexpected_exits={len(self.unexpected_exits)} fault={s(self.fault_seconds)}"
-            f" to_first_claim={s(self.to_first_claim)}"
-            f" to_first_scoped_claim={s(self.to_first_scoped_claim)}"
+            f" unexpected_exits={len(self.unexpected_exits)} key_errors={self.key_errors}"
+            f" {faults}"
         )
 
 
@@ -133,8 +136,7 @@ class ChaosRun:
         self.logs = workdir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.fed: list[int] = []
-        self.fault_began: float | None = None
-        self.fault_ended: float | None = None
+        self.faults: list[tuple[str, float, float]] = []  # (name, began, ended)
         self.died_at: dict[int, float] = {}
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TRIOWORKER", "PG"))}
         self.env = env | {"TW_OBSERVER_LOG": str(self.observer)}
@@ -180,8 +182,16 @@ class ChaosRun:
         self.died_at[proc.pid] = time.monotonic()
         self.start(self.specs[name])
 
-    def feed(self, dsn: str, count: int, seconds: tuple[float, float] | None = None) -> None:
-        """Enqueue `count` Hold items over the scopes (a share unscoped), in one commit."""
+    def feed(
+        self,
+        dsn: str,
+        count: int,
+        seconds: tuple[float, float] | None = None,
+        *,
+        due_in: float = 0.0,
+    ) -> None:
+        """Enqueue `count` Hold items over the scopes (a share unscoped), in one commit,
+        due `due_in` seconds from now."""
         low, high = seconds or self.load.seconds
         rows = []
         for _ in range(count):
@@ -191,21 +201,22 @@ class ChaosRun:
 
         def insert(conn: psycopg.Connection[Any]) -> list[int]:
             cur = conn.execute(
-                "INSERT INTO work_items (kind, scope, payload)"
-                " SELECT 'Hold', s, p::jsonb FROM unnest(%s::text[], %s::text[])"
+                "INSERT INTO work_items (kind, scope, payload, run_after)"
+                " SELECT 'Hold', s, p::jsonb, now() + make_interval(secs => %s)"
+                " FROM unnest(%s::text[], %s::text[])"
                 " WITH ORDINALITY AS t(s, p, n) ORDER BY n RETURNING id",
-                ([r[0] for r in rows], [r[1] for r in rows]),
+                (due_in, [r[0] for r in rows], [r[1] for r in rows]),
             )
             return [r[0] for r in cur.fetchall()]
 
         self.fed += retrying(dsn, insert)
 
     @contextlib.contextmanager
-    def fault(self) -> Iterator[None]:
-        """Around the fault: from its start until the new primary takes writes."""
-        self.fault_began = time.monotonic()
+    def fault(self, name: str) -> Iterator[None]:
+        """Around a fault: from its start until the new primary takes writes."""
+        began = time.monotonic()
         yield
-        self.fault_ended = time.monotonic()
+        self.faults.append((name, began, time.monotonic()))
 
     def unfinished(self, dsn: str) -> int:
         return int(
@@ -290,14 +301,14 @@ class ChaosRun:
         )
         figures.statuses = {r[0]: r[1] for r in rows}
         figures.lost = len(self.fed) - figures.statuses.get("Succeeded", 0)
-        if self.fault_began is not None and self.fault_ended is not None:
-            figures.fault_seconds = self.fault_ended - self.fault_began
-            after = sorted(s.start for s in spans if s.start > self.fault_ended)
-            scoped = sorted(s.start for s in spans if s.start > self.fault_ended and s.scope)
-            if after:
-                figures.to_first_claim = after[0] - self.fault_began
-            if scoped:
-                figures.to_first_scoped_claim = scoped[0] - self.fault_began
+        for name, began, ended in self.faults:
+            after = sorted(s.start for s in spans if s.start > ended)
+            scoped = sorted(s.start for s in spans if s.start > ended and s.scope)
+            figures.faults[name] = {
+                "fault": ended - began,
+                "to_first_claim": after[0] - began if after else None,
+                "to_first_scoped_claim": scoped[0] - began if scoped else None,
+            }
         for log in self.logs.glob("*.log"):
             text = log.read_text()
             figures.self_stops += text.count("self-stopped")

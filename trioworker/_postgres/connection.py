@@ -297,7 +297,7 @@ class Connections:
                     await self.run(_relay(conn, on_notify, on_settle, check_every))
                     with trio.fail_after(self.call_timeout):
                         await self.run(conn.execute("SELECT 1"))
-            except (psycopg.Error, trio.TooSlowError, OSError) as exc:
+            except (psycopg.Error, StoreError, trio.TooSlowError, OSError) as exc:
                 delay = backoff.next()
                 log.warning(
                     "notification listener lost PostgreSQL (%s); polling continues,"
