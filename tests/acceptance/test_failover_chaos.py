@@ -21,7 +21,7 @@ from trioworker import migrate
 #: The async case: leases long enough that a cut-off attempt outlives the promotion
 #: (it self-stops half a lease after its last heartbeat), and items that run for
 #: seconds, so that claims made after the cut are still running at the kill.
-ASYNC = Load(scopes=6, unscoped_share=0.2, seconds=(0.5, 2.0), lease=10.0, heartbeat=1.0)
+ASYNC = Load(scopes=6, unscoped_share=0.2, seconds=(0.2, 1.0), lease=6.0, heartbeat=1.0)
 #: Seconds the cut takes at most here (the items fall due after it).
 CUT_AFTER = 1.5
 
@@ -72,8 +72,8 @@ def test_chaos_across_a_switchover_and_a_killed_postmaster(
 
 
 def async_failover(tmp_path: Path, *, guard: bool) -> Figures:
-    """A primary and its asynchronous standby; two Workers on the multi-host DSN and
-    one that knows only the old primary. A first batch runs to the end; a second,
+    """A primary and its asynchronous standby; a Worker on the multi-host DSN and two
+    that know only the old primary (their cut-off runs go on until they self-stop). A first batch runs to the end; a second,
     replicated while not yet due, falls due after replication was cut, so its claims
     reach the old primary alone; the primary is SIGKILLed while they run and the
     standby promoted, where those items are Queued and their scopes free; more items
@@ -85,23 +85,23 @@ def async_failover(tmp_path: Path, *, guard: bool) -> Figures:
                 conn.execute(GUARD_OFF_SQL)
         multi, new = pair.multi_host_dsn(), pair.standby.dsn()
         specs = [
-            WorkerSpec("multi-a", multi),
-            WorkerSpec("multi-b", multi),
-            WorkerSpec("old-only", pair.primary.dsn()),
+            WorkerSpec("multi", multi),
+            WorkerSpec("old-only-a", pair.primary.dsn()),
+            WorkerSpec("old-only-b", pair.primary.dsn()),
         ]
         run = ChaosRun(tmp_path, ASYNC, specs)
         try:
             run.wait_ready(multi)
-            run.feed(multi, 30)
+            run.feed(multi, 20)
             run.drain(multi, timeout=60)
-            run.feed(multi, 30, (4.0, 8.0), due_in=CUT_AFTER + 1.0)
+            run.feed(multi, 16, (3.0, 5.0), due_in=CUT_AFTER + 1.0)
             pair.wait_replayed()
             pair.cut_replication()
             time.sleep(CUT_AFTER + 3.0)  # due, claimed on the old primary, running
             with run.fault("kill and promote"):
                 pair.kill_primary()
                 pair.promote_standby()
-            run.feed(new, 30)
+            run.feed(new, 20)
             run.drain(new, timeout=120)
         finally:
             exits = run.stop()
