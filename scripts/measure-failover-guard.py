@@ -42,7 +42,7 @@ def main(admin: str) -> None:
         with psycopg.connect(dsn, autocommit=True, prepare_threshold=None) as conn:
             conn.execute(
                 "INSERT INTO work_items (kind, scope)"
-                " SELECT 'K', 's' || (i % 50) FROM generate_series(1, %s) AS i",
+                " SELECT 'K', 's' || (i %% 50) FROM generate_series(1, %s) AS i",
                 [ROUNDS * 2 * CLAIMS],
             )
             conn.execute("VACUUM ANALYZE work_items")
