@@ -15,6 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.browser.support import dashboards, request
 from tests.support.clusters import PgBouncer, pgbouncer
 from tests.support.failover_chaos import ChaosRun, Load, WorkerSpec
 from tests.support.processes import ROOT
@@ -134,6 +135,8 @@ def test_chaos_through_pgbouncer_keeps_the_rule_within_the_pool(
     assert most["servers"] <= POOL and most["backends"] <= POOL
     assert most["clients"] > POOL  # far more clients than server connections
     for name, text in logs.items():
+        # No statement met another client's prepared statement (or missed its own).
+        assert "prepared statement" not in text.lower(), name
         # One warning per process (b2 ran twice, the first killed, maybe before its
         # probe was over), none where LISTEN had a direct DSN.
         polling = text.count(POLLING)
@@ -141,3 +144,20 @@ def test_chaos_through_pgbouncer_keeps_the_rule_within_the_pool(
             assert polling == 0, name
         else:
             assert polling in ((1, 2) if name == "b2" else (1,)), (name, polling)
+
+
+def test_the_dashboard_serves_through_pgbouncer(dsn: str, tmp_path: Path) -> None:
+    """The dashboard's pages answer through a pool of two server connections, shared
+    with a client's transactions: nothing of theirs relies on a session."""
+    with (
+        psycopg.connect(dsn, autocommit=True) as pg,
+        pgbouncer(dsn, pool_size=2) as bouncer,
+        dashboards(tmp_path) as start,
+    ):
+        pg.execute("INSERT INTO work_items (kind, scope) VALUES ('Hold', 's1'), ('Hold', NULL)")
+        dashboard = start(bouncer.dsn())
+        for _ in range(3):  # later requests meet other server connections
+            for page in ("/", "/running", "/failures", "/workers", "/pauses"):
+                answer = request(dashboard.url + page)
+                assert answer.status == 200, (page, answer.body[-500:])
+        assert "Traceback" not in dashboard.output()
