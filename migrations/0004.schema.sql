@@ -22,7 +22,7 @@
 -- functions call pg_notify('trioworker', ...) unqualified; the pinned search_path puts
 -- the schema before pg_catalog, so the call finds the pg_notify below, which sends on
 -- the schema's channel. The schema holds nothing else named like a catalog object.
--- depends: 0001.baseline
+-- depends: 0003.failover
 
 -- The name of a NOTIFY channel in the queue's schema (the Workers LISTEN on these).
 -- Channels take 63 bytes: a schema name too long for that (never one --schema takes) is

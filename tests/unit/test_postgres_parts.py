@@ -40,6 +40,30 @@ def test_driver_errors_become_one_domain_error_each(
     assert str(translated) == expected
 
 
+def test_a_read_only_answer_is_a_cut_off_link_that_says_so() -> None:
+    """SQLSTATE 25006 (a standby, or a primary demoted in a failover) is retried like a
+    lost link, never a refusal a write would give up on or a handler would fail for."""
+    translated = STORE._conns.translate(
+        "heartbeat",
+        psycopg.errors.ReadOnlySqlTransaction("cannot execute UPDATE in a read-only transaction"),
+    )
+    assert type(translated) is DatabaseUnavailable
+    assert str(translated) == (
+        "heartbeat: ReadOnlySqlTransaction: cannot execute UPDATE in a read-only transaction"
+        " (the server is read-only: a standby or a demoted primary; reconnecting)"
+    )
+
+
+def test_an_unmigrated_schema_of_its_own_names_it_in_the_command_to_run() -> None:
+    translated = failures.translate(
+        "claim", psycopg.errors.UndefinedTable("no work_items"), "", "tenant_a"
+    )
+    assert type(translated) is SchemaNotReady
+    assert str(translated) == (
+        "claim: UndefinedTable: no work_items (run `python -m trioworker --schema tenant_a migrate`)"
+    )
+
+
 def test_translated_errors_never_carry_the_password() -> None:
     """An error text that echoes the DSN is masked; an empty one leaves no dangling space."""
     leaked = psycopg.OperationalError("could not connect with password=s3cr3t")
@@ -69,6 +93,7 @@ def test_connections_get_link_timeouts_and_a_name() -> None:
         "keepalives_count": "3",
         "tcp_user_timeout": "10000",
         "application_name": "trioworker w1",
+        "prepare_threshold": None,
     }
     mine = connect_kwargs(
         "host=db connect_timeout=1 application_name=mine options='-c work_mem=8MB'",

@@ -26,6 +26,7 @@ from trioworker._core.retry import Backoff
 from trioworker._core.settings import Settings
 from trioworker._core.text import shell_word, short_duration
 from trioworker._core.validation import pause_target, validate_enqueue, validate_scope
+from trioworker._postgres.dsn import resolve_dsn
 from trioworker._postgres.migrate import check_schema, migrate
 from trioworker._postgres.queries import queries_in
 from trioworker._postgres.store import PostgresStore, open_store
@@ -411,6 +412,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
             max_connections=2 * settings.concurrency + 4,
             application_name=f"trioworker {args.worker_id}"[:63],
             schema=args.schema,
+            listen_dsn=resolve_dsn(args.listen_dsn) if args.listen_dsn else None,
         ) as store:
             metrics = None
             if args.metrics_port is not None:

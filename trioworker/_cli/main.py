@@ -285,6 +285,10 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
         metavar="SECONDS",
         help="give up if PostgreSQL cannot be reached at start for this long; 0: wait forever (60)",
     )
+    run.add_argument("--listen-dsn", type=utf8, metavar="DSN",
+                     help="a direct DSN for LISTEN when --dsn goes through PgBouncer in"
+                     " transaction mode (default: --dsn; without notifications the Worker"
+                     " polls)")  # fmt: skip
     run.add_argument("--migrate", action="store_true", help="apply migrations first")
     run.add_argument("--retain", type=duration, metavar="DURATION",
                      help="delete finished items older than this (such as 7d), hourly, as one"
@@ -463,7 +467,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw_dsn = args.dsn if args.dsn is not None else os.environ.get(DSN_ENV, "")
     from trioworker._postgres.dsn import describe_defaults, resolve_dsn, secrets
 
-    _logging.configure(args.log_level, args.log_format, secrets=secrets(raw_dsn))
+    listen_dsn = getattr(args, "listen_dsn", None) or ""
+    _logging.configure(
+        args.log_level, args.log_format, secrets=secrets(raw_dsn) + secrets(listen_dsn)
+    )
     if args.log_level != "DEBUG":  # yoyo tells every step it applies
         logging.getLogger("yoyo").setLevel(logging.WARNING)
     try:

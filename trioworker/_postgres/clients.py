@@ -39,7 +39,7 @@ from trioworker._core.model import (
     ScheduleState,
 )
 from trioworker._postgres import drive, failures, operations
-from trioworker._postgres.connection import SESSION_SETTINGS, connect_kwargs
+from trioworker._postgres.connection import ISOLATION_SET, ISOLATION_SHOW, connect_kwargs
 from trioworker._postgres.dsn import redact_dsn, resolve_dsn
 from trioworker._postgres.queries import queries_in
 from trioworker._postgres.schema_name import resolve_schema
@@ -489,8 +489,15 @@ class AsyncClient:
 
 
 def _configure(conn: psycopg.Connection[Any]) -> None:  # pragma: no mutate block
-    conn.execute(SESSION_SETTINGS)
+    # as the Trio store's connections (connection.py): READ COMMITTED, set for the
+    # session only when the server's default is another (no session state otherwise)
+    row = conn.execute(ISOLATION_SHOW).fetchone()
+    if row is not None and row[0] != "read committed":
+        conn.execute(ISOLATION_SET)
 
 
 async def _configure_async(conn: psycopg.AsyncConnection[Any]) -> None:  # pragma: no mutate block
-    await conn.execute(SESSION_SETTINGS)
+    cur = await conn.execute(ISOLATION_SHOW)
+    row = await cur.fetchone()
+    if row is not None and row[0] != "read committed":
+        await conn.execute(ISOLATION_SET)

@@ -37,7 +37,13 @@ log = logging.getLogger("trioworker.store")
 T = TypeVar("T")
 Op = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
 
+#: The channel the listener's probe goes on (connection.py `_notifications_arrive`),
+#: the same for every schema: any probe that arrives proves the link.
+PROBE_CHANNEL = "trioworker_probe"
 _CONFLICT_RETRIES = 5
+#: How long the listener waits for its probe notification (milliseconds on a working
+#: link; a loaded server that takes longer only costs polling instead of waking).
+_PROBE_WAIT = 3.0
 #: A transaction's BEGIN tries this many pooled connections before it gives up.
 _BEGIN_TRIES = 3
 
@@ -54,7 +60,14 @@ _LINK_DEFAULTS = {
 
 
 class Connections:
-    """A pool of connections to one database, and the way every call goes through it."""
+    """A pool of connections to one database, and the way every call goes through it.
+
+    Nothing relies on session state, so the pool may sit behind PgBouncer in
+    transaction pooling mode: no prepared statements (PgBouncer 1.18 cannot keep them),
+    the queue's settings on its functions (`SET jit = off`, the generic plans) or per
+    transaction (`BEGIN ISOLATION LEVEL READ COMMITTED`). LISTEN alone needs a session
+    of its own: `listen_dsn` names a direct one (default: `dsn`).
+    """
 
     def __init__(
         self,
@@ -64,14 +77,17 @@ class Connections:
         call_timeout: float,
         application_name: str,
         schema: str | None = None,
+        listen_dsn: str | None = None,
     ) -> None:  # pragma: no mutate block
         self.dsn = dsn
+        self.listen_dsn = listen_dsn or dsn
         self.call_timeout = call_timeout
         #: The queue's schema, and every statement qualified by it (queries.py): the
         #: connections' own search_path is left as it is, for the caller's SQL.
         self.schema = resolve_schema(schema)
         self.queries = queries_in(self.schema)
         self._connect_kwargs = connect_kwargs(dsn, application_name)
+        self._listen_kwargs = connect_kwargs(self.listen_dsn, application_name)
         self._pool = psycopg_pool.AsyncConnectionPool(
             dsn,
             kwargs={**self._connect_kwargs, "autocommit": True},
@@ -176,7 +192,7 @@ class Connections:
             for fresh in range(_BEGIN_TRIES, 0, -1):
                 conn = await self._pool.getconn()
                 try:
-                    await conn.execute("BEGIN")
+                    await conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
                 except BaseException as exc:
                     await conn.close()
                     await self._pool.putconn(conn)
@@ -222,9 +238,14 @@ class Connections:
         """Call `on_notify` for each NOTIFY about new work, until cancelled, and
         `on_settle` for each scope left to be settled.
 
-        Runs on a connection of its own, checks the link when quiet for
-        `check_every` seconds, and reconnects with backoff. After a reconnect it calls
-        both with None, since notifications sent meanwhile were missed.
+        Runs on a connection of its own (to `listen_dsn`), checks the link when quiet
+        for `check_every` seconds, and reconnects with backoff. After a reconnect it
+        calls both with None, since notifications sent meanwhile were missed.
+
+        Each new connection first proves that a notification reaches it: one sent on
+        a pooled connection must arrive within a few seconds. Through a transaction
+        pooler (PgBouncer) it never does; then the listener warns once and stops, and
+        the Worker polls.
         """
         backoff = Backoff(initial=0.5, maximum=15.0)
         started = False
@@ -234,29 +255,39 @@ class Connections:
                 with trio.fail_after(self.call_timeout):
                     conn = await self.run(
                         psycopg.AsyncConnection.connect(
-                            self.dsn, **self._connect_kwargs, autocommit=True
+                            self.listen_dsn, **self._listen_kwargs, autocommit=True
                         )
                     )
                     channels = await self.run(self._listen(conn, settle=on_settle is not None))
+                reconnected = started
+                if not started:  # the Worker is ready once LISTEN is in place
+                    started = True
+                    task_status.started()
+                if not await self._notifications_arrive(conn, channels, on_notify, on_settle):
+                    log.warning(
+                        "notifications do not reach the listener's connection (%s is"
+                        " behind a transaction pooler?): polling alone from now on; give"
+                        " a direct DSN for LISTEN (--listen-dsn) to be woken at once",
+                        redact_dsn(self.listen_dsn),
+                    )
+                    await self.run(conn.close())
+                    await trio.sleep_forever()
                 backoff.reset()
-                if started:
+                if reconnected:
                     log.info("listening for new work again")
                     on_notify(None)
                     if on_settle is not None:
                         on_settle(None)
-                else:
-                    started = True
-                    task_status.started()
                 while True:
                     await self.run(_relay(conn, channels, on_notify, on_settle, check_every))
                     with trio.fail_after(self.call_timeout):
                         await self.run(conn.execute("SELECT 1"))
-            except (psycopg.Error, trio.TooSlowError, OSError) as exc:
+            except (psycopg.Error, StoreError, trio.TooSlowError, OSError) as exc:
                 delay = backoff.next()
                 log.warning(
                     "notification listener lost PostgreSQL (%s); polling continues,"
                     " reconnecting in %.1fs",
-                    redact(f"{type(exc).__name__}: {exc}", self.dsn),
+                    redact(f"{type(exc).__name__}: {exc}", self.listen_dsn),
                     delay,
                 )
                 await trio.sleep(delay)
@@ -280,8 +311,45 @@ class Connections:
             await conn.execute(listen.format(channel=sql.Identifier(channel)))
         return notify, settle_channel
 
+    async def _notifications_arrive(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        channels: tuple[str, str],
+        on_notify: NotifyCallback,
+        on_settle: NotifyCallback | None,
+    ) -> bool:  # pragma: no mutate block
+        """Whether a NOTIFY sent on a pooled connection reaches the LISTENing `conn`."""
+        await self.run(conn.execute(self.queries["listen_probe"]))
+        await self.rows("notify_probe", self.queries["notify_probe"], {})
+        arrived = False
+        wait = min(self.call_timeout, _PROBE_WAIT)
+        with trio.move_on_after(wait + 1.0):
+            arrived = await self.run(_probe_arrives(conn, channels, on_notify, on_settle, wait))
+        if arrived:
+            await self.run(conn.execute(self.queries["unlisten_probe"]))
+        return arrived
+
     def __repr__(self) -> str:
         return f"Connections({redact_dsn(self.dsn)!r})"
+
+
+async def _probe_arrives(
+    conn: psycopg.AsyncConnection[Any],
+    channels: tuple[str, str],
+    on_notify: NotifyCallback,
+    on_settle: NotifyCallback | None,
+    seconds: float,
+) -> bool:  # pragma: no mutate block
+    # asyncio side: whether the probe arrives within `seconds`; notifications about
+    # work that come before it are relayed as usual
+    async for notify in conn.notifies(timeout=seconds):
+        if notify.channel == PROBE_CHANNEL:
+            return True
+        if notify.channel == channels[0]:
+            on_notify(notify.payload)
+        elif notify.channel == channels[1] and on_settle is not None:
+            on_settle(notify.payload)
+    return False
 
 
 async def _relay(
@@ -303,14 +371,13 @@ async def _relay(
 async def _discarding_on_failure(
     conn: psycopg.AsyncConnection[Any], op: Op[T]
 ) -> T:  # pragma: no mutate block
-    # asyncio side: a connection that was cancelled mid-statement, or whose link
-    # failed, is closed so the pool discards it rather than handing it out again.
+    # asyncio side: a connection that was cancelled mid-statement, whose link failed,
+    # or whose server turned read-only, is closed so the pool discards it rather than
+    # handing it out again.
     try:
         return await op(conn)
     except BaseException as exc:
-        if not isinstance(exc, psycopg.Error) or isinstance(
-            exc, psycopg.OperationalError | psycopg.InterfaceError
-        ):
+        if not isinstance(exc, psycopg.Error) or isinstance(exc, failures.CUT_OFF):
             await conn.close()
         raise
 
@@ -326,17 +393,30 @@ def connect_kwargs(dsn: str, application_name: str) -> dict[str, Any]:
     given = psycopg.conninfo.conninfo_to_dict(dsn)
     kwargs: dict[str, Any] = {k: v for k, v in _LINK_DEFAULTS.items() if k not in given}
     kwargs.setdefault("application_name", given.get("application_name", application_name))
+    # No server-side prepared statements: PgBouncer in transaction pooling mode (1.18)
+    # cannot keep them, and each statement here is one short function call.
+    kwargs["prepare_threshold"] = None
     return kwargs
 
 
-#: Each pooled connection's settings: the queue's functions read fresh snapshots after
-#: taking their locks, which needs READ COMMITTED whatever the database's default is;
-#: and its statements are short, so compiling them (JIT) would cost more than it saves.
-SESSION_SETTINGS: LiteralString = (
-    "SET default_transaction_isolation = 'read committed'; SET jit = off"
-)
+#: A pooled connection asks the server's default isolation (ISOLATION_SHOW) and sets
+#: READ COMMITTED for the session (ISOLATION_SET) only when it differs (see `_configure`).
+ISOLATION_SHOW: LiteralString = "SHOW default_transaction_isolation"
+ISOLATION_SET: LiteralString = "SET default_transaction_isolation = 'read committed'"
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:  # pragma: no mutate block
-    # asyncio side
-    await conn.execute(SESSION_SETTINGS)
+    # asyncio side: the queue's functions read fresh snapshots after taking their
+    # locks, which needs READ COMMITTED. Transactions ask for it in their BEGIN; a
+    # single statement runs at the server's default, PostgreSQL's own READ COMMITTED
+    # unless changed. Only then is it set for the session, which a transaction pooler
+    # does not keep: set it on the role or database instead (docs/deploy.md).
+    cur = await conn.execute(ISOLATION_SHOW)
+    row = await cur.fetchone()
+    if row is not None and row[0] != "read committed":
+        log.warning(
+            "the server's default_transaction_isolation is %r; setting READ COMMITTED"
+            " for this session (through a transaction pooler, set it on the role)",
+            row[0],
+        )
+        await conn.execute(ISOLATION_SET)

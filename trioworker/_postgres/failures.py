@@ -13,6 +13,14 @@ from trioworker._postgres.dsn import redact
 #: The queue's own writes on its own connections retry these (none is expected by
 #: design; each is counted). In a caller's transaction they are the caller's to retry.
 CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+#: The answers of a server that cannot take writes now: a standby, or a primary being
+#: demoted in a failover (SQLSTATE 25006). Like a lost link they mean "reconnect": the
+#: connection is discarded, so the pool's next one follows a multi-host DSN's
+#: target_session_attrs=read-write to the new primary, and the attempt's self-stop timer
+#: (not the handler or the item) pays for the time it takes.
+NOT_WRITABLE = (psycopg.errors.ReadOnlySqlTransaction,)
+#: Errors after which a connection is discarded rather than handed out again.
+CUT_OFF = (psycopg.OperationalError, psycopg.InterfaceError, *NOT_WRITABLE)
 
 
 def translate(
@@ -24,7 +32,11 @@ def translate(
     if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction):
         option = "" if schema is None else f" --schema {schema}"
         return SchemaNotReady(f"{message} (run `python -m trioworker{option} migrate`)")
-    if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+    if isinstance(exc, NOT_WRITABLE):
+        return DatabaseUnavailable(
+            f"{message} (the server is read-only: a standby or a demoted primary; reconnecting)"
+        )
+    if isinstance(exc, CUT_OFF):
         return DatabaseUnavailable(message)
     return StoreError(message)
 

@@ -41,9 +41,15 @@ SELECT id FROM work_items WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 -- work_items_one_running_per_scope under both, whose name the store recognises).
 -- The payload and trace context come as text, decoded one item at a time: one that
 -- Python cannot decode fails its own item (trioworker._jsontext), never the batch.
+-- The failover guard (migrations/0003.failover.sql) is asked first: for one lease
+-- after the timeline changed, the claim is given no scopes ('{}'), so it takes
+-- unscoped items alone.
 SELECT id, kind, scope, payload::text AS payload, priority, attempt, stalls, failures,
        requested_at, dedup_key, trace_context::text AS trace_context
-FROM work_claim_v1(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s, %(scopes)s, %(unscoped)s);
+FROM work_claim_v1(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s,
+                   CASE WHEN work_failover_hold_v1(%(lease)s) THEN '{}'::text[]
+                        ELSE %(scopes)s::text[] END,
+                   %(unscoped)s);
 
 -- name: seconds_until_due
 SELECT work_seconds_until_due_v1(%(kinds)s, %(scopes)s, %(unscoped)s) AS seconds;
@@ -299,3 +305,15 @@ SELECT work_channel('trioworker') AS notify, work_channel('trioworker_settle') A
 -- name: listen
 -- The one statement with an identifier filled in: {channel}, by psycopg.sql.Identifier.
 LISTEN {channel};
+
+-- name: listen_probe
+-- The listener proves that notifications reach its connection (a transaction pooler
+-- such as PgBouncer would hand them to no one): it listens here, a pooled connection
+-- notifies, and the probe must arrive.
+LISTEN trioworker_probe;
+
+-- name: notify_probe
+SELECT pg_notify('trioworker_probe', '');
+
+-- name: unlisten_probe
+UNLISTEN trioworker_probe;

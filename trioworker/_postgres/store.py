@@ -139,7 +139,10 @@ class PostgresStore:
         known_kinds: Sequence[str] | None = None,
         application_name: str = "trioworker",
         schema: str | None = None,
+        listen_dsn: str | None = None,
     ) -> None:  # pragma: no mutate block
+        """`listen_dsn`: a direct DSN for LISTEN when `dsn` goes through a transaction
+        pooler such as PgBouncer (default: `dsn`)."""
         self.dsn = dsn
         self.call_timeout = call_timeout
         self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
@@ -149,6 +152,7 @@ class PostgresStore:
             call_timeout=call_timeout,
             application_name=application_name,
             schema=schema,
+            listen_dsn=listen_dsn,
         )
         #: The PostgreSQL schema that holds the queue (`resolve_schema`); None: the
         #: search_path finds it.
@@ -688,6 +692,7 @@ async def open_store(
     known_kinds: Sequence[str] | None = None,
     application_name: str = "trioworker",
     schema: str | None = None,
+    listen_dsn: str | None = None,
 ) -> AsyncIterator[PostgresStore]:  # pragma: no mutate block
     """Open a PostgresStore (and a trio-asyncio loop, if none is running here)."""
     _bridge.require_trio("open_store")
@@ -699,6 +704,7 @@ async def open_store(
             known_kinds=known_kinds,
             application_name=application_name,
             schema=schema,
+            listen_dsn=listen_dsn,
         )
         await store.open()
         try:

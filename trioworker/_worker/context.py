@@ -94,7 +94,8 @@ class Context:
         made the scope is free for the next item, so the attempt ends there: the
         handler is cancelled at its next checkpoint (make it the last thing it does).
 
-        A lost link to PostgreSQL raises `trioworker.DatabaseUnavailable` here; let it
+        A lost link to PostgreSQL, or a read-only answer (SQLSTATE 25006: a primary
+        demoted in a failover), raises `trioworker.DatabaseUnavailable` here; let it
         propagate and the attempt counts as a stall (lease recovery requeues the item),
         not as a failure of the handler.
 

@@ -168,13 +168,15 @@ class Executor:
         self.limiter = trio.CapacityLimiter(settings.max_concurrent_files)
         self.events = events
         self.tracer = tracer or _NoTracer()
-        self.running: dict[int, Attempt] = {}
+        #: The attempts now running, each on its own: after a failover lost a claim,
+        #: one item (even one attempt number) can come back while its first run goes on.
+        self.running: set[Attempt] = set()
         self._shutting_down = False  # pragma: no mutate  (None is as false)
 
     def shut_down(self) -> None:
         """The shutdown grace period is over: cancel every attempt (they are released)."""
         self._shutting_down = True
-        for attempt in list(self.running.values()):
+        for attempt in list(self.running):
             attempt.cancel(CancelReason.SHUTDOWN)
 
     async def run(self, item: WorkItem, claim_sent_at: float) -> Decision:
@@ -210,7 +212,7 @@ class Executor:
             return decision
 
         attempt = Attempt(item, claim_sent_at, self.settings, self.on_deadline)
-        self.running[item.id] = attempt
+        self.running.add(attempt)
         self._deadlines_changed()
         if self._shutting_down:
             attempt.cancel(CancelReason.SHUTDOWN)
@@ -234,7 +236,7 @@ class Executor:
                 outcome = await self._run_handler(registration.handler, item, ctx, attempt)
                 nursery.cancel_scope.cancel()
         finally:
-            del self.running[item.id]
+            self.running.remove(attempt)
             self._deadlines_changed()
         reason = attempt.reason
         if reason is CancelReason.TIMEOUT:  # a handler failure, retried by the kind's policy
@@ -262,7 +264,7 @@ class Executor:
             self.on_deadline()
 
     def earliest_deadline(self) -> float:
-        return min((a.scope.deadline for a in self.running.values()), default=math.inf)
+        return min((a.scope.deadline for a in self.running), default=math.inf)
 
     async def _run_handler(
         self, handler: Any, item: WorkItem, ctx: Context, attempt: Attempt
