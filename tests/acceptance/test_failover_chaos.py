@@ -73,11 +73,11 @@ def test_chaos_across_a_switchover_and_a_killed_postmaster(
 
 def async_failover(tmp_path: Path, *, guard: bool) -> Figures:
     """A primary and its asynchronous standby; a Worker on the multi-host DSN and two
-    that know only the old primary (their cut-off runs go on until they self-stop). A first batch runs to the end; a second,
-    replicated while not yet due, falls due after replication was cut, so its claims
-    reach the old primary alone; the primary is SIGKILLed while they run and the
-    standby promoted, where those items are Queued and their scopes free; more items
-    are fed to it."""
+    that know only the old primary (their cut-off runs go on until they self-stop).
+    A first batch runs to the end; a second, replicated while not yet due, falls due
+    after replication was cut, so its claims reach the old primary alone; the primary
+    is SIGKILLed while they run and the standby promoted, where those items are
+    Queued and their scopes free; more items are fed to it."""
     with streaming_pair() as pair:
         migrate(pair.primary.dsn())
         if not guard:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.browser.support import dashboards, request
 from tests.support.clusters import PgBouncer, pgbouncer
-from tests.support.failover_chaos import ChaosRun, Load, WorkerSpec
+from tests.support.failover_chaos import HARNESS, ChaosRun, Load, WorkerSpec
 from tests.support.processes import ROOT
 
 log = logging.getLogger(__name__)
@@ -29,13 +29,14 @@ POLLING = "notifications do not reach the listener's connection"
 
 
 def backends_not_listening(dsn: str) -> int:
-    """The server's backends for the database, the Workers' direct LISTEN ones aside."""
+    """The server's backends for the database, the Workers' direct LISTEN ones and the
+    harness's own direct ones (feeding, checking) aside: PgBouncer's."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
             " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
-            " AND application_name IS DISTINCT FROM %s",
-            [LISTENER],
+            " AND application_name <> ALL(%s)",
+            [[LISTENER, HARNESS]],
         ).fetchone()
     assert row is not None
     return int(row[0])

@@ -30,6 +30,8 @@ import psycopg
 from tests.support.processes import ROOT
 
 APP = "tests.apps.failover:registry"
+#: The application_name of the harness's own connections (feeding, checking).
+HARNESS = "failover-chaos-harness"
 
 #: The guard switched off, in test code only and only in the run's own database: the
 #: control that shows what the guard prevents.
@@ -118,7 +120,9 @@ def retrying(dsn: str, fn: Callable[[psycopg.Connection[Any]], Any], timeout: fl
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with psycopg.connect(dsn, autocommit=True, connect_timeout=3) as conn:
+            with psycopg.connect(
+                dsn, autocommit=True, connect_timeout=3, application_name=HARNESS
+            ) as conn:
                 return fn(conn)
         except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction):
             if time.monotonic() > deadline:
