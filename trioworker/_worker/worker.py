@@ -96,7 +96,7 @@ class Worker:
             events=self,
             tracer=tracer,
             on_deadline=self._publish_deadline,  # a no-op without a watchdog
-            complete=self._completions.complete,
+            complete=self._complete,
         )
         self._watchdog = Watchdog(self.settings.stop_grace, fail_stop) if watchdog else None
         self._wake = trio.Event()
@@ -105,6 +105,10 @@ class Worker:
         self._slot_wait = trio.CancelScope()
         self._in_flight = 0
         self._item_done = trio.Event()
+        #: The attempts (id, attempt) holding a claim slot, and where to give it back.
+        self._slots: dict[tuple[int, int], trio.Semaphore] = {}
+        #: Those of unscoped items: their slot goes back before their completion's write.
+        self._unscoped: set[tuple[int, int]] = set()
 
     # -- events (the executor reports here; they are counted, and passed to metrics) ----
 
@@ -267,13 +271,34 @@ class Worker:
 
     async def _run_item(self, item: WorkItem, sent_at: float, slots: trio.Semaphore) -> None:
         self._in_flight += 1
+        key = (item.id, item.attempt)
+        self._slots[key] = slots
+        if item.scope is None:
+            self._unscoped.add(key)
         try:
             await self.executor.run(item, sent_at)
         finally:
             self._in_flight -= 1
             self._item_done.set()
+            self._unscoped.discard(key)
+            self._free(key)
+
+    def _free(self, attempt: tuple[int, int]) -> None:
+        """Give the attempt's slot back (once) and claim again at once: more work may
+        be waiting."""
+        slots = self._slots.pop(attempt, None)
+        if slots is not None:
             slots.release()
-            self._wake.set()  # claim again at once: more work may be waiting
+            self._wake.set()
+
+    async def _complete(self, id: int, attempt: int) -> bool:
+        """The executor's complete, the batcher's one fenced statement. An unscoped
+        item's handler is done, so its slot goes back before the write: the next claim
+        overlaps it. A scoped one keeps its slot until the write has committed: until
+        then its scope is busy, and a claim made sooner would find it so."""
+        if (id, attempt) in self._unscoped:
+            self._free((id, attempt))
+        return await self._completions.complete(id, attempt)
 
     async def _drain(self) -> None:
         """Give running items the grace period, then cancel them (they are released)."""
