@@ -50,7 +50,9 @@ def systems(graphile: bool) -> list[System]:
     Graphile Worker's only when `graphile` (it needs node)."""
     serial = f"{SERIAL_KEYS} scopes"
     return [
-        Trioworker("trioworker, unscoped", False, PROCESSES, concurrency=32),
+        # Unscoped, a claim takes as many items as there are free slots, so concurrency
+        # is also the claim's batch (Graphile's local queue 100 is its counterpart).
+        Trioworker("trioworker, unscoped", False, PROCESSES, concurrency=128),
         Trioworker(f"trioworker, {serial}", True, PROCESSES, concurrency=32),
         Procrastinate("procrastinate, plain", False, PROCESSES, concurrency=16),
         Procrastinate(f"procrastinate, {SERIAL_KEYS} locks", True, PROCESSES, concurrency=16),

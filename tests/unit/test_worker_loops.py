@@ -744,3 +744,23 @@ async def test_an_unscoped_items_slot_goes_back_before_its_completion_is_written
     assert [(w.op, w.id, w.attempt, w.applied) for w in store.writes] == [
         ("complete", 1, 1, True), ("complete", 2, 1, True)
     ]  # fmt: skip
+
+
+async def test_a_completion_retried_after_its_slot_went_back_is_still_written_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The first completion's statement fails: the retried write of that unscoped item
+    (whose slot is already back) applies once, and the next item runs meanwhile."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping(1))
+    for _ in range(2):
+        await store.enqueue("A")
+    store.script["complete_batch"] = ["fail"]
+    with trio.fail_after(100):
+        async with running(store, registry, Settings(concurrency=1)):
+            await trio.sleep(10)
+    # Item 1's write fails at 1 s and is retried within a second; item 2 runs from 1 s.
+    assert [(w.op, w.id, w.applied) for w in store.writes] == [
+        ("complete", 1, True), ("complete", 2, True)
+    ]  # fmt: skip
+    assert store.times["claim"][:2] == [0.0, 1.0]

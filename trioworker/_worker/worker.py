@@ -105,10 +105,9 @@ class Worker:
         self._slot_wait = trio.CancelScope()
         self._in_flight = 0
         self._item_done = trio.Event()
-        #: The attempts (id, attempt) holding a claim slot, and where to give it back.
-        self._slots: dict[tuple[int, int], trio.Semaphore] = {}
-        #: Those of unscoped items: their slot goes back before their completion's write.
-        self._unscoped: set[tuple[int, int]] = set()
+        #: The attempts (id, attempt) holding a claim slot: where to give it back, and
+        #: whether before the completion's write (for an unscoped item).
+        self._slots: dict[tuple[int, int], tuple[trio.Semaphore, bool]] = {}
 
     # -- events (the executor reports here; they are counted, and passed to metrics) ----
 
@@ -272,23 +271,20 @@ class Worker:
     async def _run_item(self, item: WorkItem, sent_at: float, slots: trio.Semaphore) -> None:
         self._in_flight += 1
         key = (item.id, item.attempt)
-        self._slots[key] = slots
-        if item.scope is None:
-            self._unscoped.add(key)
+        self._slots[key] = (slots, item.scope is None)
         try:
             await self.executor.run(item, sent_at)
         finally:
             self._in_flight -= 1
             self._item_done.set()
-            self._unscoped.discard(key)
             self._free(key)
 
     def _free(self, attempt: tuple[int, int]) -> None:
         """Give the attempt's slot back (once) and claim again at once: more work may
         be waiting."""
-        slots = self._slots.pop(attempt, None)
-        if slots is not None:
-            slots.release()
+        held = self._slots.pop(attempt, None)
+        if held is not None:
+            held[0].release()
             self._wake.set()
 
     async def _complete(self, id: int, attempt: int) -> bool:
@@ -296,7 +292,8 @@ class Worker:
         item's handler is done, so its slot goes back before the write: the next claim
         overlaps it. A scoped one keeps its slot until the write has committed: until
         then its scope is busy, and a claim made sooner would find it so."""
-        if (id, attempt) in self._unscoped:
+        held = self._slots.get((id, attempt))
+        if held is not None and held[1]:
             self._free((id, attempt))
         return await self._completions.complete(id, attempt)
 
