@@ -50,7 +50,16 @@ def systems(graphile: bool) -> list[System]:
     Graphile Worker's only when `graphile` (it needs node)."""
     serial = f"{SERIAL_KEYS} scopes"
     return [
-        Trioworker("trioworker, unscoped", False, PROCESSES, concurrency=32),
+        # Unscoped, a claim takes as many items as there are free slots, so concurrency
+        # is also the claim's batch (Graphile's local queue 100 is its counterpart).
+        Trioworker("trioworker, unscoped", False, PROCESSES, concurrency=128),
+        Trioworker(
+            f"trioworker, unscoped, run --processes {PROCESSES}",
+            False,
+            PROCESSES,
+            concurrency=128,
+            supervised=True,
+        ),
         Trioworker(f"trioworker, {serial}", True, PROCESSES, concurrency=32),
         Procrastinate("procrastinate, plain", False, PROCESSES, concurrency=16),
         Procrastinate(f"procrastinate, {SERIAL_KEYS} locks", True, PROCESSES, concurrency=16),
@@ -102,11 +111,13 @@ def run_once(srv: Server, system: System, n: int, log_dir: Path) -> dict[str, An
         conn.execute(QUERIES["vacuum_analyze"])
         planner = {name: [pages, rows] for name, pages, rows in
                       conn.execute(QUERIES["table_statistics"]).fetchall()}  # fmt: skip
-        before = cpu.snapshot(procs.pids(), cpu.server_pids(conn.info.backend_pid))
+        # The started processes and their children (`run --processes`'s Workers).
+        pids = [*procs.pids(), *(c for p in procs.pids() for c in cpu.children_of(p))]
+        before = cpu.snapshot(pids, cpu.server_pids(conn.info.backend_pid))
         committed = system.enqueue(dsn, n)
         left = wait_finished(conn, system, procs, 60 + n / 20)
         seconds = time.monotonic() - committed
-        after = cpu.snapshot(procs.pids(), cpu.server_pids(conn.info.backend_pid))
+        after = cpu.snapshot(pids, cpu.server_pids(conn.info.backend_pid))
     return {
         "items": n,
         "finished": n - left,
@@ -147,13 +158,18 @@ def summarise(system: System, runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _reference(row: dict[str, Any]) -> bool:
+    """trioworker's rows the others are set against (`run --processes` is not one)."""
+    return row["family"] == "trioworker" and not row["settings"].get("supervised")
+
+
 def compare(rows: list[dict[str, Any]], reference: dict[str, Any]) -> dict[str, Any]:
     def best(serialised: bool) -> dict[str, Any]:
         peers = [r for r in rows if r["family"] != "trioworker" and r["serialised"] == serialised
                  and not math.isnan(r["items_per_s"])]  # fmt: skip
         return max(peers, key=lambda r: r["items_per_s"], default=NO_PEER)
 
-    ours = {r["serialised"]: r for r in rows if r["family"] == "trioworker"}
+    ours = {r["serialised"]: r for r in rows if _reference(r)}
     plain, serial = best(False), best(True)
     unscoped_ratio = ratio(ours[False]["items_per_s"], plain["items_per_s"])
     scoped_ratio = ratio(ours[True]["items_per_s"], serial["items_per_s"])
@@ -190,7 +206,7 @@ def against(value: float, target: float, met: bool) -> str:
 
 def report(rows: list[dict[str, Any]], reference: dict[str, Any], verdict: dict[str, Any]) -> None:
     ceiling = reference["items_per_s_ceiling"]
-    ours = {r["serialised"]: r["items_per_s"] for r in rows if r["family"] == "trioworker"}
+    ours = {r["serialised"]: r["items_per_s"] for r in rows if _reference(r)}
     table = [
         [r["label"], r["items_per_s"], r["min"], r["max"],
          ratio(ours[r["serialised"]], r["items_per_s"]), ratio(r["items_per_s"], ceiling),

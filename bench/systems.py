@@ -70,6 +70,8 @@ class Trioworker:
     processes: int
     concurrency: int
     poll: float = 5.0
+    #: One `run --processes N` (a supervisor and its N Workers), not N `run`s.
+    supervised: bool = False
     family: str = "trioworker"
     migrated: bool = True
 
@@ -77,6 +79,10 @@ class Trioworker:
         """The database is a copy of the migrated template."""
 
     def worker_commands(self, dsn: str) -> list[list[str]]:
+        if self.supervised:
+            return [trioworker_command(dsn, "bench", "--concurrency", str(self.concurrency),
+                                       "--poll", str(self.poll), "--processes",
+                                       str(self.processes))]  # fmt: skip
         return [
             trioworker_command(
                 dsn, f"bench-{i}", "--concurrency", str(self.concurrency), "--poll", str(self.poll)

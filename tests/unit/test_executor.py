@@ -580,6 +580,42 @@ async def test_the_earliest_deadline_is_published_as_it_moves(
     assert seen == [30.0, 40.0, 50.0, math.inf]
 
 
+async def test_attempts_that_share_a_deadline_keep_it_published_until_the_last_ends(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two attempts claimed together share a self-stop deadline (30 s) and a third,
+    claimed at 2 s, has its own (32 s): the earliest stays 30 s until both of the first
+    have ended or moved theirs, then it is the next one's."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("Short")(sleeping(5))
+    registry.handler("Long")(sleeping(25))
+    registry.handler("Later")(sleeping(9))
+    short, long, later = [await claimed(store, k) for k in ("Short", "Long", "Later")]
+    seen: list[tuple[float, float]] = []
+    executor: Executor
+
+    def published() -> None:
+        seen.append((trio.current_time(), executor.earliest_deadline()))
+
+    executor = Executor(
+        store, registry, Settings(), worker_id="w1", fail_stop=Failstops(), on_deadline=published
+    )
+    with trio.fail_after(100):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(executor.run, short, 0.0)
+            nursery.start_soon(executor.run, long, 0.0)
+            await trio.sleep(2)
+            nursery.start_soon(executor.run, later, 2.0)
+    assert seen == [
+        (0.0, 30.0), (0.0, 30.0),  # both start
+        (2.0, 30.0),  # the later one starts
+        (5.0, 30.0),  # the short one ends: the long one still has 30 s
+        (10.0, 32.0),  # the long one's heartbeat moves its deadline to 40 s
+        (11.0, 40.0),  # the later one ends
+        (20.0, 50.0), (25.0, math.inf),  # the long one beats, then ends
+    ]
+
+
 async def test_after_shutdown_a_starting_attempt_is_released_at_once(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -60,7 +60,8 @@ def test_an_unmigrated_schema_of_its_own_names_it_in_the_command_to_run() -> Non
     )
     assert type(translated) is SchemaNotReady
     assert str(translated) == (
-        "claim: UndefinedTable: no work_items (run `python -m trioworker --schema tenant_a migrate`)"
+        "claim: UndefinedTable: no work_items"
+        " (run `python -m trioworker --schema tenant_a migrate`)"
     )
 
 

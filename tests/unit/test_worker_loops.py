@@ -796,3 +796,54 @@ async def test_every_loop_ends_the_worker_on_a_missing_schema(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(worker.run)
             await trio.sleep(3600)
+
+
+# -- slots and completions ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("scope", "second_starts_at"), [(None, 1.0), ("s", 4.0)])
+async def test_an_unscoped_items_slot_goes_back_before_its_completion_is_written(
+    autojump_clock: trio.testing.MockClock, scope: str | None, second_starts_at: float
+) -> None:
+    """Concurrency 1, a handler of 1 s, completions that take 3 s to write: the next
+    unscoped item starts as the first one's handler returns (its completion is written
+    meanwhile); the next item of a scope, only once the write has committed (until then
+    the scope is busy). Each is completed by its one fenced write."""
+    store, registry = ScriptedStore(), Registry()
+    starts: list[float] = []
+
+    @registry.handler("A")
+    async def handler(item: WorkItem, ctx: Context) -> None:
+        starts.append(trio.current_time())
+        await trio.sleep(1)
+
+    for n in range(2):
+        await store.enqueue("A", scope=None if scope is None else f"{scope}{n}")
+    store.script["complete_batch"] = [3.0, 3.0]
+    with trio.fail_after(100):
+        async with running(store, registry, Settings(concurrency=1)):
+            await trio.sleep(10)  # both written by 7 s at the latest
+    assert starts == [0.0, second_starts_at]
+    assert [(w.op, w.id, w.attempt, w.applied) for w in store.writes] == [
+        ("complete", 1, 1, True), ("complete", 2, 1, True)
+    ]  # fmt: skip
+
+
+async def test_a_completion_retried_after_its_slot_went_back_is_still_written_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The first completion's statement fails: the retried write of that unscoped item
+    (whose slot is already back) applies once, and the next item runs meanwhile."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping(1))
+    for _ in range(2):
+        await store.enqueue("A")
+    store.script["complete_batch"] = ["fail"]
+    with trio.fail_after(100):
+        async with running(store, registry, Settings(concurrency=1)):
+            await trio.sleep(10)
+    # Item 1's write fails at 1 s and is retried within a second; item 2 runs from 1 s.
+    assert [(w.op, w.id, w.applied) for w in store.writes] == [
+        ("complete", 1, True), ("complete", 2, True)
+    ]  # fmt: skip
+    assert store.times["claim"][:2] == [0.0, 1.0]

@@ -397,6 +397,8 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     check_run_arguments(args)
     args.worker_id = args.worker_id or default_worker_id()
     registry = load_registry(args.app)
+    if args.processes > 1:
+        return run_supervised(args, registry)
     tracer = otel_tracer() if args.otel else None  # after --app, which may set one up
     if args.retain is not None:
         registry.retention(args.retain)
@@ -443,6 +445,22 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
     trio.run(main)
     return EXIT_INTERRUPTED if interrupted.is_set() else EXIT_OK
+
+
+def run_supervised(args: argparse.Namespace, registry: Registry) -> int:
+    """`run --processes N`: migrate once if asked, then N Workers under a supervisor
+    (trioworker/_cli/supervisor.py); each checks the schema and serves as `run` does."""
+    from trioworker._cli.supervisor import child_argv, supervise, worker_ids
+
+    if args.migrate:
+        for migration in migrate(args.dsn, registry, schema=args.schema):
+            log.info("applied migration %s", migration)
+    commands = []
+    for index, worker_id in enumerate(worker_ids(args.worker_id, args.processes)):
+        port = [] if not args.metrics_port else ["--metrics-port", str(args.metrics_port + index)]
+        commands.append(child_argv(args.argv, worker_id, *port))
+    code: int = trio.run(supervise, commands)
+    return code
 
 
 async def on_signals(worker: Worker, scope: trio.CancelScope, interrupted: trio.Event) -> None:

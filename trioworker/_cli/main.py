@@ -289,6 +289,11 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
                      help="a direct DSN for LISTEN when --dsn goes through PgBouncer in"
                      " transaction mode (default: --dsn; without notifications the Worker"
                      " polls)")  # fmt: skip
+    run.add_argument("--processes", type=number(integer=True, minimum=1, maximum=1024),
+                     default=1, metavar="N",
+                     help="run N Worker processes (ids ID-1 .. ID-N) under one supervisor,"
+                     " which passes signals to them all and exits with 70 if any"
+                     " fail-stops (1)")  # fmt: skip
     run.add_argument("--migrate", action="store_true", help="apply migrations first")
     run.add_argument("--retain", type=duration, metavar="DURATION",
                      help="delete finished items older than this (such as 7d), hourly, as one"
@@ -463,6 +468,7 @@ NO_DATABASE = {"sql", "demo"}
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(secrets_in(argv)).parse_args(argv)
+    args.argv = argv  # `run --processes N` starts its Workers with it
     args.dsn_given = args.dsn is not None or DSN_ENV in os.environ
     raw_dsn = args.dsn if args.dsn is not None else os.environ.get(DSN_ENV, "")
     from trioworker._postgres.dsn import describe_defaults, resolve_dsn, secrets

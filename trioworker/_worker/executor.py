@@ -10,6 +10,7 @@ alone, so a self-stopped or lost attempt writes nothing.
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import math
@@ -51,8 +52,9 @@ class Attempt:
         item: WorkItem,
         claim_sent_at: float,
         settings: Settings,
-        on_deadline: Callable[[], None] | None = None,
+        on_deadline: Callable[[float, float], None] | None = None,
     ) -> None:
+        """`on_deadline(old, new)` is called when a heartbeat moves the deadline."""
         self.item = item
         self._on_deadline = on_deadline
         self.claim_sent_at = claim_sent_at
@@ -63,13 +65,14 @@ class Attempt:
 
     def beat(self, sent_at: float) -> None:
         """A heartbeat sent at `sent_at` succeeded: push the self-stop deadline."""
-        deadline = max(self.scope.deadline, sent_at + self.settings.self_stop_after)
-        if deadline != self.scope.deadline:
+        old = self.scope.deadline
+        deadline = max(old, sent_at + self.settings.self_stop_after)
+        if deadline != old:
             self.scope.deadline = deadline
             self._changed.set()
             self._changed = trio.Event()
             if self._on_deadline is not None:
-                self._on_deadline()
+                self._on_deadline(old, deadline)
 
     @property
     def stop_requested(self) -> bool:
@@ -171,6 +174,9 @@ class Executor:
         #: The attempts now running, each on its own: after a failover lost a claim,
         #: one item (even one attempt number) can come back while its first run goes on.
         self.running: set[Attempt] = set()
+        #: How many running attempts have each self-stop deadline: attempts claimed
+        #: together share one, so the earliest is found among a few, not all of them.
+        self._deadlines: collections.Counter[float] = collections.Counter()
         self._shutting_down = False  # pragma: no mutate  (None is as false)
 
     def shut_down(self) -> None:
@@ -211,9 +217,9 @@ class Executor:
             trace.end(await self._write(item, decision, give_up_at, ilog), None)
             return decision
 
-        attempt = Attempt(item, claim_sent_at, self.settings, self.on_deadline)
+        attempt = Attempt(item, claim_sent_at, self.settings, self._deadline_moved)
         self.running.add(attempt)
-        self._deadlines_changed()
+        self._deadline_moved(None, attempt.scope.deadline)
         if self._shutting_down:
             attempt.cancel(CancelReason.SHUTDOWN)
         ctx = Context(
@@ -237,7 +243,7 @@ class Executor:
                 nursery.cancel_scope.cancel()
         finally:
             self.running.remove(attempt)
-            self._deadlines_changed()
+            self._deadline_moved(attempt.scope.deadline, None)
         reason = attempt.reason
         if reason is CancelReason.TIMEOUT:  # a handler failure, retried by the kind's policy
             assert registration.timeout is not None
@@ -259,12 +265,20 @@ class Executor:
         trace.end(written, outcome.error)
         return decision
 
-    def _deadlines_changed(self) -> None:
+    def _deadline_moved(self, old: float | None, new: float | None) -> None:
+        """A running attempt's deadline moved from `old` to `new` (None: it started or
+        ended)."""
+        if old is not None:
+            self._deadlines[old] -= 1
+            if not self._deadlines[old]:
+                del self._deadlines[old]
+        if new is not None:
+            self._deadlines[new] += 1
         if self.on_deadline is not None:
             self.on_deadline()
 
     def earliest_deadline(self) -> float:
-        return min((a.scope.deadline for a in self.running), default=math.inf)
+        return min(self._deadlines, default=math.inf)
 
     async def _run_handler(
         self, handler: Any, item: WorkItem, ctx: Context, attempt: Attempt

@@ -97,7 +97,7 @@ class Worker:
             events=self,
             tracer=tracer,
             on_deadline=self._publish_deadline,  # a no-op without a watchdog
-            complete=self._completions.complete,
+            complete=self._complete,
         )
         self._watchdog = Watchdog(self.settings.stop_grace, fail_stop) if watchdog else None
         self._wake = trio.Event()
@@ -106,6 +106,9 @@ class Worker:
         self._slot_wait = trio.CancelScope()
         self._in_flight = 0
         self._item_done = trio.Event()
+        #: The attempts (id, attempt) holding a claim slot: where to give it back, and
+        #: whether before the completion's write (for an unscoped item).
+        self._slots: dict[tuple[int, int], tuple[trio.Semaphore, bool]] = {}
 
     # -- events (the executor reports here; they are counted, and passed to metrics) ----
 
@@ -269,13 +272,32 @@ class Worker:
 
     async def _run_item(self, item: WorkItem, sent_at: float, slots: trio.Semaphore) -> None:
         self._in_flight += 1
+        key = (item.id, item.attempt)
+        self._slots[key] = (slots, item.scope is None)
         try:
             await self.executor.run(item, sent_at)
         finally:
             self._in_flight -= 1
             self._item_done.set()
-            slots.release()
-            self._wake.set()  # claim again at once: more work may be waiting
+            self._free(key)
+
+    def _free(self, attempt: tuple[int, int]) -> None:
+        """Give the attempt's slot back (once) and claim again at once: more work may
+        be waiting."""
+        held = self._slots.pop(attempt, None)
+        if held is not None:
+            held[0].release()
+            self._wake.set()
+
+    async def _complete(self, id: int, attempt: int) -> bool:
+        """The executor's complete, the batcher's one fenced statement. An unscoped
+        item's handler is done, so its slot goes back before the write: the next claim
+        overlaps it. A scoped one keeps its slot until the write has committed: until
+        then its scope is busy, and a claim made sooner would find it so."""
+        held = self._slots.get((id, attempt))
+        if held is not None and held[1]:
+            self._free((id, attempt))
+        return await self._completions.complete(id, attempt)
 
     async def _drain(self) -> None:
         """Give running items the grace period, then cancel them (they are released)."""
