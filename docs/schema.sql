@@ -133,14 +133,12 @@ CREATE TABLE work_workers (
 CREATE OR REPLACE FUNCTION public.pg_notify(p_channel text, p_payload text)
  RETURNS void
  LANGUAGE sql
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$ SELECT pg_catalog.pg_notify(work_channel(p_channel), p_payload) $function$;
 
 CREATE OR REPLACE FUNCTION public.work_channel(p_name text)
  RETURNS text
  LANGUAGE sql
  STABLE
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
     SELECT CASE WHEN current_schema() = 'public' THEN p_name
                 WHEN octet_length(p_name || '.' || current_schema()) <= 63
@@ -154,7 +152,6 @@ CREATE OR REPLACE FUNCTION public.work_claim_v1(p_worker text, p_lease double pr
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -289,7 +286,6 @@ CREATE OR REPLACE FUNCTION public.work_failover_hold_v1(p_lease double precision
  RETURNS boolean
  LANGUAGE plpgsql
  SET jit TO 'off'
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     current_timeline bigint := work_timeline();
@@ -325,7 +321,6 @@ CREATE OR REPLACE FUNCTION public.work_finish_v1(p_ids bigint[], p_attempts inte
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -386,7 +381,6 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_internal_begin()
  RETURNS text
  LANGUAGE plpgsql
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := COALESCE(current_setting('trioworker.internal', true), '');
@@ -399,14 +393,12 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_internal_end(p_was text)
  RETURNS void
  LANGUAGE sql
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$ SELECT set_config('trioworker.internal', p_was, true) $function$;
 
 CREATE OR REPLACE FUNCTION public.work_items_arrive()
  RETURNS trigger
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     line text;
@@ -454,7 +446,6 @@ CREATE OR REPLACE FUNCTION public.work_items_confirm_place()
  RETURNS trigger
  LANGUAGE plpgsql
  SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     r record;
@@ -495,7 +486,6 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_items_depart()
  RETURNS trigger
  LANGUAGE plpgsql
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 BEGIN
     INSERT INTO work_unsettled_scopes (scope) VALUES (OLD.scope);
@@ -507,7 +497,6 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_items_notify_unscoped()
  RETURNS trigger
  LANGUAGE plpgsql
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 BEGIN
     IF EXISTS (SELECT 1 FROM inserted
@@ -521,7 +510,6 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_lock_scope(p_scope text)
  RETURNS boolean
  LANGUAGE plpgsql
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := current_setting('lock_timeout');
@@ -549,7 +537,6 @@ RETURN (p_name ~ '[^\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2
 CREATE OR REPLACE FUNCTION public.work_note_attempt(p_id bigint, p_outcome text, p_error text DEFAULT NULL::text, p_traceback text DEFAULT NULL::text)
  RETURNS void
  LANGUAGE plpgsql
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     noted integer;
@@ -571,7 +558,6 @@ CREATE OR REPLACE FUNCTION public.work_pause_v1(p_kind text, p_scope text)
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -611,7 +597,6 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_pauses_changed()
  RETURNS trigger
  LANGUAGE plpgsql
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     s text;
@@ -631,7 +616,6 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_pin_search_path()
  RETURNS integer
  LANGUAGE plpgsql
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     home text := current_schema();
@@ -639,6 +623,9 @@ DECLARE
     f regprocedure;
     pinned integer := 0;
 BEGIN
+    IF home = 'public' THEN  -- found through every default search_path: see above
+        RETURN 0;
+    END IF;
     FOR f IN
         SELECT p.oid FROM pg_catalog.pg_proc AS p
         JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace
@@ -660,7 +647,6 @@ CREATE OR REPLACE FUNCTION public.work_recover_v1(p_max_stalls integer, p_batch 
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -706,7 +692,6 @@ CREATE OR REPLACE FUNCTION public.work_repair_v1(p_limit integer)
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -769,7 +754,6 @@ CREATE OR REPLACE FUNCTION public.work_request_cancel_v1(p_id bigint)
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -794,7 +778,6 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_requeue_row(p_id bigint, p_cause text, p_delay double precision, p_error text, p_traceback text DEFAULT NULL::text)
  RETURNS text
  LANGUAGE plpgsql
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     key text;
@@ -848,7 +831,6 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_requeue_update(p_id bigint, p_cause text, p_delay double precision, p_error text, p_traceback text)
  RETURNS void
  LANGUAGE plpgsql
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 BEGIN
     UPDATE work_items
@@ -871,7 +853,6 @@ CREATE OR REPLACE FUNCTION public.work_requeue_v1(p_ids bigint[], p_attempts int
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -911,7 +892,6 @@ CREATE OR REPLACE FUNCTION public.work_resume_v1(p_kind text, p_scope text)
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -936,7 +916,6 @@ CREATE OR REPLACE FUNCTION public.work_retry_v1(p_ids bigint[])
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -975,7 +954,6 @@ CREATE OR REPLACE FUNCTION public.work_seconds_until_due_v1(p_kinds text[], p_sc
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     seconds double precision;
@@ -1021,7 +999,6 @@ CREATE OR REPLACE FUNCTION public.work_settle_locked(p_scopes text[], OUT promot
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     wanted bigint[];
@@ -1115,7 +1092,6 @@ CREATE OR REPLACE FUNCTION public.work_settle_noted_v1(p_limit integer)
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -1143,7 +1119,6 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_settle_scope(p_scope text, OUT promoted integer, OUT settled boolean)
  RETURNS record
  LANGUAGE sql
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
     SELECT s.promoted, cardinality(s.unsettled) = 0 FROM work_settle_locked(ARRAY[p_scope]) AS s
 $function$;
@@ -1151,7 +1126,6 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_settle_scopes(p_scopes text[])
  RETURNS integer
  LANGUAGE plpgsql
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 DECLARE
     s text;
@@ -1184,7 +1158,6 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_timeline()
  RETURNS bigint
  LANGUAGE plpgsql
- SET search_path TO 'public', 'pg_catalog', 'pg_temp'
 AS $function$
 BEGIN
     IF pg_is_in_recovery() THEN

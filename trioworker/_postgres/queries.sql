@@ -236,8 +236,10 @@ ORDER BY attempt;
 
 -- name: advertise_worker
 -- Record or refresh a Worker. An id another process holds (its row not stopped, and
--- alive by its own interval) is not taken over: no row comes back. A Worker back
--- under its id (a restart, a new process) starts afresh: a new started_at.
+-- alive by its own interval) is not taken over: no row comes back; unless that process
+-- is %(gone_pid)s on this Worker's host, which the caller has seen is no longer running
+-- (a Worker restarted after a crash). A Worker back under its id (a restart, a new
+-- process) starts afresh: a new started_at.
 INSERT INTO work_workers AS w
     (id, host, pid, kinds, scopes, unscoped, concurrency, advertise_every)
 VALUES (%(id)s, %(host)s, %(pid)s, %(kinds)s, %(scopes)s, %(unscoped)s, %(concurrency)s,
@@ -249,7 +251,8 @@ SET host = excluded.host, pid = excluded.pid, kinds = excluded.kinds,
     last_seen = now(), stopped_at = NULL,
     started_at = CASE WHEN w.stopped_at IS NULL AND w.host = excluded.host
                            AND w.pid = excluded.pid THEN w.started_at ELSE now() END
-WHERE (w.host = excluded.host AND w.pid = excluded.pid) OR w.stopped_at IS NOT NULL
+WHERE (w.host = excluded.host AND w.pid IN (excluded.pid, %(gone_pid)s))
+   OR w.stopped_at IS NOT NULL
    OR w.last_seen <= now() - make_interval(secs => COALESCE(
           w.advertise_every * %(alive_beats)s, %(alive_within)s))
 RETURNING w.id;

@@ -55,6 +55,7 @@ from trioworker._store.reads import (
     QueueCounts,
     QueueStatus,
     id_in_use,
+    process_gone,
 )
 
 log = logging.getLogger("trioworker.store")
@@ -615,10 +616,21 @@ class PostgresStore:
             "advertise_every": worker.advertise_every,
             "alive_beats": ALIVE_BEATS,
             "alive_within": ALIVE_WITHIN,
+            "gone_pid": None,
         }
-        if not await self._rows("advertise_worker", params):
-            holders = await self._rows("worker_holding", {"id": worker.id})
-            raise id_in_use(worker.id, **(holders[0] if holders else {}))
+        if await self._rows("advertise_worker", params):
+            return
+        holders = await self._rows("worker_holding", {"id": worker.id})
+        holder = holders[0] if holders else {}
+        # A Worker of this host whose process has ended (SIGKILLed, restarted under its
+        # id by a supervisor) holds it no more: taken over at once, not after its window.
+        taken_over = (
+            holder.get("host") == worker.host
+            and process_gone(holder["pid"])
+            and await self._rows("advertise_worker", {**params, "gone_pid": holder["pid"]})
+        )
+        if not taken_over:
+            raise id_in_use(worker.id, **holder)
 
     async def worker_stopped(self, worker_id: str) -> None:  # pragma: no mutate block
         await self._rows("worker_stopped", {"id": worker_id})

@@ -6,6 +6,7 @@ the renderers only render them."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,18 @@ def id_in_use(
         f"worker id {worker_id!r} is in use by a live Worker (host {host}, pid {pid},"
         f" seen {seen_ago:.1f}s ago): give each Worker its own --worker-id"
     )
+
+
+def process_gone(pid: int) -> bool:
+    """Whether no process `pid` runs on this host (one that runs as another user, or a
+    new process that reused the number, counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return pid <= 0
 
 
 def alive_window(advertise_every: float | None) -> float:

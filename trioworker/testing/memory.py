@@ -57,6 +57,7 @@ from trioworker._store.reads import (
     alive_window,
     counts_by_kind,
     id_in_use,
+    process_gone,
 )
 from trioworker._store.tracing import trace_context_or_current, with_current_trace
 
@@ -576,12 +577,14 @@ class MemoryStore:
         held = self._advertised.get(worker.id)
         started, seen, stopped = self._seen.get(worker.id, (now, now, None))
         other = held is not None and (held.host, held.pid) != (worker.host, worker.pid)
+        gone = held is not None and held.host == worker.host and process_gone(held.pid)
         age = (now - seen).total_seconds()
         if (
             held is not None
             and other
             and stopped is None
             and age < alive_window(held.advertise_every)
+            and not gone
         ):
             raise id_in_use(worker.id, held.host, held.pid, age)
         if held is None or other or stopped is not None:
