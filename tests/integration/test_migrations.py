@@ -46,7 +46,8 @@ def tables(dsn: str) -> list[str]:
 
 QUEUE_TABLES = [
     "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_attempts", "work_items",
-    "work_pauses", "work_schedules", "work_unsettled_scopes", "work_workers", "yoyo_lock",
+    "work_limits", "work_pauses", "work_rate_slots", "work_schedules",
+    "work_unsettled_scopes", "work_workers", "yoyo_lock",
 ]  # fmt: skip
 MEDIA_TABLES = [
     "media_assets", "media_bursts", "media_proxies", "media_share_tokens",
@@ -119,6 +120,7 @@ def test_migrate_clears_a_stale_yoyo_lock(empty_dsn: str) -> None:
 #: it is released (docs/adr/0009-migrations-queue-and-applications.md).
 RELEASED = {
     "0001.baseline.sql": "5fc4ba317d062050ffa1adfc2765bfa0b59924556bd29af1f9efea9dd63c8c57",
+    "0002.limits.sql": "d1dbf84a16b378994539a7108972a70e567641c8f830b2d4c20ff1db55f78ed9",
 }
 
 

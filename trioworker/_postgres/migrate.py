@@ -33,9 +33,9 @@ log = logging.getLogger("trioworker.migrate")
 MIGRATION_LOCK = (29815, 0)
 
 #: The queue's last migration: an application's first migration depends on it
-#: (`-- depends: 0001.baseline`, written from this constant by `trioworker sql`-minded
+#: (`-- depends: 0002.limits`, written from this constant by `trioworker sql`-minded
 #: tools; a test keeps it the last file of migrations/).
-QUEUE_MIGRATION_HEAD = "0001.baseline"
+QUEUE_MIGRATION_HEAD = "0002.limits"
 
 
 class HasMigrations(Protocol):
