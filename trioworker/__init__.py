@@ -20,6 +20,7 @@ from trioworker._core.errors import (
     ConfigurationError,
     DatabaseUnavailable,
     HandlerTimeout,
+    InvalidLimit,
     InvalidWorkItem,
     Lost,
     SchemaNotReady,
@@ -27,6 +28,7 @@ from trioworker._core.errors import (
     StoreTimeout,
     TrioWorkerError,
 )
+from trioworker._core.limits import Limit, Rate, parse_rate
 from trioworker._core.model import (
     AttemptRecord,
     CancelOutcome,
@@ -65,15 +67,18 @@ __all__ = [
     "Enqueued",
     "FencedTransaction",
     "HandlerTimeout",
+    "InvalidLimit",
     "InvalidWorkItem",
     "ItemDetails",
     "ItemState",
+    "Limit",
     "Lost",
     "NewItem",
     "Pause",
     "PostgresStore",
     "QueueCounts",
     "QueueStatus",
+    "Rate",
     "Registry",
     "RetryPolicy",
     "Schedule",
@@ -93,6 +98,7 @@ __all__ = [
     "check_schema",
     "migrate",
     "open_store",
+    "parse_rate",
     "resolve_dsn",
 ]
 

@@ -26,6 +26,7 @@ import attrs
 from trioworker._cli import commands as _commands
 from trioworker._cli.commands import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from trioworker._cli.input import UsageError
+from trioworker._cli.limits import add_limit_command, cmd_limit
 from trioworker._core.errors import TrioWorkerError
 from trioworker._core.settings import Settings
 from trioworker._core.text import not_unicode, visible
@@ -313,6 +314,7 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
     cancel.add_argument("id", type=ITEM_ID)
 
     _operating(command)
+    add_limit_command(command)
     _dashboard(command)
 
     demo = command("demo", "the media-library demo, on a private PostgreSQL")
@@ -405,6 +407,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "pause": _commands.cmd_pause,
     "resume": _commands.cmd_resume,
     "quiesce": _commands.cmd_quiesce,
+    "limit": cmd_limit,
     "dashboard": _commands.cmd_dashboard,
     "demo": _commands.cmd_demo,
 }
