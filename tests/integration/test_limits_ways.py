@@ -38,12 +38,13 @@ def cli(dsn: str, *args: str) -> Any:
     return run("--dsn", dsn, "limit", *args)
 
 
-@pytest.mark.parametrize(("argv", "python", "sql"), LIMITS, ids=lambda v: str(v)[:24])
+@pytest.mark.parametrize("ways", LIMITS, ids=lambda v: " ".join(v[0]))
 async def test_the_cli_python_and_sql_ways_write_the_same_row(
-    store: PostgresStore, pg: Conn, dsn: str, argv: list[str], python: dict[str, Any], sql: str
+    store: PostgresStore, pg: Conn, dsn: str, ways: tuple[list[str], dict[str, Any], str]
 ) -> None:
     """Each limit set by the CLI, by `PostgresStore.set_limit` and by an INSERT gives
     the same row, and all three read back alike through `limits()` and `limit --json`."""
+    argv, python, sql = ways
     rows = []
     listed = []
     for way in ("cli", "python", "sql"):
