@@ -176,6 +176,8 @@ DECLARE
     got record;  -- (not r: the claim's statement names a table alias r)
     roomy text[] := '{}';  -- claimed scopes whose limit lets more start
 BEGIN
+    -- Read limits no change is committing (work_limits_settle).
+    PERFORM pg_advisory_xact_lock_shared(29817, 0);
     FOR pass IN 1..5 LOOP
         refused := NULL;
         FOR got IN
@@ -621,7 +623,6 @@ CREATE OR REPLACE FUNCTION public.work_limits_changed()
 AS $function$
 DECLARE
     kept timestamptz[];
-    s text;
 BEGIN
     IF TG_OP <> 'DELETE' AND (TG_OP = 'INSERT' OR NEW.rate IS DISTINCT FROM OLD.rate) THEN
         SELECT COALESCE(array_agg(started_at ORDER BY started_at DESC), '{}') INTO kept
@@ -632,24 +633,40 @@ BEGIN
         SELECT NEW.id, g.n, COALESCE(kept[g.n], '-infinity')
         FROM generate_series(1, NEW.rate) AS g (n);
     END IF;
+    PERFORM pg_notify('trioworker', '');
+    RETURN NULL;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_limits_settle()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    s text;
+    any_default boolean := (TG_OP <> 'INSERT' AND OLD.kind IS NULL AND OLD.scope IS NULL)
+                           OR (TG_OP <> 'DELETE' AND NEW.kind IS NULL AND NEW.scope IS NULL);
+BEGIN
+    IF (TG_OP = 'INSERT' OR OLD.kind IS NOT NULL) AND (TG_OP = 'DELETE' OR NEW.kind IS NOT NULL)
+    THEN
+        RETURN NULL;  -- a kind's limit: no heads change
+    END IF;
+    PERFORM pg_advisory_xact_lock(29817, 0);
     FOR s IN
         SELECT x.scope FROM (SELECT CASE WHEN TG_OP <> 'INSERT' THEN OLD.scope END AS scope
                              UNION SELECT CASE WHEN TG_OP <> 'DELETE' THEN NEW.scope END) AS x
         WHERE x.scope IS NOT NULL
         UNION
-        -- The default row covers every scope without a running limit of its own; those
+        -- The default covers every scope without a running limit of its own; those
         -- whose heads it changes are the busy ones.
         SELECT DISTINCT r.scope FROM work_items AS r
-        WHERE r.status = 'Running' AND r.scope IS NOT NULL
-          AND ((TG_OP <> 'INSERT' AND OLD.kind IS NULL AND OLD.scope IS NULL)
-               OR (TG_OP <> 'DELETE' AND NEW.kind IS NULL AND NEW.scope IS NULL))
+        WHERE any_default AND r.status = 'Running' AND r.scope IS NOT NULL
           AND NOT EXISTS (SELECT 1 FROM work_limits AS l
                           WHERE l.scope = r.scope AND l.running IS NOT NULL)
     LOOP
         INSERT INTO work_unsettled_scopes (scope) VALUES (s);
         PERFORM pg_notify('trioworker_settle', s);
     END LOOP;
-    PERFORM pg_notify('trioworker', '');
     RETURN NULL;
 END
 $function$;
@@ -1232,6 +1249,8 @@ DECLARE
     line record;
     stand_in bigint;
 BEGIN
+    -- Read limits no change is committing (work_limits_settle).
+    PERFORM pg_advisory_xact_lock_shared(29817, 0);
     -- The first item of each line of each scope with room (not full, not paused), and those of them not heads yet:
     -- a skip scan over each scope's lines, each step landing on the next line's first.
     WITH RECURSIVE
@@ -1420,4 +1439,5 @@ CREATE TRIGGER work_items_depart_update AFTER UPDATE OF status, scope, kind, pri
 CREATE TRIGGER work_items_notify_unscoped AFTER INSERT ON public.work_items REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION work_items_notify_unscoped();
 CREATE TRIGGER work_items_take_slot BEFORE INSERT OR UPDATE OF status, scope, kind, scope_slot, kind_slot ON public.work_items FOR EACH ROW WHEN (((new.status = 'Running'::text) OR (new.scope_slot IS NOT NULL) OR (new.kind_slot IS NOT NULL))) EXECUTE FUNCTION work_items_take_slot();
 CREATE TRIGGER work_limits_changed AFTER INSERT OR DELETE OR UPDATE ON public.work_limits FOR EACH ROW EXECUTE FUNCTION work_limits_changed();
+CREATE CONSTRAINT TRIGGER work_limits_settle AFTER INSERT OR DELETE OR UPDATE ON public.work_limits DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION work_limits_settle();
 CREATE TRIGGER work_pauses_changed AFTER INSERT OR DELETE OR UPDATE ON public.work_pauses FOR EACH ROW WHEN ((current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text)) EXECUTE FUNCTION work_pauses_changed();

