@@ -62,9 +62,8 @@ def test_a_rate_of_ten_a_second_across_two_workers_gives_a_hundred_starts_in_ten
     ).fetchall()
     starts = [r[0] for r in rows]
     within = [t for t in starts if (t - first).total_seconds() < RUN_FOR]
-    print(
-        f"{len(within)} starts in {RUN_FOR:g}s; most in one window {most_in_any_window(starts, PERIOD)}"
-    )
+    most = most_in_any_window(starts, PERIOD)
+    print(f"{len(within)} starts in {RUN_FOR:g}s; most in one window {most}")
     assert abs(len(within) - RATE * RUN_FOR) <= RATE, len(within)
     assert most_in_any_window(starts, PERIOD) <= RATE
     assert {r[1] for r in rows} == {"w0", "w1"}

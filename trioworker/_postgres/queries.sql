@@ -220,7 +220,8 @@ SELECT id, kind, scope, attempt, worker_id, started_at,
 FROM work_items WHERE status = 'Running' ORDER BY started_at;
 
 -- name: busy_scopes
-SELECT count(*) AS n FROM work_items WHERE status = 'Running' AND scope IS NOT NULL;
+-- Scopes with a Running item (a scope whose limit is over one may run several).
+SELECT count(DISTINCT scope) AS n FROM work_items WHERE status = 'Running' AND scope IS NOT NULL;
 
 -- name: recent_failures
 SELECT id, kind, scope, attempt, finished_at, reason, error

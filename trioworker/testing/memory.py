@@ -894,7 +894,7 @@ class MemoryStore:
         counts = counts_by_kind(
             {"kind": k, "status": s, "n": n} for (k, s), n in sorted(rows.items())
         )
-        busy = sum(1 for r in self._rows.values() if r.status is Status.RUNNING and r.scope)
+        busy = len({r.scope for r in self._rows.values() if r.status is Status.RUNNING and r.scope})
         return QueueCounts(counts, busy)
 
     async def status(self, *, failures: int = 10) -> QueueStatus:
