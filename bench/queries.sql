@@ -17,6 +17,9 @@ INSERT INTO work_items (kind, status, attempt, worker_id, lease_expires_at, star
 SELECT %(kind)s, 'Running', 1, 'bench-holder', now() + interval '1 day', now(), now()
 FROM generate_series(1, %(n)s);
 
+-- name: set_default_limit
+SELECT * FROM work_set_limit_v1(NULL, NULL, %(running)s);
+
 -- name: set_limit
 SELECT * FROM work_set_limit_v1(%(kind)s, NULL, %(running)s, %(rate)s, %(per)s);
 
