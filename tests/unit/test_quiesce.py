@@ -161,7 +161,8 @@ async def test_quiesce_waits_for_every_slot_of_a_scope(
 ) -> None:
     """Scope s runs two items (limit 2): both are asked to stop. The first holder's
     Worker never answers and its lease (3 s) runs out; that is not the end while the
-    second, in slot 2, still writes: quiesce is done when it ends at 12 s."""
+    second, in slot 2, still writes: quiesce is done at the first look after it ends
+    at 11.5 s."""
     store = ScriptedStore()
     await store.set_limit(scope="s", running=2)
     await ghost(store, lease=3.0)
@@ -169,7 +170,7 @@ async def test_quiesce_waits_for_every_slot_of_a_scope(
     assert [h.slot for h in (await store.scope_holders("s"))[0]] == [1, 2]
 
     async def finish() -> None:
-        await trio.sleep(12.0)
+        await trio.sleep(11.5)  # between two looks
         assert await store.cancel_attempt(2, 1)
 
     async with trio.open_nursery() as nursery:
@@ -177,3 +178,19 @@ async def test_quiesce_waits_for_every_slot_of_a_scope(
         result = await quiesce(store, "s", timeout=100, poll=1)
     assert (result.done, result.waited) == (True, 12.0)
     assert store.calls.count("request_cancel") == 2
+
+
+async def test_a_timeout_names_every_slot_still_holding_the_scope(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two holders of a scope at limit 2 that never answer: on timeout, both are named,
+    in slot order."""
+    store = ScriptedStore()
+    await store.set_limit(scope="s", running=2)
+    await ghost(store)
+    await ghost(store)
+    result = await quiesce(store, "s", timeout=5, poll=1)
+    assert not result.done and result.holder is not None
+    first, second = result.holder.split("; ")
+    assert first.startswith("item 1 (A) attempt 1 on Worker ghost: cancel requested")
+    assert second.startswith("item 2 (A) attempt 1 on Worker ghost: cancel requested")
