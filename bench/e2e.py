@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 import re
 import statistics
 import time
@@ -68,8 +69,24 @@ def systems(graphile: bool) -> list[System]:
             "pgqueuer, batched (batch 100, pool)", False, PROCESSES, batch_size=100, pool=True
         ),
         Pgqueuer(f"pgqueuer, {SERIAL_KEYS} entrypoints limit 1", True, PROCESSES, batch_size=10),
+        *limited_systems(),
         *(graphile_systems() if graphile else []),
     ]
+
+
+def limited_systems() -> list[System]:
+    """Limits beyond one (docs/design/limits.md): 50 scopes at 2 at a time and a kind at
+    a global limit of 8, beside pgqueuer's concurrency_limit (per entrypoint and per
+    Worker process: with 2 processes, 2 x the limit can run; trioworker's are global)."""
+    return [
+        Trioworker(f"trioworker, {SERIAL_KEYS} scopes at limit 2", True, PROCESSES,
+                   concurrency=32, scope_limit=2),
+        Trioworker("trioworker, unscoped, kind limit 8", False, PROCESSES, concurrency=32,
+                   kind_limit=8),
+        Pgqueuer(f"pgqueuer, {SERIAL_KEYS} entrypoints limit 2", True, PROCESSES,
+                 batch_size=10, limit=2),
+        Pgqueuer("pgqueuer, concurrency_limit 8", False, PROCESSES, batch_size=10, limit=8),
+    ]  # fmt: skip
 
 
 def slug(label: str) -> str:
@@ -159,11 +176,27 @@ def summarise(system: System, runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _reference(row: dict[str, Any]) -> bool:
-    """trioworker's rows the others are set against (`run --processes` is not one)."""
-    return row["family"] == "trioworker" and not row["settings"].get("supervised")
+    """trioworker's rows the others are set against (not `run --processes`, not a run
+    with limits)."""
+    return (
+        row["family"] == "trioworker" and not row["settings"].get("supervised") and not limited(row)
+    )
+
+
+def limited(row: dict[str, Any]) -> bool:
+    """A run of `limited_systems`: reported, but not one the targets compare."""
+    settings = row["settings"]
+    return (
+        settings.get("scope_limit", 1) != 1
+        or settings.get("kind_limit") is not None
+        or (settings.get("limit", 0) not in (0, 1))
+        or (settings.get("limit", 0) == 1 and not row["serialised"])
+    )
 
 
 def compare(rows: list[dict[str, Any]], reference: dict[str, Any]) -> dict[str, Any]:
+    rows = [r for r in rows if not limited(r)]
+
     def best(serialised: bool) -> dict[str, Any]:
         peers = [r for r in rows if r["family"] != "trioworker" and r["serialised"] == serialised
                  and not math.isnan(r["items_per_s"])]  # fmt: skip
@@ -248,6 +281,9 @@ def main(srv: Server, quick: bool, out: Path) -> dict[str, Any]:
         print("  graphile: skipped, no `node` on PATH (Graphile Worker runs on Node.js)")
     reference = pgbench.run(srv, pgbench_seconds)
     chosen = systems(graphile)
+    only = os.environ.get("BENCH_E2E_ONLY")  # a label's part, such as "limit": those alone
+    if only:
+        chosen = [s for s in chosen if only in s.label or s.label.startswith("trioworker, ")]
     runs: dict[str, list[dict[str, Any]]] = {s.label: [] for s in chosen}
     for r in range(rounds):
         for system in chosen[r:] + chosen[:r]:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import trio_asyncio  # noqa: F401  isort: skip
 
 import contextlib
+import functools
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -47,10 +49,19 @@ class Shape:
     #: Paused scopes, each with `behind // paused_scopes` due items of the served kind,
     #: older than any free item (`python -m trioworker pause --scope`).
     paused_scopes: int = 0
+    #: Due items of a served kind held back by a limit (docs/design/limits.md), older
+    #: than any free item, half unscoped and half over 1,000 scopes: "limit" (the kind at
+    #: its global running limit of 8, all 8 slots busy) or "rate" (its rate window spent).
+    held: int = 0
+    held_by: str = ""
+
+    @property
+    def kinds(self) -> list[str]:
+        return [*KINDS, "Held"] if self.held else KINDS
 
     @property
     def rows(self) -> int:
-        return self.busy_scopes + self.behind + self.free_items + self.other_kinds
+        return self.busy_scopes + self.behind + self.free_items + self.other_kinds + self.held
 
 
 SHAPES = {
@@ -62,6 +73,10 @@ SHAPES = {
               0, 0, 1, 1, other_kinds=100_000),
         Shape("d", "1,000 paused scopes x 100 queued of the served kind, 1 free item",
               0, 100_000, 1, 1, paused_scopes=1000),
+        Shape("e", "100,000 due items of a served kind at its global limit (8 of 8"
+              " Running), 1 free item", 0, 0, 1, 1, held=100_000, held_by="limit"),
+        Shape("f", "100,000 due items of a served kind whose rate window is spent,"
+              " 1 free item", 0, 0, 1, 1, held=100_000, held_by="rate"),
     ],
     "quick": [
         Shape("a", "100 busy scopes x 100 queued, 1 free item", 100, 10_000, 1, 1),
@@ -71,13 +86,41 @@ SHAPES = {
               0, 0, 1, 1, other_kinds=10_000),
         Shape("d", "100 paused scopes x 100 queued of the served kind, 1 free item",
               0, 10_000, 1, 1, paused_scopes=100),
+        Shape("e", "10,000 due items of a served kind at its global limit (8 of 8"
+              " Running), 1 free item", 0, 0, 1, 1, held=10_000, held_by="limit"),
+        Shape("f", "10,000 due items of a served kind whose rate window is spent,"
+              " 1 free item", 0, 0, 1, 1, held=10_000, held_by="rate"),
     ],
 }  # fmt: skip
 
 
-def load(conn: psycopg.Connection[Any], shape: Shape | None) -> None:
-    """The backlog of `shape` (None: just one free item), analysed and vacuumed."""
-    if shape is not None and shape.paused_scopes:
+def hold(conn: psycopg.Connection[Any], held_by: str) -> None:
+    """Kind Held at its limit: 8 of 8 Running, or its rate window (10 a day) spent."""
+    if held_by == "limit":
+        conn.execute(
+            QUERIES["set_limit"], {"kind": "Held", "running": 8, "rate": None, "per": None}
+        )
+        conn.execute(QUERIES["insert_running_of_kind"], {"kind": "Held", "n": 8})
+    else:
+        conn.execute(
+            QUERIES["set_limit"], {"kind": "Held", "running": None, "rate": 10, "per": 86400.0}
+        )
+        conn.execute(QUERIES["spend_rate"], {"kind": "Held"})
+
+
+def load(conn: psycopg.Connection[Any], shape: Shape | None, held_by: str = "") -> None:
+    """The backlog of `shape` (None: just one free item, and the limit `held_by` with
+    nothing behind it), analysed and vacuumed."""
+    if held_by:
+        hold(conn, held_by)
+    if shape is not None and shape.held:
+        for prefix, scopes in (("held-", 1000), ("", 0)):
+            conn.execute(
+                QUERIES["insert_queued"],
+                {"kind": "Held", "prefix": prefix, "scopes": scopes, "n": shape.held // 2,
+                 "age": 3600},
+            )  # fmt: skip
+    elif shape is not None and shape.paused_scopes:
         conn.execute(
             QUERIES["insert_queued"],
             {"kind": "Free", "prefix": "paused-", "scopes": shape.paused_scopes,
@@ -112,10 +155,10 @@ def _check(row: Any) -> None:
         raise AssertionError(f"the claim took {scope!r}, not an item of a free scope")
 
 
-async def store_sample(store: PostgresStore) -> float:
+async def store_sample(store: PostgresStore, kinds: list[str]) -> float:
     """One claim through the store; the item is released again (not timed)."""
     t0 = time.perf_counter()
-    item = await store.claim("bench", LEASE, kinds=KINDS)
+    item = await store.claim("bench", LEASE, kinds=kinds)
     elapsed = time.perf_counter() - t0
     if item is None:
         raise AssertionError("the store's claim found nothing to claim")
@@ -124,12 +167,12 @@ async def store_sample(store: PostgresStore) -> float:
     return elapsed
 
 
-def sync_sample(conn: psycopg.Connection[Any], query: str) -> float:
+def sync_sample(conn: psycopg.Connection[Any], query: str, kinds: list[str]) -> float:
     """One claim statement on a sync connection, in a transaction rolled back after."""
     conn.execute("BEGIN")
     try:
         t0 = time.perf_counter()
-        row = conn.execute(query, CLAIM_PARAMS).fetchone()
+        row = conn.execute(query, {**CLAIM_PARAMS, "kinds": kinds}).fetchone()
         elapsed = time.perf_counter() - t0
     finally:
         conn.execute("ROLLBACK")
@@ -137,12 +180,12 @@ def sync_sample(conn: psycopg.Connection[Any], query: str) -> float:
     return elapsed
 
 
-def explain(conn: psycopg.Connection[Any], query: str) -> str:
+def explain(conn: psycopg.Connection[Any], query: str, kinds: list[str]) -> str:
     conn.execute("BEGIN")
     try:
         rows = conn.execute(
             "EXPLAIN (ANALYZE, BUFFERS) " + query,
-            CLAIM_PARAMS,
+            {**CLAIM_PARAMS, "kinds": kinds},
         ).fetchall()
     finally:
         conn.execute("ROLLBACK")
@@ -163,19 +206,25 @@ def with_options(dsn: str, options: str) -> str:
     return psycopg.conninfo.make_conninfo(dsn, options=options)
 
 
-def sync(conn: psycopg.Connection[Any], query: str) -> Sampler:
+def sync(conn: psycopg.Connection[Any], query: str, kinds: list[str]) -> Sampler:
     async def sample() -> float:
-        return sync_sample(conn, query)
+        return sync_sample(conn, query, kinds)
 
     return sample
 
 
-def claims(store: PostgresStore) -> Sampler:
-    return lambda: store_sample(store)
+def claims(store: PostgresStore, kinds: list[str]) -> Sampler:
+    return lambda: store_sample(store, kinds)
 
 
 async def measure(
-    backlog_dsn: str, empty_dsn: str, rounds: int, per_round: int, plain_per_round: int
+    backlog_dsn: str,
+    empty_dsn: str,
+    rounds: int,
+    per_round: int,
+    plain_per_round: int,
+    *,
+    kinds: list[str],
 ) -> dict[str, list[float]]:
     """Samples (seconds) of each series, interleaved sample by sample."""
     claim, plain = CLAIM, QUERIES["plain_claim"]
@@ -192,14 +241,15 @@ async def measure(
                 connect(with_options(dsn, "-c plan_cache_mode=force_generic_plan"))
             )
             conns.append(conn)
-            series[f"store.claim {where}"] = (claims(store), per_round)
-            series[f"{NO_FLUSH} {where}"] = (claims(no_flush), per_round)
-            series[f"claim SQL {where}"] = (sync(conn, claim), per_round)
-            series[f"{GENERIC} {where}"] = (sync(cached, claim), per_round)
-            series[f"plain NOT EXISTS {where}"] = (
-                sync(conn, plain),
-                plain_per_round if where == "backlog" else per_round,
-            )
+            series[f"store.claim {where}"] = (claims(store, kinds), per_round)
+            series[f"{NO_FLUSH} {where}"] = (claims(no_flush, kinds), per_round)
+            series[f"claim SQL {where}"] = (sync(conn, claim, kinds), per_round)
+            series[f"{GENERIC} {where}"] = (sync(cached, claim, kinds), per_round)
+            if kinds == KINDS:  # the plain baseline knows no limits: it would take Held
+                series[f"plain NOT EXISTS {where}"] = (
+                    sync(conn, plain, kinds),
+                    plain_per_round if where == "backlog" else per_round,
+                )
         samples: dict[str, list[float]] = {name: [] for name in series}
         for sampler, _ in series.values():  # warm up: connections, plans, caches
             for _ in range(3):
@@ -218,17 +268,19 @@ def run_shape(srv: Server, shape: Shape, rounds: int, per_round: int) -> dict[st
     with srv.database(f"hol_{shape.key}") as backlog_dsn, srv.database("hol_empty") as empty_dsn:
         t0 = time.perf_counter()
         with connect(backlog_dsn) as conn:
-            load(conn, shape)
+            load(conn, shape, shape.held_by)
         load_seconds = time.perf_counter() - t0
         with connect(empty_dsn) as conn:
-            load(conn, None)
+            load(conn, None, shape.held_by)
         plain_per_round = max(1, per_round // 6)
-        samples = trio.run(measure, backlog_dsn, empty_dsn, rounds, per_round, plain_per_round)
+        samples = trio.run(
+            functools.partial(measure, kinds=shape.kinds),
+            backlog_dsn, empty_dsn, rounds, per_round, plain_per_round,
+        )  # fmt: skip
         with connect(backlog_dsn) as conn:
-            plans = {
-                "claim": explain(conn, CLAIM),
-                "plain_claim": explain(conn, QUERIES["plain_claim"]),
-            }
+            plans = {"claim": explain(conn, CLAIM, shape.kinds)}
+            if not shape.held:
+                plans["plain_claim"] = explain(conn, QUERIES["plain_claim"], shape.kinds)
     series = {name: summary_ms(values) for name, values in samples.items()}
 
     def median(name: str) -> float:
@@ -253,7 +305,9 @@ def run_shape(srv: Server, shape: Shape, rounds: int, per_round: int) -> dict[st
             ),
             "plain_backlog_vs_claim_sql_backlog": ratio(
                 median("plain NOT EXISTS backlog"), median("claim SQL backlog")
-            ),
+            )
+            if not shape.held
+            else None,
         },
         "targets": {
             "median_within_2ms": median("store.claim backlog") <= 2.0,
@@ -268,6 +322,8 @@ def report(results: list[dict[str, Any]]) -> None:
         s = r["series"]
         rows = []
         for label in LABELS:
+            if f"{label} backlog" not in s:
+                continue
             back, empty = s[f"{label} backlog"], s[f"{label} near-empty"]
             rows.append([
                 label, back["median_ms"], back["p99_ms"], empty["median_ms"], empty["p99_ms"],
@@ -284,16 +340,23 @@ def report(results: list[dict[str, Any]]) -> None:
         print(
             f"  store.claim: {r['ratios']['store_backlog_vs_near_empty']:.2f}x near-empty"
             f" (target <= 2x: {'met' if t['within_2x_near_empty'] else 'MISSED'});"
-            f" median {s['store.claim backlog']['median_ms']:.2f} ms{within};"
-            f" plain NOT EXISTS is {r['ratios']['plain_backlog_vs_claim_sql_backlog']:.0f}x"
-            " the claim SQL on the backlog"
+            f" median {s['store.claim backlog']['median_ms']:.2f} ms{within}"
+            + (
+                ""
+                if r["ratios"]["plain_backlog_vs_claim_sql_backlog"] is None
+                else f"; plain NOT EXISTS is"
+                f" {r['ratios']['plain_backlog_vs_claim_sql_backlog']:.0f}x the claim SQL on"
+                " the backlog"
+            )
         )
 
 
 def main(srv: Server, quick: bool, out: Any) -> dict[str, Any]:
     size = "quick" if quick else "full"
     rounds, per_round = (3, 10) if quick else (10, 30)
-    results = [run_shape(srv, shape, rounds, per_round) for shape in SHAPES[size]]
+    only = os.environ.get("BENCH_HOL_SHAPES")  # such as "e,f": those shapes alone
+    shapes = [s for s in SHAPES[size] if only is None or s.key in only.split(",")]
+    results = [run_shape(srv, shape, rounds, per_round) for shape in shapes]
     report(results)
     path = save(out, "hol", srv, {"size": size, "rounds": rounds, "per_round": per_round}, results)
     print(f"  -> {path}")

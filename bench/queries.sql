@@ -10,6 +10,24 @@ SELECT 'Busy', %(prefix)s || g, 'Running', 1, 'bench-holder',
        now() + interval '1 day', now(), now()
 FROM generate_series(0, %(scopes)s - 1) AS g;
 
+-- name: insert_running_of_kind
+-- %(n)s Running unscoped items of %(kind)s (they take its kind slots).
+INSERT INTO work_items (kind, status, attempt, worker_id, lease_expires_at, started_at,
+                        heartbeat_at)
+SELECT %(kind)s, 'Running', 1, 'bench-holder', now() + interval '1 day', now(), now()
+FROM generate_series(1, %(n)s);
+
+-- name: set_default_limit
+SELECT * FROM work_set_limit_v1(NULL, NULL, %(running)s);
+
+-- name: set_limit
+SELECT * FROM work_set_limit_v1(%(kind)s, NULL, %(running)s, %(rate)s, %(per)s);
+
+-- name: spend_rate
+-- Every start of the kind's rate window used just now.
+UPDATE work_rate_slots SET started_at = now()
+WHERE limit_id = (SELECT id FROM work_limits WHERE kind = %(kind)s);
+
 -- name: insert_queued
 -- %(n)s Queued items, round robin over %(scopes)s scopes (unscoped when 0), due
 -- %(age)s seconds ago: an older backlog is ahead of newer items in scheduling order.

@@ -74,9 +74,21 @@ class Trioworker:
     supervised: bool = False
     family: str = "trioworker"
     migrated: bool = True
+    #: The default running limit of scopes (docs/design/limits.md); 1: the founding rule.
+    scope_limit: int = 1
+    #: A global running limit on the kind (None: none).
+    kind_limit: int | None = None
 
     def install(self, dsn: str) -> None:
-        """The database is a copy of the migrated template."""
+        """The database is a copy of the migrated template; limits, if any, are set."""
+        with connect(dsn) as conn:
+            if self.scope_limit != 1:
+                conn.execute(QUERIES["set_default_limit"], {"running": self.scope_limit})
+            if self.kind_limit is not None:
+                conn.execute(
+                    QUERIES["set_limit"],
+                    {"kind": "Noop", "running": self.kind_limit, "rate": None, "per": None},
+                )
 
     def worker_commands(self, dsn: str) -> list[list[str]]:
         if self.supervised:
@@ -145,12 +157,16 @@ class Pgqueuer:
     pool: bool = False
     family: str = "pgqueuer"
     migrated: bool = False
+    #: Each entrypoint's concurrency_limit (0: none; serialised: 1 unless given).
+    limit: int = 0
 
     def install(self, dsn: str) -> None:
         run_helper("bench.peer_pgqueuer", "install", "--dsn", dsn)
 
     def _entrypoint_args(self) -> list[str]:
-        return ["--entrypoints", str(SERIAL_KEYS), "--limit", "1"] if self.serialised else []
+        if self.serialised:
+            return ["--entrypoints", str(SERIAL_KEYS), "--limit", str(self.limit or 1)]
+        return ["--entrypoints", "0", "--limit", str(self.limit)] if self.limit else []
 
     def worker_commands(self, dsn: str) -> list[list[str]]:
         return [

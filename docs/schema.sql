@@ -51,6 +51,8 @@ CREATE TABLE work_items (
     traceback text,
     is_head boolean NOT NULL DEFAULT false,
     trace_context jsonb,
+    scope_slot integer,
+    kind_slot integer,
     CONSTRAINT work_items_counters_sane CHECK (((attempt >= 0) AND (stalls >= 0) AND (failures >= 0))),
     CONSTRAINT work_items_dedup_key_sane CHECK (((dedup_key <> ''::text) AND (length(dedup_key) <= 200))),
     CONSTRAINT work_items_heads_are_queued_and_scoped CHECK (((NOT is_head) OR ((status = 'Queued'::text) AND (scope IS NOT NULL)))),
@@ -62,6 +64,7 @@ CREATE TABLE work_items (
     CONSTRAINT work_items_priority_sane CHECK (((priority >= '-1000'::integer) AND (priority <= 1000))),
     CONSTRAINT work_items_running_has_lease CHECK (((status = 'Running'::text) = (lease_expires_at IS NOT NULL))),
     CONSTRAINT work_items_scope_sane CHECK (((scope <> ''::text) AND (length(scope) <= 200))),
+    CONSTRAINT work_items_slots_only_running CHECK (((status = 'Running'::text) OR ((scope_slot IS NULL) AND (kind_slot IS NULL)))),
     CONSTRAINT work_items_status_known CHECK ((status = ANY (ARRAY['Queued'::text, 'Running'::text, 'Succeeded'::text, 'Failed'::text, 'Cancelled'::text]))),
     CONSTRAINT work_items_trace_context_sane CHECK (((jsonb_typeof(trace_context) = 'object'::text) AND (NOT jsonb_path_exists(trace_context, '$.*?(@.type() != "string")'::jsonpath)) AND (octet_length((trace_context)::text) <= 8192))),
     CONSTRAINT work_items_traceback_fits CHECK ((length(traceback) <= 20000))
@@ -72,9 +75,31 @@ CREATE INDEX work_items_heads ON public.work_items USING btree (kind, priority, 
 CREATE INDEX work_items_heads_by_scope ON public.work_items USING btree (scope) WHERE ((status = 'Queued'::text) AND is_head AND (scope IS NOT NULL));
 CREATE INDEX work_items_lines ON public.work_items USING btree (scope, kind, priority, run_after, id) WHERE ((status = 'Queued'::text) AND (scope IS NOT NULL));
 CREATE UNIQUE INDEX work_items_one_queued_per_dedup_key ON public.work_items USING btree (dedup_key) WHERE ((status = 'Queued'::text) AND (dedup_key IS NOT NULL));
-CREATE UNIQUE INDEX work_items_one_running_per_scope ON public.work_items USING btree (scope) WHERE ((status = 'Running'::text) AND (scope IS NOT NULL));
+CREATE UNIQUE INDEX work_items_one_running_per_kind_slot ON public.work_items USING btree (kind, kind_slot) WHERE (status = 'Running'::text);
+CREATE UNIQUE INDEX work_items_one_running_per_scope_slot ON public.work_items USING btree (scope, scope_slot) WHERE ((status = 'Running'::text) AND (scope IS NOT NULL));
 CREATE INDEX work_items_running_lease ON public.work_items USING btree (lease_expires_at) WHERE (status = 'Running'::text);
 CREATE INDEX work_items_unscoped ON public.work_items USING btree (kind, priority, run_after, id) WHERE ((status = 'Queued'::text) AND (scope IS NULL));
+
+CREATE TABLE work_limits (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    kind text,
+    scope text,
+    running integer,
+    rate integer,
+    per interval,
+    updated_at timestamp with time zone NOT NULL DEFAULT now(),
+    CONSTRAINT work_limits_default_running_only CHECK (((kind IS NOT NULL) OR (scope IS NOT NULL) OR (rate IS NULL))),
+    CONSTRAINT work_limits_names_sane CHECK ((((kind IS NULL) OR ((kind <> ''::text) AND (length(kind) <= 200) AND work_not_blank(kind))) AND ((scope IS NULL) OR ((scope <> ''::text) AND (length(scope) <= 200) AND work_not_blank(scope))))),
+    CONSTRAINT work_limits_one_target CHECK (((kind IS NULL) OR (scope IS NULL))),
+    CONSTRAINT work_limits_pkey PRIMARY KEY (id),
+    CONSTRAINT work_limits_rate_sane CHECK ((((rate IS NULL) = (per IS NULL)) AND ((rate >= 1) AND (rate <= 10000)) AND (per > '00:00:00'::interval) AND (per <= '1 day'::interval))),
+    CONSTRAINT work_limits_running_sane CHECK (((running >= 1) AND (running <= 10000))),
+    CONSTRAINT work_limits_something CHECK (((running IS NOT NULL) OR (rate IS NOT NULL)))
+);
+
+CREATE UNIQUE INDEX work_limits_default ON public.work_limits USING btree ((true)) WHERE ((kind IS NULL) AND (scope IS NULL));
+CREATE UNIQUE INDEX work_limits_kind ON public.work_limits USING btree (kind) WHERE (kind IS NOT NULL);
+CREATE UNIQUE INDEX work_limits_scope ON public.work_limits USING btree (scope) WHERE (scope IS NOT NULL);
 
 CREATE TABLE work_pauses (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
@@ -87,6 +112,16 @@ CREATE TABLE work_pauses (
 
 CREATE UNIQUE INDEX work_pauses_kind ON public.work_pauses USING btree (kind) WHERE (kind IS NOT NULL);
 CREATE UNIQUE INDEX work_pauses_scope ON public.work_pauses USING btree (scope) WHERE (scope IS NOT NULL);
+
+CREATE TABLE work_rate_slots (
+    limit_id bigint NOT NULL,
+    slot integer NOT NULL,
+    started_at timestamp with time zone NOT NULL DEFAULT '-infinity'::timestamp with time zone,
+    CONSTRAINT work_rate_slots_limit_id_fkey FOREIGN KEY (limit_id) REFERENCES work_limits(id) ON DELETE CASCADE,
+    CONSTRAINT work_rate_slots_pkey PRIMARY KEY (limit_id, slot)
+);
+
+CREATE INDEX work_rate_slots_oldest ON public.work_rate_slots USING btree (limit_id, started_at);
 
 CREATE TABLE work_schedules (
     name text NOT NULL,
@@ -148,6 +183,13 @@ $function$;
 
 CREATE OR REPLACE FUNCTION public.work_claim_v1(p_worker text, p_lease double precision, p_limit integer, p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
  RETURNS SETOF work_items
+ LANGUAGE sql
+AS $function$
+    SELECT * FROM work_claim_v2(p_worker, p_lease, p_limit, p_kinds, p_scopes, p_unscoped)
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_claim_v2(p_worker text, p_lease double precision, p_limit integer, p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
+ RETURNS SETOF work_items
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
@@ -160,14 +202,25 @@ DECLARE
     window_size integer := p_limit;  -- candidates this round reads
     refused text[];
     got record;  -- (not r: the claim's statement names a table alias r)
+    roomy text[] := '{}';  -- claimed scopes whose limit lets more start
 BEGIN
+    -- Read limits no change is committing (work_limits_settle).
+    PERFORM pg_advisory_xact_lock_shared(29817, 0);
     FOR pass IN 1..5 LOOP
         refused := NULL;
         FOR got IN
             WITH RECURSIVE
+            served AS (
+                -- Each kind and how many of it may start now (NULL: no limit; its
+                -- rate slots counted are locked until the claim commits).
+                SELECT s.kind, work_kind_allows(s.kind, p_limit) AS room
+                FROM (SELECT DISTINCT k AS kind FROM unnest(p_kinds) AS k
+                      WHERE NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.kind = k)) AS s
+            ),
             kinds AS (
-                SELECT DISTINCT k AS kind FROM unnest(p_kinds) AS k
-                WHERE NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.kind = k)
+                -- A kind at its running limit, or out of starts in its rate window, is
+                -- not read at all: its backlog costs the claim nothing.
+                SELECT v.kind, v.room FROM served AS v WHERE v.room IS NULL OR v.room > 0
             ),
             levels AS (
                 -- Each kind's priority levels, highest first (over every scope's heads
@@ -195,12 +248,11 @@ BEGIN
             due AS (
                 SELECT c.* FROM levels AS l
                 CROSS JOIN LATERAL (
-                    SELECT h.id, h.scope, h.priority, h.run_after FROM work_items AS h
+                    SELECT h.id, h.scope, h.kind, h.priority, h.run_after FROM work_items AS h
                     WHERE p_scopes IS NULL AND h.kind = l.kind AND h.priority = l.priority
                       AND h.status = 'Queued' AND h.is_head AND h.run_after <= now()
                       AND h.scope <> ALL(passed)
-                      AND NOT EXISTS (SELECT 1 FROM work_items AS r
-                                      WHERE r.scope = h.scope AND r.status = 'Running')
+                      AND NOT work_scope_full(h.scope)
                     ORDER BY h.run_after, h.id
                     LIMIT window_size
                     FOR UPDATE SKIP LOCKED) AS c
@@ -208,7 +260,7 @@ BEGIN
                 UNION ALL
                 SELECT c.* FROM levels AS l
                 CROSS JOIN LATERAL (
-                    SELECT u.id, u.scope, u.priority, u.run_after FROM work_items AS u
+                    SELECT u.id, u.scope, u.kind, u.priority, u.run_after FROM work_items AS u
                     WHERE p_unscoped AND u.kind = l.kind AND u.priority = l.priority
                       AND u.status = 'Queued' AND u.scope IS NULL AND u.run_after <= now()
                     ORDER BY u.run_after, u.id
@@ -218,12 +270,11 @@ BEGIN
                 UNION ALL
                 SELECT c.* FROM unnest(p_scopes) AS s (scope)
                 CROSS JOIN LATERAL (
-                    SELECT h.id, h.scope, h.priority, h.run_after FROM work_items AS h
+                    SELECT h.id, h.scope, h.kind, h.priority, h.run_after FROM work_items AS h
                     WHERE h.scope = s.scope AND h.status = 'Queued' AND h.is_head
                       AND h.kind IN (SELECT kind FROM kinds) AND h.run_after <= now()
                       AND h.scope <> ALL(passed)
-                      AND NOT EXISTS (SELECT 1 FROM work_items AS r
-                                      WHERE r.scope = h.scope AND r.status = 'Running')
+                      AND NOT work_scope_full(h.scope)
                     ORDER BY h.priority DESC, h.run_after, h.id
                     LIMIT 1
                     FOR UPDATE SKIP LOCKED) AS c
@@ -233,7 +284,8 @@ BEGIN
                     SELECT DISTINCT ON (COALESCE(d.scope, d.id::text)) d.*
                     FROM due AS d
                     WHERE d.scope IS NULL
-                       OR NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = d.scope)
+                       OR (NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = d.scope)
+                           AND work_scope_rate_open(d.scope))
                     ORDER BY COALESCE(d.scope, d.id::text), d.priority DESC, d.run_after, d.id
                 ) AS d
                 ORDER BY d.priority DESC, d.run_after, d.id
@@ -241,13 +293,20 @@ BEGIN
             ),
             turn AS (
                 -- Claims of one scope take turns on its claim lock (try only).
-                SELECT c.id, c.scope, c.priority, c.run_after,
+                SELECT c.id, c.scope, c.kind, c.priority, c.run_after,
                        c.scope IS NULL OR pg_try_advisory_xact_lock(29816, hashtext(c.scope))
                            AS ours
                 FROM candidates AS c
             ),
             chosen AS (
-                SELECT t.id FROM turn AS t WHERE t.ours
+                -- No more of a kind than its limits let start.
+                SELECT t.id FROM (
+                    SELECT t.*, row_number() OVER (PARTITION BY t.kind
+                                                   ORDER BY t.priority DESC, t.run_after, t.id)
+                                AS nth
+                    FROM turn AS t WHERE t.ours) AS t
+                JOIN kinds AS k ON k.kind = t.kind
+                WHERE k.room IS NULL OR t.nth <= k.room
                 ORDER BY t.priority DESC, t.run_after, t.id
                 LIMIT wanted
             ),
@@ -271,6 +330,10 @@ BEGIN
             refused := got.refused;
             IF (got.item).id IS NOT NULL THEN
                 wanted := wanted - 1;
+                IF (got.item).scope IS NOT NULL
+                   AND work_scope_running_limit((got.item).scope) > 1 THEN
+                    roomy := roomy || (got.item).scope;
+                END IF;
                 RETURN NEXT got.item;
             END IF;
         END LOOP;
@@ -278,7 +341,23 @@ BEGIN
         passed := passed || refused;
         window_size := window_size * 8;
     END LOOP;
+    IF cardinality(roomy) > 0 THEN
+        -- A scope that may run more than one: the next item of the claimed line
+        -- becomes a head now (unless the scope is full), not when this one ends.
+        PERFORM work_settle_scopes(roomy);
+    END IF;
     PERFORM work_internal_end(was);
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_clear_limit_v1(p_kind text, p_scope text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    DELETE FROM work_limits
+    WHERE kind IS NOT DISTINCT FROM p_kind AND scope IS NOT DISTINCT FROM p_scope;
+    RETURN FOUND;
 END
 $function$;
 
@@ -378,6 +457,27 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_free_slot(p_scope text, p_kind text, p_limit integer, p_except bigint, OUT slot integer, OUT held integer)
+ RETURNS record
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+DECLARE
+    taken integer[];
+BEGIN
+    IF p_kind IS NULL THEN
+        SELECT COALESCE(array_agg(r.scope_slot), '{}') INTO taken FROM work_items AS r
+        WHERE r.scope = p_scope AND r.status = 'Running' AND r.id <> p_except;
+    ELSE
+        SELECT COALESCE(array_agg(r.kind_slot), '{}') INTO taken FROM work_items AS r
+        WHERE r.kind = p_kind AND r.status = 'Running' AND r.id <> p_except;
+    END IF;
+    held := cardinality(taken);
+    SELECT min(g.n) INTO slot FROM generate_series(1, p_limit) AS g (n)
+    WHERE g.n <> ALL(array_remove(taken, NULL));
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_internal_begin()
  RETURNS text
  LANGUAGE plpgsql
@@ -415,8 +515,7 @@ BEGIN
     END IF;
     IF current_setting('transaction_isolation') = 'read committed' THEN
         NEW.is_head := NOT (
-            EXISTS (SELECT 1 FROM work_items
-                    WHERE scope = NEW.scope AND status = 'Running' AND id <> NEW.id)
+            work_scope_full(NEW.scope, NEW.id)
             OR EXISTS (SELECT 1 FROM work_pauses WHERE scope = NEW.scope)
             OR EXISTS (SELECT 1 FROM work_items AS h
                        WHERE h.scope = NEW.scope AND h.status = 'Queued' AND h.is_head
@@ -462,8 +561,7 @@ BEGIN
         IF current_setting('trioworker.confirmed_busy', true) = md5(r.scope) THEN
             RETURN NULL;  -- checked for an earlier row of this commit, under this lock
         END IF;
-        IF EXISTS (SELECT 1 FROM work_items
-                   WHERE scope = r.scope AND status = 'Running' AND id <> r.id)
+        IF work_scope_full(r.scope, r.id)
            OR EXISTS (SELECT 1 FROM work_pauses WHERE scope = r.scope) THEN
             PERFORM set_config('trioworker.confirmed_busy', md5(r.scope), true);
             RETURN NULL;
@@ -503,6 +601,133 @@ BEGIN
                WHERE scope IS NULL AND status = 'Queued' AND run_after <= now()) THEN
         PERFORM pg_notify('trioworker', '');
     END IF;
+    RETURN NULL;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_items_take_slot()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+AS $function$
+DECLARE
+    lim work_limits;
+BEGIN
+    IF NEW.status <> 'Running' THEN
+        NEW.scope_slot := NULL;
+        NEW.kind_slot := NULL;
+        IF TG_OP = 'UPDATE' AND OLD.kind_slot IS NOT NULL THEN
+            PERFORM pg_notify('trioworker', '');  -- a limited kind has room again
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'UPDATE' AND OLD.status = 'Running'
+       AND (OLD.scope, OLD.kind) IS NOT DISTINCT FROM (NEW.scope, NEW.kind) THEN
+        NEW.scope_slot := OLD.scope_slot;  -- still Running: its slots stay
+        NEW.kind_slot := OLD.kind_slot;
+        RETURN NEW;
+    END IF;
+    NEW.scope_slot := NULL;
+    IF NEW.scope IS NOT NULL THEN
+        NEW.scope_slot := work_start_slot(NEW.scope, NULL,
+                                          work_scope_running_limit(NEW.scope), NEW.id);
+    END IF;
+    SELECT * INTO lim FROM work_limits WHERE kind = NEW.kind;
+    NEW.kind_slot := NULL;
+    IF lim.running IS NOT NULL THEN
+        NEW.kind_slot := work_start_slot(NULL, NEW.kind, lim.running, NEW.id);
+    END IF;
+    IF lim.rate IS NOT NULL THEN
+        PERFORM work_take_rate_slot(lim.id, lim.per, format('kind %s', NEW.kind));
+    END IF;
+    IF NEW.scope IS NOT NULL THEN
+        SELECT * INTO lim FROM work_limits WHERE scope = NEW.scope;
+        IF lim.rate IS NOT NULL THEN
+            PERFORM work_take_rate_slot(lim.id, lim.per, format('scope %s', NEW.scope));
+        END IF;
+    END IF;
+    RETURN NEW;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_kind_allows(p_kind text, p_want integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    lim work_limits;
+    room integer;
+BEGIN
+    SELECT * INTO lim FROM work_limits WHERE kind = p_kind;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF lim.running IS NOT NULL THEN
+        room := work_kind_room(p_kind);
+    END IF;
+    IF lim.rate IS NOT NULL AND COALESCE(room, 1) > 0 THEN
+        room := work_rate_room(lim.id, lim.per, LEAST(room, p_want));
+    END IF;
+    RETURN room;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_kind_room(p_kind text)
+ RETURNS integer
+ LANGUAGE sql
+ STABLE
+RETURN (SELECT GREATEST((l.running - (SELECT count(*) AS count FROM work_items r WHERE ((r.kind = work_kind_room.p_kind) AND (r.status = 'Running'::text)))), (0)::bigint) AS "greatest" FROM work_limits l WHERE ((l.kind = work_kind_room.p_kind) AND (l.running IS NOT NULL)));
+
+CREATE OR REPLACE FUNCTION public.work_limits_changed()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    kept timestamptz[];
+BEGIN
+    IF TG_OP <> 'DELETE' AND (TG_OP = 'INSERT' OR NEW.rate IS DISTINCT FROM OLD.rate) THEN
+        SELECT COALESCE(array_agg(started_at ORDER BY started_at DESC), '{}') INTO kept
+        FROM (SELECT started_at FROM work_rate_slots WHERE limit_id = NEW.id
+              ORDER BY started_at DESC LIMIT NEW.rate FOR UPDATE) AS latest;
+        DELETE FROM work_rate_slots WHERE limit_id = NEW.id;
+        INSERT INTO work_rate_slots (limit_id, slot, started_at)
+        SELECT NEW.id, g.n, COALESCE(kept[g.n], '-infinity')
+        FROM generate_series(1, NEW.rate) AS g (n);
+    END IF;
+    PERFORM pg_notify('trioworker', '');
+    RETURN NULL;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_limits_settle()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    s text;
+    any_default boolean := (TG_OP <> 'INSERT' AND OLD.kind IS NULL AND OLD.scope IS NULL)
+                           OR (TG_OP <> 'DELETE' AND NEW.kind IS NULL AND NEW.scope IS NULL);
+BEGIN
+    IF (TG_OP = 'INSERT' OR OLD.kind IS NOT NULL) AND (TG_OP = 'DELETE' OR NEW.kind IS NOT NULL)
+    THEN
+        RETURN NULL;  -- a kind's limit: no heads change
+    END IF;
+    PERFORM pg_advisory_xact_lock(29817, 0);
+    FOR s IN
+        SELECT x.scope FROM (SELECT CASE WHEN TG_OP <> 'INSERT' THEN OLD.scope END AS scope
+                             UNION SELECT CASE WHEN TG_OP <> 'DELETE' THEN NEW.scope END) AS x
+        WHERE x.scope IS NOT NULL
+        UNION
+        -- The default covers every scope without a running limit of its own; those
+        -- whose heads it changes are the busy ones.
+        SELECT DISTINCT r.scope FROM work_items AS r
+        WHERE any_default AND r.status = 'Running' AND r.scope IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM work_limits AS l
+                          WHERE l.scope = r.scope AND l.running IS NOT NULL)
+    LOOP
+        INSERT INTO work_unsettled_scopes (scope) VALUES (s);
+        PERFORM pg_notify('trioworker_settle', s);
+    END LOOP;
     RETURN NULL;
 END
 $function$;
@@ -641,6 +866,11 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_rate_room(p_limit_id bigint, p_per interval, p_want integer)
+ RETURNS integer
+ LANGUAGE sql
+RETURN ((SELECT count(*) AS count FROM (SELECT 1 AS "?column?" FROM work_rate_slots s WHERE ((s.limit_id = work_rate_room.p_limit_id) AND (s.started_at <= (now() - work_rate_room.p_per))) ORDER BY s.started_at LIMIT work_rate_room.p_want FOR UPDATE OF s SKIP LOCKED) open))::integer;
+
 CREATE OR REPLACE FUNCTION public.work_recover_v1(p_max_stalls integer, p_batch integer)
  RETURNS TABLE(id bigint, kind text, scope text, attempt integer, stalls integer, status text, reason text)
  LANGUAGE plpgsql
@@ -686,7 +916,22 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_refuse_start(p_constraint text, p_message text)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'check_violation', CONSTRAINT = p_constraint,
+        MESSAGE = p_message, TABLE = 'work_items';
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_repair_v1(p_limit integer)
+ RETURNS TABLE(scope text, promoted integer)
+ LANGUAGE sql
+AS $function$ SELECT * FROM work_repair_v2(p_limit) $function$;
+
+CREATE OR REPLACE FUNCTION public.work_repair_v2(p_limit integer)
  RETURNS TABLE(scope text, promoted integer)
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
@@ -712,8 +957,7 @@ BEGIN
         )
         SELECT x.scope FROM scopes AS x
         WHERE x.scope IS NOT NULL
-          AND NOT EXISTS (SELECT 1 FROM work_items AS r
-                          WHERE r.scope = x.scope AND r.status = 'Running')
+          AND NOT work_scope_full(x.scope)
           AND NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = x.scope)
           AND NOT EXISTS (SELECT 1 FROM work_unsettled_scopes AS u WHERE u.scope = x.scope)
           AND EXISTS (
@@ -947,7 +1191,30 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_scope_full(p_scope text, p_except bigint DEFAULT NULL::bigint)
+ RETURNS boolean
+ LANGUAGE sql
+ STABLE
+RETURN ((SELECT count(*) AS count FROM (SELECT 1 AS "?column?" FROM work_items r WHERE ((r.scope = work_scope_full.p_scope) AND (r.status = 'Running'::text) AND (r.id IS DISTINCT FROM work_scope_full.p_except)) LIMIT work_scope_running_limit(work_scope_full.p_scope)) held) >= work_scope_running_limit(p_scope));
+
+CREATE OR REPLACE FUNCTION public.work_scope_rate_open(p_scope text)
+ RETURNS boolean
+ LANGUAGE sql
+RETURN COALESCE((SELECT (work_rate_room(l.id, l.per, 1) > 0) FROM work_limits l WHERE ((l.scope = work_scope_rate_open.p_scope) AND (l.rate IS NOT NULL))), true);
+
+CREATE OR REPLACE FUNCTION public.work_scope_running_limit(p_scope text)
+ RETURNS integer
+ LANGUAGE sql
+ STABLE
+RETURN COALESCE((SELECT l.running FROM work_limits l WHERE (l.scope = work_scope_running_limit.p_scope)), (SELECT l.running FROM work_limits l WHERE ((l.kind IS NULL) AND (l.scope IS NULL))), 1);
+
 CREATE OR REPLACE FUNCTION public.work_seconds_until_due_v1(p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
+ RETURNS double precision
+ LANGUAGE sql
+ STABLE
+AS $function$ SELECT work_seconds_until_due_v2(p_kinds, p_scopes, p_unscoped) $function$;
+
+CREATE OR REPLACE FUNCTION public.work_seconds_until_due_v2(p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
  RETURNS double precision
  LANGUAGE plpgsql
  STABLE
@@ -957,6 +1224,7 @@ CREATE OR REPLACE FUNCTION public.work_seconds_until_due_v1(p_kinds text[], p_sc
 AS $function$
 DECLARE
     seconds double precision;
+    reopens double precision;
 BEGIN
     WITH RECURSIVE
     kinds AS (
@@ -989,7 +1257,67 @@ BEGIN
          ORDER BY u.run_after LIMIT 1)
     ) AS n
     WHERE l.priority IS NOT NULL;
-    RETURN seconds;
+    -- A rate window that has due work waiting on it opens again when its oldest start
+    -- is a period old.
+    SELECT EXTRACT(EPOCH FROM min(o.reopens) - now())::float8 INTO reopens
+    FROM work_limits AS l
+    CROSS JOIN LATERAL (SELECT min(s.started_at) + l.per AS reopens FROM work_rate_slots AS s
+                        WHERE s.limit_id = l.id) AS o
+    WHERE l.rate IS NOT NULL AND o.reopens > now()
+      AND ((l.kind = ANY(p_kinds)
+            AND EXISTS (SELECT 1 FROM work_items AS w
+                        WHERE w.kind = l.kind AND w.status = 'Queued' AND w.run_after <= now()
+                          AND (w.is_head AND p_scopes IS NULL OR w.scope IS NULL AND p_unscoped)))
+           OR (l.scope IS NOT NULL AND (p_scopes IS NULL OR l.scope = ANY(p_scopes))
+               AND EXISTS (SELECT 1 FROM work_items AS w
+                           WHERE w.scope = l.scope AND w.status = 'Queued' AND w.is_head
+                             AND w.kind = ANY(p_kinds) AND w.run_after <= now())));
+    RETURN LEAST(seconds, reopens);
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_set_limit_v1(p_kind text, p_scope text, p_running integer DEFAULT NULL::integer, p_rate integer DEFAULT NULL::integer, p_per double precision DEFAULT NULL::double precision)
+ RETURNS SETOF work_limits
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    now_running integer;
+    now_rate integer;
+    now_per interval;
+    old work_limits;
+BEGIN
+    IF p_kind IS NOT NULL AND p_scope IS NOT NULL THEN
+        RAISE EXCEPTION 'a limit is for a kind or a scope, not both'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF p_running < 0 OR p_rate < 0 OR (p_rate > 0 AND NOT p_per > 0) THEN
+        RAISE EXCEPTION 'a limit is a positive whole number (0 clears it), a rate needs a period'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT * INTO old FROM work_limits
+    WHERE kind IS NOT DISTINCT FROM p_kind AND scope IS NOT DISTINCT FROM p_scope
+    FOR UPDATE;
+    now_running := CASE WHEN p_running IS NULL THEN old.running
+                        ELSE NULLIF(p_running, 0) END;
+    IF p_rate IS NULL THEN
+        now_rate := old.rate;
+        now_per := old.per;
+    ELSIF p_rate > 0 THEN
+        now_rate := p_rate;
+        now_per := make_interval(secs => p_per);
+    END IF;
+    IF now_running IS NULL AND now_rate IS NULL THEN
+        DELETE FROM work_limits WHERE id = old.id;
+        RETURN;
+    END IF;
+    IF old.id IS NULL THEN
+        RETURN QUERY INSERT INTO work_limits (kind, scope, running, rate, per)
+            VALUES (p_kind, p_scope, now_running, now_rate, now_per) RETURNING *;
+    ELSE
+        RETURN QUERY UPDATE work_limits
+            SET running = now_running, rate = now_rate, per = now_per, updated_at = now()
+            WHERE id = old.id RETURNING *;
+    END IF;
 END
 $function$;
 
@@ -1010,13 +1338,14 @@ DECLARE
     line record;
     stand_in bigint;
 BEGIN
-    -- The first item of each line of each free scope, and those of them not heads yet:
+    -- Read limits no change is committing (work_limits_settle).
+    PERFORM pg_advisory_xact_lock_shared(29817, 0);
+    -- The first item of each line of each scope with room (not full, not paused), and those of them not heads yet:
     -- a skip scan over each scope's lines, each step landing on the next line's first.
     WITH RECURSIVE
     free AS (
         SELECT f.scope FROM unnest(p_scopes) AS f (scope)
-        WHERE NOT EXISTS (SELECT 1 FROM work_items AS r
-                          WHERE r.scope = f.scope AND r.status = 'Running')
+        WHERE NOT work_scope_full(f.scope)
           AND NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = f.scope)
     ),
     firsts AS (
@@ -1155,6 +1484,43 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_start_slot(p_scope text, p_kind text, p_limit integer, p_except bigint)
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    free record := work_free_slot(p_scope, p_kind, p_limit, p_except);
+BEGIN
+    IF free.slot IS NULL THEN
+        RETURN p_limit;
+    END IF;
+    IF free.held >= p_limit THEN
+        PERFORM work_refuse_start('work_items_slot_within_limit',
+            format('%s %s has %s Running, its limit is %s',
+                   CASE WHEN p_kind IS NULL THEN 'scope' ELSE 'kind' END,
+                   COALESCE(p_kind, p_scope), free.held, p_limit));
+    END IF;
+    RETURN free.slot;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_take_rate_slot(p_limit_id bigint, p_per interval, p_what text)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    UPDATE work_rate_slots SET started_at = now()
+    WHERE (limit_id, slot) = (SELECT s.limit_id, s.slot FROM work_rate_slots AS s
+                              WHERE s.limit_id = p_limit_id AND s.started_at <= now() - p_per
+                              ORDER BY s.started_at LIMIT 1
+                              FOR UPDATE SKIP LOCKED);
+    IF NOT FOUND THEN
+        PERFORM work_refuse_start('work_items_rate_within_limit',
+                                  format('%s has no start left in its rate window', p_what));
+    END IF;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_timeline()
  RETURNS bigint
  LANGUAGE plpgsql
@@ -1173,4 +1539,7 @@ CREATE CONSTRAINT TRIGGER work_items_confirm_place AFTER INSERT OR UPDATE OF sta
 CREATE TRIGGER work_items_depart_delete AFTER DELETE ON public.work_items FOR EACH ROW WHEN ((((old.status = 'Running'::text) OR old.is_head) AND (old.scope IS NOT NULL) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_depart();
 CREATE TRIGGER work_items_depart_update AFTER UPDATE OF status, scope, kind, priority, run_after ON public.work_items FOR EACH ROW WHEN ((((old.status = 'Running'::text) OR old.is_head) AND (old.scope IS NOT NULL) AND (((((old.status IS DISTINCT FROM new.status) OR (old.scope IS DISTINCT FROM new.scope)) OR (old.kind IS DISTINCT FROM new.kind)) OR (old.priority IS DISTINCT FROM new.priority)) OR (old.run_after IS DISTINCT FROM new.run_after)) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_depart();
 CREATE TRIGGER work_items_notify_unscoped AFTER INSERT ON public.work_items REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION work_items_notify_unscoped();
+CREATE TRIGGER work_items_take_slot BEFORE INSERT OR UPDATE OF status, scope, kind, scope_slot, kind_slot ON public.work_items FOR EACH ROW WHEN (((new.status = 'Running'::text) OR (new.scope_slot IS NOT NULL) OR (new.kind_slot IS NOT NULL))) EXECUTE FUNCTION work_items_take_slot();
+CREATE TRIGGER work_limits_changed AFTER INSERT OR DELETE OR UPDATE ON public.work_limits FOR EACH ROW EXECUTE FUNCTION work_limits_changed();
+CREATE CONSTRAINT TRIGGER work_limits_settle AFTER INSERT OR DELETE OR UPDATE ON public.work_limits DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION work_limits_settle();
 CREATE TRIGGER work_pauses_changed AFTER INSERT OR DELETE OR UPDATE ON public.work_pauses FOR EACH ROW WHEN ((current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text)) EXECUTE FUNCTION work_pauses_changed();

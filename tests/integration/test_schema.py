@@ -78,6 +78,7 @@ def test_the_cli_a_worker_and_the_dashboard_run_in_a_schema_of_their_own(
         migrated = cli(app_dsn, "--schema", "tenant_a", "migrate")
         assert migrated.stdout.splitlines() == [
             "applied 0001.baseline",
+            "applied 0002.limits",
             "applied 0003.failover",
             "applied 0004.schema",
             "applied 0005.edges",
@@ -119,7 +120,7 @@ def test_the_cli_a_worker_and_the_dashboard_run_in_a_schema_of_their_own(
 
         assert app_table(pg) == before
         assert public_objects(pg) == [("table", "work_items")]
-        assert pg.execute("SELECT count(*) FROM tenant_a._yoyo_migration").fetchone() == (4,)
+        assert pg.execute("SELECT count(*) FROM tenant_a._yoyo_migration").fetchone() == (5,)
         assert pg.execute("SELECT to_regclass('public._yoyo_migration')").fetchone() == (None,)
 
 

@@ -35,15 +35,16 @@ from trioworker import migrate
 from trioworker.testing import PrivateCluster
 
 APP = "tests.apps.chaos:registry"
-RUNNING_SCOPE_INDEX = "work_items_one_running_per_scope"
+RUNNING_SCOPE_INDEX = "work_items_one_running_per_scope_slot"
 
 #: The rule-off control, built here in test code: in the run's own database, the claim
-#: is replaced by one that ignores scopes (and the unique index is dropped), so the
+#: (work_claim_v2, which v1 calls) is replaced by one that ignores scopes and limits
+#: (and the scope slot index is dropped), so the
 #: harness can show its checks find overlaps.
 RULE_OFF_SQL = f"""
 DROP INDEX {RUNNING_SCOPE_INDEX};
 
-CREATE OR REPLACE FUNCTION work_claim_v1(
+CREATE OR REPLACE FUNCTION work_claim_v2(
     p_worker text, p_lease double precision, p_limit integer, p_kinds text[],
     p_scopes text[] DEFAULT NULL, p_unscoped boolean DEFAULT true
 ) RETURNS SETOF work_items
@@ -92,6 +93,9 @@ class Scenario:
         (60, "kill"),
     )
     rule_off: bool = False
+    #: The running limit of every Record scope (docs/design/limits.md); the media
+    #: scopes keep the default, 1.
+    scope_limit: int = 1
     drain_timeout: float = 180.0
     seed: int = 1
 
@@ -126,6 +130,8 @@ class Counts:
     attempts: int = 0
     overlaps: int = 0
     overlap_examples: list[str] = attrs.Factory(list)
+    #: The most attempts of one scope the observer saw open at once, by scope.
+    most_at_once: dict[str, int] = attrs.Factory(dict)
     succeeded_without_end: int = 0
     media_cycles: int = 0
     active_assets: int = 0
@@ -140,6 +146,7 @@ class Counts:
             f" (max per item {self.max_stalls_seen}) self_stops={self.self_stops}"
             f" cut_off_items={self.cut_off_items}"
             f" attempts={self.attempts} overlaps={self.overlaps}"
+            f" most_at_once_per_scope={max(self.most_at_once.values(), default=0)}"
             f" statuses={self.statuses} failed={self.failed_reasons}"
             f" media_cycles={self.media_cycles} active_assets={self.active_assets}"
             f" assets_missing_proxies={self.assets_missing_proxies}"
@@ -353,6 +360,11 @@ class ChaosRun:
             library.add_token(config_id, -60)
             library.add_token(config_id, 3600)
         self.record_scopes = [f"s{i:02d}" for i in range(scenario.scopes)]
+        if scenario.scope_limit != 1:
+            for scope in self.record_scopes:
+                self.feeder.conn.execute(
+                    "SELECT work_set_limit_v1(NULL, %s, %s)", (scope, scenario.scope_limit)
+                )
         self.counts.scopes = len(self.record_scopes) + len(self.media_scopes)
 
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TRIOWORKER", "PG"))}
@@ -541,6 +553,24 @@ def _media_cycle(feeder: Feeder, config_id: str, rng: random.Random) -> list[int
     return feeder.insert([(kind, config_id, {}) for kind in kinds])
 
 
+def most_at_once(spans: list[media.Span]) -> dict[str, int]:
+    """For each scope, the most of its attempts whose [start, end] intervals were open
+    at one moment (an open attempt lasts forever), as the observer log saw them."""
+    events: dict[str, list[tuple[float, int]]] = {}
+    for s in spans:
+        if s.scope is not None:
+            end = s.end if s.end is not None else float("inf")
+            events.setdefault(s.scope, []).extend([(s.start, 1), (end, -1)])
+    most = {}
+    for scope, points in events.items():
+        open_, top = 0, 0
+        for _, step in sorted(points, key=lambda p: (p[0], -p[1])):  # touching = overlapping
+            open_ += step
+            top = max(top, open_)
+        most[scope] = top
+    return most
+
+
 def _judge(  # noqa: PLR0917  one call site, each argument a different thing
     counts: Counts,
     feeder: Feeder,
@@ -571,6 +601,7 @@ def _judge(  # noqa: PLR0917  one call site, each argument a different thing
     counts.attempts = len(spans)
     found = media.overlaps(spans)
     counts.overlaps = len(found)
+    counts.most_at_once = most_at_once(spans)
     counts.overlap_examples = [
         f"scope {a.scope}: item {a.id}/{a.attempt} (pid {a.pid}) [{a.start:.2f}, {a.end}]"
         f" and item {b.id}/{b.attempt} (pid {b.pid}) from {b.start:.2f}"

@@ -1,7 +1,8 @@
 """Checks on scope lines, written apart from the product's own SQL (docs/design/claim.md).
 
 A line is the Queued items of one (scope, kind, priority) in (run_after, id) order. A
-wedge is a free scope (nothing Running, not paused, not waiting in
+wedge is a free scope (fewer Running than its limit, 1 unless work_limits says more;
+not paused, not waiting in
 work_unsettled_scopes to be settled) with a line whose first item is not a head: due
 work there could never be claimed.
 """
@@ -19,7 +20,10 @@ WEDGES = """
 SELECT DISTINCT q.scope
 FROM work_items AS q
 WHERE q.status = 'Queued' AND q.scope IS NOT NULL AND NOT q.is_head
-  AND NOT EXISTS (SELECT 1 FROM work_items AS r WHERE r.scope = q.scope AND r.status = 'Running')
+  AND (SELECT count(*) FROM work_items AS r WHERE r.scope = q.scope AND r.status = 'Running')
+      < COALESCE((SELECT l.running FROM work_limits AS l WHERE l.scope = q.scope),
+                 (SELECT l.running FROM work_limits AS l WHERE l.kind IS NULL AND l.scope IS NULL),
+                 1)
   AND NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = q.scope)
   AND NOT EXISTS (SELECT 1 FROM work_unsettled_scopes AS u WHERE u.scope = q.scope)
   AND NOT EXISTS (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import urllib.request
 from typing import Any
@@ -12,6 +13,7 @@ import trio
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from trioworker._core.errors import ConfigurationError, DatabaseUnavailable
+from trioworker._core.limits import Limit, Rate
 from trioworker._core.model import StoreStatistics
 from trioworker._store.reads import QueueCounts, counts_by_kind
 from trioworker._worker.metrics import (
@@ -32,9 +34,13 @@ class FakeStore:
             "busy_scopes": [{"n": 0}],
         }
         self.down = False
+        self.limit_rows: list[Limit] = []
 
     def statistics(self) -> StoreStatistics:
         return self.stats
+
+    async def limits(self) -> list[Limit]:
+        return list(self.limit_rows)
 
     async def queue_counts(self) -> QueueCounts:
         if self.down:
@@ -248,3 +254,25 @@ def test_serve_metrics_logs_where_it_listens(caplog: pytest.LogCaptureFixture) -
         assert metrics.store is store
     finally:
         metrics.close()
+
+
+async def test_limits_are_gauges_labelled_by_kind_and_scope() -> None:
+    """Each limit's setting, what it covers now, its rate window and what waits on it,
+    from the periodic reading; the default's labels are empty."""
+    store = FakeStore()
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    store.limit_rows = [
+        Limit("K", None, 8, Rate(10, 1.0), at, in_use=8, started_in_window=3, waiting=40),
+        Limit(None, "S", 2, None, at, in_use=1),
+        Limit(None, None, 3, None, at, in_use=5),
+    ]
+    metrics = Metrics(store)
+    await metrics.refresh()
+    assert sample(metrics, "trioworker_limit_running", kind="K", scope="") == 8
+    assert sample(metrics, "trioworker_limit_in_use", kind="K", scope="") == 8
+    assert sample(metrics, "trioworker_limit_rate", kind="K", scope="") == 10
+    assert sample(metrics, "trioworker_limit_rate_started", kind="K", scope="") == 3
+    assert sample(metrics, "trioworker_limit_waiting", kind="K", scope="") == 40
+    assert sample(metrics, "trioworker_limit_running", kind="", scope="S") == 2
+    assert sample(metrics, "trioworker_limit_rate", kind="", scope="S") is None
+    assert sample(metrics, "trioworker_limit_in_use", kind="", scope="") == 5

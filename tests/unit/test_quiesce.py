@@ -114,9 +114,9 @@ class HeadStore(ScriptedStore):
         super().__init__()
         self.heads = [True, True]
 
-    async def scope_holder(self, scope: str) -> tuple[ScopeHolder | None, bool]:
-        holder, _ = await super().scope_holder(scope)
-        return holder, (self.heads.pop(0) if self.heads else False)
+    async def scope_holders(self, scope: str) -> tuple[list[ScopeHolder], bool]:
+        holders, _ = await super().scope_holders(scope)
+        return holders, (self.heads.pop(0) if self.heads else False)
 
 
 async def test_a_head_held_in_another_transaction_is_paused_again(
@@ -154,3 +154,43 @@ def test_a_holder_is_described_for_people() -> None:
     )
     assert describe(holder(0.0)).endswith("lease expired 0.0s ago")  # not -0.0s
     assert describe(holder(0.5)).endswith("lease expires in 0.5s")
+
+
+async def test_quiesce_waits_for_every_slot_of_a_scope(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Scope s runs two items (limit 2): both are asked to stop. The first holder's
+    Worker never answers and its lease (3 s) runs out; that is not the end while the
+    second, in slot 2, still writes: quiesce is done at the first look after it ends
+    at 11.5 s."""
+    store = ScriptedStore()
+    await store.set_limit(scope="s", running=2)
+    await ghost(store, lease=3.0)
+    await ghost(store)
+    assert [h.slot for h in (await store.scope_holders("s"))[0]] == [1, 2]
+
+    async def finish() -> None:
+        await trio.sleep(11.5)  # between two looks
+        assert await store.cancel_attempt(2, 1)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(finish)
+        result = await quiesce(store, "s", timeout=100, poll=1)
+    assert (result.done, result.waited) == (True, 12.0)
+    assert store.calls.count("request_cancel") == 2
+
+
+async def test_a_timeout_names_every_slot_still_holding_the_scope(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two holders of a scope at limit 2 that never answer: on timeout, both are named,
+    in slot order."""
+    store = ScriptedStore()
+    await store.set_limit(scope="s", running=2)
+    await ghost(store)
+    await ghost(store)
+    result = await quiesce(store, "s", timeout=5, poll=1)
+    assert not result.done and result.holder is not None
+    first, second = result.holder.split("; ")
+    assert first.startswith("item 1 (A) attempt 1 on Worker ghost: cancel requested")
+    assert second.startswith("item 2 (A) attempt 1 on Worker ghost: cancel requested")

@@ -12,6 +12,7 @@ from trioworker._postgres.dsn import redact, redact_dsn, resolve_dsn
 from trioworker._postgres.migrate import migrations_dir
 from trioworker._postgres.queries import WRITTEN as QUERIES
 from trioworker._postgres.queries import parse
+from trioworker._postgres.store import LIMIT_REFUSALS, RUNNING_SLOT_INDEXES
 
 NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 
@@ -29,11 +30,18 @@ def test_a_query_name_may_not_repeat() -> None:
 
 
 def test_the_claim_and_its_index_live_together() -> None:
-    """The store's claim calls work_claim_v1 and names the index whose rejection it
-    recognises; the function's NOT EXISTS over Running items (for every scope and for
-    a list of scopes) and its lock-skipping sit in the one migration with it."""
-    assert "work_claim_v1(" in QUERIES["claim"]
-    assert "work_items_one_running_per_scope" in QUERIES["claim"]
+    """The store's claim calls work_claim_v2 and names the indexes and refusals whose
+    rejection it recognises, which the limits migration creates beside the claim; the
+    claim passes over full scopes (for every scope and for a list of scopes) and skips
+    locks. work_claim_v1, in the released baseline, kept its NOT EXISTS."""
+    assert "work_claim_v2(" in QUERIES["claim"]
+    limits = (migrations_dir() / "0002.limits.sql").read_text()
+    for name in sorted(RUNNING_SLOT_INDEXES | LIMIT_REFUSALS):
+        assert name in QUERIES["claim"] and name in limits
+    claim = limits[limits.index("CREATE FUNCTION work_claim_v2(") :]
+    claim = claim[: claim.index("$$;")]
+    assert claim.count("AND NOT work_scope_full(h.scope)") == 2
+    assert claim.count("FOR UPDATE SKIP LOCKED") == 3
     sql = (migrations_dir() / "0001.baseline.sql").read_text()
     claim = sql[sql.index("CREATE FUNCTION work_claim_v1(") :]
     claim = " ".join(claim[: claim.index("$$;")].split()).replace("( ", "(")

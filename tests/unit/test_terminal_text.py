@@ -197,9 +197,7 @@ def test_argparses_own_errors_escape_what_they_echo(capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit) as exited:
         build_parser().parse_args(["status", "\x1b]0;PWNED\x07"])
     assert exited.value.code == 2
-    assert capsys.readouterr().err.endswith(
-        "error: unrecognized arguments: \\x1b]0;PWNED\\x07\n"
-    )
+    assert capsys.readouterr().err.endswith("error: unrecognized arguments: \\x1b]0;PWNED\\x07\n")
 
 
 @pytest.mark.parametrize(

@@ -566,3 +566,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         ) from None
     code: int = demo.run_demo(args.dsn if args.dsn_given else None, args)
     return code
+
+
+def cmd_limit(args: argparse.Namespace) -> int:
+    from trioworker._cli.limits import cmd_limit as limit
+
+    return limit(args)

@@ -25,6 +25,7 @@ import attrs
 
 from trioworker._cli.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from trioworker._cli.input import UsageError
+from trioworker._cli.limits import add_limit_command
 from trioworker._core.errors import ConfigurationError, TrioWorkerError
 from trioworker._core.settings import DSN_ENV, QUIESCE_POLL, Settings
 from trioworker._core.text import not_unicode, short_duration, visible
@@ -359,6 +360,7 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
     cancel.add_argument("id", type=ITEM_ID)
 
     _operating(command)
+    add_limit_command(command)
     _dashboard(command)
 
     demo = command("demo", "the media-library demo, on a private PostgreSQL")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -15,8 +16,11 @@ from rich.text import Text
 from trioworker._cli.terminal import console as stdout_console
 from trioworker._cli.terminal import utc as _when
 from trioworker._core.jsontext import UndecodableValue, pretty
+from trioworker._core.limits import Limit
+from trioworker._core.model import ItemState
 from trioworker._core.text import visible
 from trioworker._store.api import Client
+from trioworker._store.reads import limit_json
 
 
 async def item_details(store: Client, id: int) -> dict[str, Any] | None:
@@ -28,7 +32,21 @@ async def item_details(store: Client, id: int) -> dict[str, Any] | None:
     fields = {k: _jsonable(v) for k, v in attrs.asdict(details.item, recurse=False).items()}
     fields["status"] = details.item.status.value
     attempts = [{k: _jsonable(v) for k, v in attrs.asdict(a).items()} for a in details.attempts]
-    return {"item": fields, "attempts": attempts}
+    limits = [limit_json(lim) for lim in applying(await store.limits(), details.item)]
+    return {"item": fields, "attempts": attempts, "limits": limits}
+
+
+def applying(limits: Sequence[Limit], item: ItemState) -> list[Limit]:
+    """The limits an item runs under: its kind's, its scope's, and the default for a
+    scope without a running limit of its own."""
+    own = any(lim.scope == item.scope and lim.running is not None for lim in limits)
+    return [
+        lim
+        for lim in limits
+        if (lim.kind is not None and lim.kind == item.kind)
+        or (lim.scope is not None and lim.scope == item.scope)
+        or (lim.kind is None and lim.scope is None and item.scope is not None and not own)
+    ]
 
 
 def _jsonable(value: Any) -> Any:
@@ -91,12 +109,32 @@ def render_item(details: dict[str, Any]) -> RenderableType:
                           _when(a["ended_at"]), _text(a["outcome"]),
                           _text(a["error"] or "", lines=True))  # fmt: skip
         parts.append(table)
+    for lim in details.get("limits", []):
+        parts.append(_text(_limit_line(lim, item)))
     if item["error"]:
         parts.append(_text(f"error: {item['error']}", lines=True, style="red"))
     if item["traceback"]:
         parts.append(Text("traceback (the last failed attempt's):", style="bold"))
         parts.append(_text(item["traceback"].rstrip("\n"), lines=True))
     return Group(*parts)
+
+
+def _limit_line(lim: dict[str, Any], item: dict[str, Any]) -> str:
+    """`limit kind K: 8/8 Running (full, this item waits on it)`, and the like."""
+    what = (
+        f"kind {lim['kind']}" if lim["kind"] is not None
+        else f"scope {lim['scope']}" if lim["scope"] is not None else "default for scopes"
+    )  # fmt: skip
+    held = []
+    full = False
+    if lim["running"] is not None:
+        held.append(f"{lim['in_use']}/{lim['running']} Running")
+        full = lim["in_use"] >= lim["running"]
+    if lim["rate"] is not None:
+        held.append(f"rate {lim['rate']}, {lim['started_in_window']} started in its window")
+        full = full or lim["waiting"] > 0
+    waits = full and item["status"] == "Queued"
+    return f"limit {what}: {', '.join(held)}" + (" (full: this item waits on it)" if waits else "")
 
 
 def print_item(details: dict[str, Any], console: Console | None = None) -> None:

@@ -81,9 +81,7 @@ def render(status: dict[str, Any]) -> Group:
             str(w["concurrency"]),
             utc(w["last_seen"], date=False),
         )
-    parts: list[Any] = [counts, running, workers]
-    if status["schedules"]:
-        parts.append(_schedules_table(status["schedules"]))
+    parts: list[Any] = [counts, running, workers, *_optional_tables(status)]
     if status["pauses"]:
         listed = ", ".join(
             f"kind {p['kind']}" if p["kind"] is not None else f"scope {p['scope']}"
@@ -97,6 +95,16 @@ def render(status: dict[str, Any]) -> Group:
                                    " ", visible(listed)))  # fmt: skip
     parts.append(failures)
     return Group(*parts)
+
+
+def _optional_tables(status: dict[str, Any]) -> list[Table]:
+    """The schedules and the limits, when there are any."""
+    tables = []
+    if status["schedules"]:
+        tables.append(_schedules_table(status["schedules"]))
+    if status.get("limits"):
+        tables.append(_limits_table(status["limits"]))
+    return tables
 
 
 def _schedules_table(rows: list[dict[str, Any]]) -> Table:
@@ -113,6 +121,25 @@ def _schedules_table(rows: list[dict[str, Any]]) -> Table:
             "-" if r["last_item"] is None else str(r["last_item"]),
         )
     return schedules
+
+
+def _limits_table(rows: list[dict[str, Any]]) -> Table:
+    """Each limit (docs/design/limits.md): slots in use of its running limit, starts in
+    its rate window, and the due items it holds back while full."""
+    limits = Table(title="Limits", box=box.SIMPLE_HEAVY)
+    for column in ("kind", "scope", "running", "rate", "in window", "waiting"):
+        limits.add_column(column, overflow="fold")
+    for r in rows:
+        default = r["kind"] is None and r["scope"] is None
+        limits.add_row(
+            _cell(r["kind"]),
+            _cell(r["scope"], "default" if default else "-"),
+            "-" if r["running"] is None else f"{r['in_use']}/{r['running']}",
+            _cell(r["rate"]),
+            "-" if r["rate"] is None else str(r["started_in_window"]),
+            _n(r["waiting"]),
+        )
+    return limits
 
 
 def _n(value: int) -> str:

@@ -3,6 +3,7 @@ PostgreSQL store's `_translate`):
 
     TrioWorkerError
     ├── InvalidWorkItem        bad enqueue input; nothing was written (a ValueError too)
+    ├── InvalidLimit           a bad concurrency or rate limit; nothing was written
     ├── ConfigurationError     fix the setup: a bad --app, DSN, option or registration
     │   └── SchemaNotReady     the database lacks migrations (run `trioworker migrate`)
     ├── StoreError             the database refused or failed a call
@@ -23,6 +24,11 @@ class TrioWorkerError(Exception):
 
 class InvalidWorkItem(TrioWorkerError, ValueError):
     """Input to enqueue that cannot become a work item; nothing was written."""
+
+
+class InvalidLimit(TrioWorkerError, ValueError):
+    """A concurrency or rate limit that cannot be set (not a positive whole number, a
+    rate without a period); nothing was written."""
 
 
 class ConfigurationError(TrioWorkerError, ValueError):

@@ -183,7 +183,7 @@ class Pause:
 
 @attrs.frozen
 class ScopeHolder:
-    """The Running item of a scope, as quiesce watches it."""
+    """A Running item of a scope (one per slot it holds), as quiesce watches it."""
 
     id: int
     attempt: int
@@ -192,6 +192,8 @@ class ScopeHolder:
     cancel_requested: bool
     #: Seconds until its lease expires by the database's clock (<= 0: expired).
     lease_left: float
+    #: The scope slot it holds (1..the scope's running limit).
+    slot: int | None = None
 
 
 @attrs.frozen

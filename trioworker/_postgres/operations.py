@@ -24,6 +24,7 @@ import attrs
 
 from trioworker._core.errors import StoreError
 from trioworker._core.jsontext import UndecodableValue, loads_or_mark
+from trioworker._core.limits import Limit, Rate
 from trioworker._core.model import (
     AttemptRecord,
     CancelOutcome,
@@ -343,6 +344,7 @@ def _status_steps(failures: int) -> Steps[QueueStatus]:
         unserved_kinds={r["kind"]: r["n"] for r in unserved},
         schedules=(yield from _each("schedules", ScheduleState)),
         pauses=(yield from _each("pauses", Pause)),
+        limits=[limit_of(row) for row in (yield Query("limits", {}))],
     )
 
 
@@ -359,6 +361,13 @@ def _scope_holder_steps(scope: str) -> Steps[tuple[ScopeHolder | None, bool]]:
 
 
 # -- small parts -----------------------------------------------------------------------
+
+
+def limit_of(row: dict[str, Any]) -> Limit:
+    """A row of the `limits` or `set_limit` query as a Limit."""
+    row = dict(row)
+    rate, per = row.pop("rate"), row.pop("per")
+    return Limit(**row, rate=None if rate is None else Rate(rate, per))
 
 
 def _column(name: str, params: Mapping[str, Any], column: str) -> Steps[list[Any]]:

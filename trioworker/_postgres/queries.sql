@@ -1,6 +1,7 @@
 -- Every statement trioworker sends, each under a `-- name:` header.
 -- Parameters are psycopg named placeholders; identifiers are never interpolated.
--- The transitions themselves are SQL functions (migrations/0001.baseline.sql), so
+-- The transitions themselves are SQL functions (migrations/0001.baseline.sql and
+-- those after it), so
 -- Python and plain SQL take the same path; writes after a claim are fenced by
 -- (id, attempt) there and only touch a Running item.
 
@@ -36,9 +37,12 @@ SELECT id, dedup_key FROM work_items WHERE dedup_key = ANY(%(dedup_keys)s) AND s
 SELECT id FROM work_items WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 
 -- name: claim
--- Up to %(limit)s due items of the served kinds whose scopes are free, never two of
--- one scope (work_claim_v1: NOT EXISTS over Running items and a claim lock per scope;
--- work_items_one_running_per_scope under both, whose name the store recognises).
+-- Up to %(limit)s due items of the served kinds whose scopes and kinds have room under
+-- their limits (work_claim_v2, migrations/0002.limits.sql: work_scope_full and a claim
+-- lock per scope; under both work_items_one_running_per_scope_slot and
+-- work_items_one_running_per_kind_slot, and work_items_take_slot's refusals
+-- work_items_slot_within_limit and work_items_rate_within_limit, whose names the
+-- store recognises). For limit 1, the default, a scope runs one item at a time.
 -- The payload and trace context come as text, decoded one item at a time: one that
 -- Python cannot decode fails its own item (trioworker._jsontext), never the batch.
 -- The failover guard (migrations/0003.failover.sql) is asked first: for one lease
@@ -46,13 +50,13 @@ SELECT id FROM work_items WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 -- unscoped items alone.
 SELECT id, kind, scope, payload::text AS payload, priority, attempt, stalls, failures,
        requested_at, dedup_key, trace_context::text AS trace_context
-FROM work_claim_v1(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s,
+FROM work_claim_v2(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s,
                    CASE WHEN work_failover_hold_v1(%(lease)s) THEN '{}'::text[]
                         ELSE %(scopes)s::text[] END,
                    %(unscoped)s);
 
 -- name: seconds_until_due
-SELECT work_seconds_until_due_v1(%(kinds)s, %(scopes)s, %(unscoped)s) AS seconds;
+SELECT work_seconds_until_due_v2(%(kinds)s, %(scopes)s, %(unscoped)s) AS seconds;
 
 -- name: heartbeat
 UPDATE work_items
@@ -98,7 +102,7 @@ SELECT work_request_cancel_v1(%(id)s) AS status;
 SELECT work_settle_noted_v1(%(limit)s) AS settled;
 
 -- name: repair_heads
-SELECT scope, promoted FROM work_repair_v1(%(limit)s);
+SELECT scope, promoted FROM work_repair_v2(%(limit)s);
 
 -- name: pause
 SELECT work_pause_v1(%(kind)s, %(scope)s) AS changed;
@@ -201,14 +205,16 @@ SELECT EXISTS (SELECT 1 FROM work_workers WHERE %(kind)s = ANY(kinds))
     OR EXISTS (SELECT 1 FROM work_items WHERE kind = %(kind)s) AS seen;
 
 -- name: scope_holder
--- A scope's Running item (quiesce watches it), and whether any of its Queued items is
--- still a head (none should be once the scope is paused).
-SELECT r.id, r.attempt, r.kind, r.worker_id, r.cancel_requested,
+-- A scope's Running items, one row each in slot order (quiesce watches them; one row
+-- of NULLs: none), and whether any of its Queued items is still a head (none should be
+-- once the scope is paused).
+SELECT r.id, r.attempt, r.kind, r.worker_id, r.cancel_requested, r.scope_slot AS slot,
        EXTRACT(EPOCH FROM r.lease_expires_at - now())::float8 AS lease_left,
        EXISTS (SELECT 1 FROM work_items AS h
                WHERE h.scope = %(scope)s AND h.status = 'Queued' AND h.is_head) AS heads
 FROM (SELECT 1) AS one
-LEFT JOIN work_items AS r ON r.scope = %(scope)s AND r.status = 'Running';
+LEFT JOIN work_items AS r ON r.scope = %(scope)s AND r.status = 'Running'
+ORDER BY r.scope_slot, r.id;
 
 -- name: get_item
 -- The payload and trace context as text, as the claim reads them.
@@ -274,7 +280,8 @@ SELECT id, kind, scope, attempt, worker_id, started_at,
 FROM work_items WHERE status = 'Running' ORDER BY started_at;
 
 -- name: busy_scopes
-SELECT count(*) AS n FROM work_items WHERE status = 'Running' AND scope IS NOT NULL;
+-- Scopes with a Running item (a scope whose limit is over one may run several).
+SELECT count(DISTINCT scope) AS n FROM work_items WHERE status = 'Running' AND scope IS NOT NULL;
 
 -- name: recent_failures
 SELECT id, kind, scope, attempt, finished_at, reason, error
@@ -320,3 +327,44 @@ SELECT pg_notify('trioworker_probe', '');
 
 -- name: unlisten_probe
 UNLISTEN trioworker_probe;
+
+-- -- limits (migrations/0002.limits.sql) ---------------------------------------------------
+
+-- name: set_limit
+-- NULL keeps what is set; the row as it now is (none: the limit was removed).
+SELECT kind, scope, running, rate, EXTRACT(EPOCH FROM per)::float8 AS per, updated_at
+FROM work_set_limit_v1(%(kind)s, %(scope)s, %(running)s, %(rate)s, %(per)s);
+
+-- name: clear_limit
+SELECT work_clear_limit_v1(%(kind)s, %(scope)s) AS cleared;
+
+-- name: limits
+-- Every limit, with what it holds now: the Running items it covers, the starts in its
+-- current rate window, and the due Queued items it holds back while it is full (counted
+-- up to 100000; for the default, in scopes at the default limit, not counted).
+SELECT l.kind, l.scope, l.running, l.rate, EXTRACT(EPOCH FROM l.per)::float8 AS per,
+       l.updated_at, u.in_use, w.started_in_window,
+       CASE WHEN (l.running IS NOT NULL AND u.in_use >= l.running)
+                 OR (l.rate IS NOT NULL AND w.started_in_window >= l.rate)
+            THEN (SELECT count(*) FROM (
+                      SELECT 1 FROM work_items AS q
+                      WHERE q.status = 'Queued' AND q.run_after <= now()
+                        AND (q.kind = l.kind OR q.scope = l.scope)
+                      LIMIT 100000) AS due)
+            ELSE 0 END AS waiting
+FROM work_limits AS l
+CROSS JOIN LATERAL (
+    SELECT CASE
+        WHEN l.kind IS NOT NULL THEN
+            (SELECT count(*) FROM work_items AS r WHERE r.kind = l.kind AND r.status = 'Running')
+        WHEN l.scope IS NOT NULL THEN
+            (SELECT count(*) FROM work_items AS r WHERE r.scope = l.scope AND r.status = 'Running')
+        ELSE (SELECT count(*) FROM work_items AS r
+              WHERE r.status = 'Running' AND r.scope IS NOT NULL
+                AND NOT EXISTS (SELECT 1 FROM work_limits AS o
+                                WHERE o.scope = r.scope AND o.running IS NOT NULL))
+    END AS in_use) AS u
+CROSS JOIN LATERAL (
+    SELECT count(*) AS started_in_window FROM work_rate_slots AS s
+    WHERE s.limit_id = l.id AND s.started_at > now() - l.per) AS w
+ORDER BY l.kind IS NULL, l.kind, l.scope IS NULL, l.scope;

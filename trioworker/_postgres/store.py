@@ -24,6 +24,7 @@ from trioworker._core.errors import (
     Lost,
     StoreError,
 )
+from trioworker._core.limits import Limit, LimitChange, Rate, limit_target, validate_limit
 from trioworker._core.model import (
     FINISHED,
     AttemptRecord,
@@ -44,7 +45,7 @@ from trioworker._core.model import (
 )
 from trioworker._core.schedule import Schedule, first_due, plan, schedule_request
 from trioworker._postgres import bridge as _bridge
-from trioworker._postgres import drive, failures, operations
+from trioworker._postgres import drive, operations
 from trioworker._postgres.connection import Connections
 from trioworker._postgres.dsn import redact_dsn
 from trioworker._store.api import NotifyCallback, Transaction
@@ -63,11 +64,29 @@ log = logging.getLogger("trioworker.store")
 T = TypeVar("T")
 Op = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
 
-RUNNING_SCOPE_INDEX = "work_items_one_running_per_scope"
+#: The unique indexes over Running rows (migrations/0002.limits.sql): a scope's slots
+#: and a limited kind's. For a scope at limit 1 (the default), the first is the founding
+#: rule: at most one Running item per scope.
+RUNNING_SCOPE_INDEX = "work_items_one_running_per_scope_slot"
+RUNNING_KIND_INDEX = "work_items_one_running_per_kind_slot"
+RUNNING_SLOT_INDEXES = frozenset({RUNNING_SCOPE_INDEX, RUNNING_KIND_INDEX})
+#: work_items_take_slot's refusals of a start over a limit (SQLSTATE 23514, as a CHECK).
+LIMIT_REFUSALS = frozenset({"work_items_slot_within_limit", "work_items_rate_within_limit"})
 #: A claim that loses a scope race claims again at once, up to this many times: each
 #: one sees the commits that beat the one before (two losses in a row were seen with
 #: 2 claimers on one scope of four lines, bench contention's W=2 S=1 L=4).
 _RACE_RETRIES = 3
+
+
+def lost_race(exc: BaseException) -> str | None:
+    """The slot index or limit refusal a claim lost a race on (it met a start its
+    snapshot could not see), by its name; None for any other error."""
+    name = getattr(getattr(exc, "diag", None), "constraint_name", None)
+    if isinstance(exc, psycopg.errors.UniqueViolation) and name in RUNNING_SLOT_INDEXES:
+        return str(name)
+    if isinstance(exc, psycopg.errors.CheckViolation) and name in LIMIT_REFUSALS:
+        return str(name)
+    return None
 
 
 class PostgresTransaction:
@@ -280,11 +299,11 @@ class PostgresStore:
     ) -> list[WorkItem]:  # pragma: no mutate block
         """Claim up to `limit` due items of `kinds` in one call (never two of one scope).
 
-        Highest priority first, then by due time. A claim the running-scope index
-        rejects (it met a Running item of a scope that its snapshot could not see) is a
-        race loss, recognised by the index's name and counted; the store claims again
-        at once, so the batch's other items are still claimed, and the lost scope's
-        item waits for the next poll.
+        Highest priority first, then by due time. A claim a slot index or a limit
+        refusal rejects (it met a Running item of a scope or kind that its snapshot
+        could not see) is a race loss, recognised by the name and counted; the store
+        claims again at once, so the batch's other items are still claimed, and the
+        lost item waits for the next poll.
         """
         if scopes is None and not unscoped:
             raise ValueError("a Worker serving every scope serves unscoped items too")
@@ -303,13 +322,15 @@ class PostgresStore:
                     async with conn.cursor(row_factory=dict_row) as cur:
                         await cur.execute(self._sql["claim"], params)
                         return await cur.fetchall()
-                except psycopg.errors.UniqueViolation as exc:
-                    if retry == _RACE_RETRIES or not failures.violates(exc, RUNNING_SCOPE_INDEX):
+                except (psycopg.errors.UniqueViolation, psycopg.errors.CheckViolation) as exc:
+                    lost_on = lost_race(exc)
+                    if retry == _RACE_RETRIES or lost_on is None:
                         raise
-                    # Lost a scope to a Running item this claim could not see; the
-                    # next claim sees it, and takes the batch's other items.
+                    # Lost a slot (of a scope or a kind) or a rate window to a start
+                    # this claim could not see; the next claim sees it, and takes the
+                    # batch's other items.
                     self._race_losses += 1
-                    log.info("claim lost a scope on %s; claiming again", RUNNING_SCOPE_INDEX)
+                    log.info("claim lost a race on %s; claiming again", lost_on)
             raise AssertionError("unreachable")  # pragma: no cover
 
         rows = await self._conns.call("claim", op)
@@ -539,8 +560,52 @@ class PostgresStore:
     async def scope_holder(
         self, scope: str
     ) -> tuple[ScopeHolder | None, bool]:  # pragma: no mutate block
-        """The scope's Running item (None: none), and whether it still has a head."""
-        return await self._run(operations.scope_holder(scope))
+        """The scope's first Running item (None: none), and whether it still has a head."""
+        holders, heads = await self.scope_holders(scope)
+        return (holders[0] if holders else None), heads
+
+    # -- limits (issue 21; docs/design/limits.md) ---------------------------------------
+
+    async def scope_holders(
+        self, scope: str
+    ) -> tuple[list[ScopeHolder], bool]:  # pragma: no mutate block
+        """The scope's Running items, in slot order, and whether it still has a head."""
+        rows = await self._rows("scope_holder", {"scope": scope})
+        holders = [
+            ScopeHolder(**{k: v for k, v in row.items() if k != "heads"})
+            for row in rows
+            if row["id"] is not None
+        ]
+        return holders, bool(rows[0]["heads"])
+
+    async def set_limit(
+        self,
+        *,
+        kind: str | None = None,
+        scope: str | None = None,
+        running: int | None = None,
+        rate: Rate | str | None = None,
+    ) -> Limit:  # pragma: no mutate block
+        """Set a limit of `kind`, of `scope`, or (neither) the default running limit of
+        every scope without its own: at most `running` Running at once, at most
+        `rate` starts per period (`Rate(10, 1.0)` or "10/s"). None keeps what is set.
+        Raises InvalidLimit, writing nothing, for a bad one (zero: `clear_limit`)."""
+        change = validate_limit(kind, scope, running, rate)
+        rows = await self._rows("set_limit", _limit_params(change))
+        return operations.limit_of(rows[0])
+
+    async def clear_limit(
+        self, *, kind: str | None = None, scope: str | None = None
+    ) -> bool:  # pragma: no mutate block
+        """Remove the limit of `kind`, `scope` or (neither) the default; False: none."""
+        kind, scope = limit_target(kind, scope)
+        rows = await self._rows("clear_limit", {"kind": kind, "scope": scope})
+        return bool(rows[0]["cleared"])
+
+    async def limits(self) -> list[Limit]:  # pragma: no mutate block
+        """Every limit, with the Running items, rate-window starts and waiting due
+        items it holds now."""
+        return [operations.limit_of(row) for row in await self._rows("limits", {})]
 
     # -- schedules ----------------------------------------------------------------------
 
@@ -724,3 +789,14 @@ async def open_store(
         finally:
             with trio.CancelScope(shield=True):
                 await store.close()
+
+
+def _limit_params(change: LimitChange) -> dict[str, Any]:  # pragma: no mutate block
+    rate = change.rate
+    return {
+        "kind": change.kind,
+        "scope": change.scope,
+        "running": change.running,
+        "rate": None if rate is None else rate.count,
+        "per": None if rate is None else rate.per,
+    }

@@ -22,6 +22,7 @@ from typing import Any, LiteralString, Protocol, cast
 
 import trio
 
+from trioworker._core.limits import Limit, Rate
 from trioworker._core.model import (
     AttemptRecord,
     CancelOutcome,
@@ -122,6 +123,26 @@ class Client(Protocol):
     ) -> int: ...
 
     async def scope_holder(self, scope: str) -> tuple[ScopeHolder | None, bool]: ...
+
+    async def scope_holders(self, scope: str) -> tuple[list[ScopeHolder], bool]:
+        """The scope's Running items (one per slot), and whether it still has a head."""
+        ...
+
+    async def set_limit(
+        self,
+        *,
+        kind: str | None = None,
+        scope: str | None = None,
+        running: int | None = None,
+        rate: Rate | str | None = None,
+    ) -> Limit:
+        """Set a running limit and/or a rate of a kind, a scope, or (neither) the
+        default running limit of scopes; None keeps what is set (InvalidLimit: bad)."""
+        ...
+
+    async def clear_limit(self, *, kind: str | None = None, scope: str | None = None) -> bool: ...
+
+    async def limits(self) -> list[Limit]: ...
 
     async def get_item(self, id: int) -> ItemState | None: ...
 
@@ -256,5 +277,6 @@ def client_view(store: Client) -> Client:
 CLIENT_METHODS = (
     "enqueue", "enqueue_many", "transaction", "cancel", "retry", "failed_items", "pause",
     "resume", "pauses", "delete_finished", "scope_holder", "get_item", "attempts", "show",
-    "queue_counts", "status", "schedules", "statistics",
+    "queue_counts", "status", "schedules", "statistics", "scope_holders", "set_limit",
+    "clear_limit", "limits",
 )  # fmt: skip

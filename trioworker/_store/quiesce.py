@@ -1,7 +1,8 @@
 """Quiesce a scope: wait until no attempt for it can still be writing.
 
-Pause the scope, ask its Running item to stop, and watch it until it has ended with
-its fenced write, or its lease has expired by the database's clock: an attempt cut
+Pause the scope, ask its Running items (one per slot: a scope may run more than one,
+docs/design/limits.md) to stop, and watch them until each has ended with its fenced
+write, or its lease has expired by the database's clock: an attempt cut
 off from the database stops itself at lease/2 after its last good heartbeat and
 fail-stops by lease/2 + stop grace, both before its lease ends (docs/design/quiesce.md
 has the argument and the assumption it rests on). The scope stays paused.
@@ -64,28 +65,31 @@ async def quiesce(
     validate_scope(scope)
     started = trio.current_time()
     held_by: str | None = None
-    last: ScopeHolder | None = None  # the holder seen at the last look
+    last: list[ScopeHolder] = []  # the holders seen at the last look
     with trio.move_on_after(timeout):
         await store.pause(scope=scope)
         asked: set[tuple[int, int]] = set()
         while True:
-            holder, heads = await store.scope_holder(scope)
-            if holder is None and last is not None:
-                held_by = describe_ended(last)  # not its lease as last seen: it ended
-            last = holder
-            if holder is not None:
-                held_by = describe(holder)
-                if holder.lease_left <= 0:
+            # Every slot of the scope: a scope whose limit is over one runs several.
+            holders, heads = await store.scope_holders(scope)
+            seen, last = last, holders
+            if holders:
+                held_by = "; ".join(describe(holder) for holder in holders)
+                live = [holder for holder in holders if holder.lease_left > 0]
+                if not live:
                     return QuiesceResult(True, trio.current_time() - started, held_by)
-                if (holder.id, holder.attempt) not in asked:
-                    await store.cancel(holder.id)
-                    asked.add((holder.id, holder.attempt))
+                for holder in live:
+                    if (holder.id, holder.attempt) not in asked:
+                        await store.cancel(holder.id)
+                        asked.add((holder.id, holder.attempt))
             elif heads:
                 # A head outlived the pause's bounded wait (held in someone's own
                 # transaction): a claim in flight may hold another, so pause again.
                 held_by = "a queued item still a head (held by another transaction)"
                 await store.pause(scope=scope)
             else:
+                if seen:  # they ended since the last look: not their leases as then seen
+                    held_by = "; ".join(describe_ended(holder) for holder in seen)
                 return QuiesceResult(True, trio.current_time() - started, held_by)
             await trio.sleep(poll)
     return QuiesceResult(False, trio.current_time() - started, held_by)

@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 
 from trioworker._core.errors import ConfigurationError
+from trioworker._core.limits import Limit
 from trioworker._core.model import AttemptRecord, ItemState, Pause, ScheduleState, Status
 
 #: A Worker is alive while its advertisement is younger than this many of its own
@@ -125,6 +126,8 @@ class QueueStatus:
     unserved_kinds: Mapping[str, int]  # Queued kinds no live Worker serves: {kind: n}
     schedules: Sequence[ScheduleState]
     pauses: Sequence[Pause]
+    #: Concurrency and rate limits, with what each holds now (docs/design/limits.md).
+    limits: Sequence[Limit] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The JSON `status --json` prints (times as ISO 8601 text)."""
@@ -138,6 +141,7 @@ class QueueStatus:
             "unserved_kinds": dict(self.unserved_kinds),
             "schedules": [_jsonable(s) for s in self.schedules],
             "pauses": [_jsonable(p) for p in self.pauses],
+            "limits": [limit_json(lim) for lim in self.limits],
         }
 
 
@@ -147,6 +151,11 @@ class ItemDetails:
 
     item: ItemState
     attempts: Sequence[AttemptRecord]
+
+
+def limit_json(limit: Limit) -> dict[str, Any]:
+    """A limit as `status --json` and `limit --json` print it (a rate as its text)."""
+    return {**_jsonable(limit), "rate": None if limit.rate is None else str(limit.rate)}
 
 
 def _jsonable(record: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from trioworker._core.errors import ConfigurationError, StoreError
+from trioworker._core.limits import Limit
 from trioworker._core.model import StoreStatistics
 from trioworker._store.reads import QueueCounts
 
@@ -76,6 +77,12 @@ HELP: Mapping[str, str] = {
     "trioworker_items_running": "Items this Worker is running now",
     "trioworker_queue_items": "Work items in the database by kind and status (periodic query)",
     "trioworker_busy_scopes": "Scopes with a Running item (periodic query)",
+    "trioworker_limit_running": "A running limit of a kind, a scope or the default for"
+    " scopes (kind and scope labels empty: the default; periodic query)",
+    "trioworker_limit_in_use": "Running items a limit covers now (periodic query)",
+    "trioworker_limit_rate": "A rate limit's starts per period (periodic query)",
+    "trioworker_limit_rate_started": "Starts in a rate limit's current window (periodic query)",
+    "trioworker_limit_waiting": "Due Queued items a full limit holds back (periodic query)",
     "trioworker_queue_refreshed_timestamp_seconds": (
         "When the queue-depth query last answered (Unix time)"
     ),
@@ -93,6 +100,8 @@ class _Store(Protocol):
 
     async def queue_counts(self) -> QueueCounts: ...
 
+    async def limits(self) -> list[Limit]: ...
+
 
 class _Worker(Protocol):
     @property
@@ -108,6 +117,7 @@ class QueueDepth:
     by_kind_and_status: Mapping[tuple[str, str], int]
     busy_scopes: int
     read_at: float  # Unix time
+    limits: Sequence[Limit] = ()
 
 
 def queue_depth(counts: QueueCounts, read_at: float) -> QueueDepth:
@@ -181,7 +191,8 @@ class Metrics:
             await trio.sleep(self.refresh_every)
 
     async def refresh(self) -> QueueDepth:
-        self.depth = queue_depth(await self.store.queue_counts(), time.time())
+        counts, limits = await self.store.queue_counts(), await self.store.limits()
+        self.depth = attrs.evolve(queue_depth(counts, time.time()), limits=limits)
         return self.depth
 
     # -- serving ---------------------------------------------------------------------
@@ -235,7 +246,28 @@ class _ReadAtScrape(Collector):
             items.add_metric([kind, status], n)
         yield items
         yield _gauge("trioworker_busy_scopes", depth.busy_scopes)
+        yield from limit_gauges(depth.limits)
         yield _gauge("trioworker_queue_refreshed_timestamp_seconds", depth.read_at)
+
+
+def limit_gauges(limits: Sequence[Limit]) -> Iterator[GaugeMetricFamily]:
+    """Each limit's setting and what it holds now, labelled by kind and scope."""
+    names = ("running", "in_use", "rate", "rate_started", "waiting")
+    families = {
+        n: GaugeMetricFamily(f"trioworker_limit_{n}", HELP[f"trioworker_limit_{n}"],
+                             labels=["kind", "scope"])
+        for n in names
+    }  # fmt: skip
+    for lim in limits:
+        labels = [lim.kind or "", lim.scope or ""]
+        if lim.running is not None:
+            families["running"].add_metric(labels, lim.running)
+        families["in_use"].add_metric(labels, lim.in_use)
+        if lim.rate is not None:
+            families["rate"].add_metric(labels, lim.rate.count)
+            families["rate_started"].add_metric(labels, lim.started_in_window)
+        families["waiting"].add_metric(labels, lim.waiting)
+    yield from families.values()
 
 
 def _gauge(name: str, value: float) -> GaugeMetricFamily:

@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from trioworker._core.errors import InvalidLimit
 from trioworker._core.model import CancelOutcome
 from trioworker._store.api import Store
 from trioworker._store.quiesce import quiesce as quiesce_scope
@@ -180,10 +181,30 @@ async def quiesce(store: Store, form: Form) -> Outcome:
     return Outcome(message, 200 if done else 202, details)  # 202: paused, not yet quiet
 
 
+async def limit(store: Store, form: Form) -> Outcome:
+    """Set a scope's or a kind's running limit and/or rate (docs/design/limits.md)."""
+    kind, scope = _target(form)
+    running_text, rate = _number(form, "running"), _number(form, "rate")
+    if running_text is not None and not ASCII_NUMBER.fullmatch(running_text):
+        raise Refused(400, f"a running limit is a whole number, not {running_text[:40]!r}")
+    running = None if running_text is None else int(running_text)
+    try:
+        set_to = await store.set_limit(kind=kind, scope=scope, running=running, rate=rate)
+    except InvalidLimit as exc:
+        raise Refused(400, str(exc)) from None
+    held = [f"at most {set_to.running} Running"] if set_to.running is not None else []
+    held += [f"at most {set_to.rate} starts"] if set_to.rate is not None else []
+    message = f"{_named(kind, scope)}: {', '.join(held)}"
+    details = {"kind": kind, "scope": scope, "running": set_to.running,
+               "rate": None if set_to.rate is None else str(set_to.rate)}  # fmt: skip
+    return Outcome(message, 200, details)
+
+
 ACTIONS: dict[str, Callable[[Store, Form], Awaitable[Outcome]]] = {
     "cancel": cancel,
     "retry": retry,
     "pause": pause,
     "resume": resume,
     "quiesce": quiesce,
+    "limit": limit,
 }

@@ -20,10 +20,10 @@ FROM work_items WHERE status = 'Queued'
 GROUP BY kind ORDER BY kind;
 
 -- name: scope_summary
--- Busy scopes (a Running item each), the Queued items waiting behind them, scopes
+-- Busy scopes (with a Running item), the Queued items waiting behind them, scopes
 -- with anything Queued, and pauses.
-SELECT (SELECT count(*) FROM work_items WHERE status = 'Running' AND scope IS NOT NULL)
-           AS busy,
+SELECT (SELECT count(DISTINCT scope) FROM work_items
+        WHERE status = 'Running' AND scope IS NOT NULL) AS busy,
        (SELECT count(*) FROM work_items AS q
         WHERE q.status = 'Queued' AND q.scope IS NOT NULL
           AND EXISTS (SELECT 1 FROM work_items AS r
@@ -76,22 +76,35 @@ WITH queued AS (
     FROM work_items WHERE status = 'Queued' AND scope IS NOT NULL
     GROUP BY scope
 ), running AS (
-    SELECT scope, id, kind, worker_id, attempt, cancel_requested,
-           EXTRACT(EPOCH FROM now() - started_at)::float8 AS running_for
+    -- A scope may run more than one (its limit, docs/design/limits.md): the first
+    -- started is shown, with how many run.
+    SELECT DISTINCT ON (scope) scope, id, kind, worker_id, attempt, cancel_requested,
+           EXTRACT(EPOCH FROM now() - started_at)::float8 AS running_for,
+           count(*) OVER (PARTITION BY scope) AS running
     FROM work_items WHERE status = 'Running' AND scope IS NOT NULL
+    ORDER BY scope, started_at, id
+), limited AS (
+    SELECT scope, running AS running_limit, rate, EXTRACT(EPOCH FROM per)::float8 AS per
+    FROM work_limits WHERE scope IS NOT NULL
 ), paused AS (
     SELECT scope, paused_at FROM work_pauses WHERE scope IS NOT NULL
 ), scopes AS (
     SELECT scope FROM queued UNION SELECT scope FROM running UNION SELECT scope FROM paused
+    UNION SELECT scope FROM limited
 )
 SELECT s.scope, r.id AS running_id, r.kind AS running_kind, r.worker_id, r.attempt,
-       r.cancel_requested, r.running_for,
+       r.cancel_requested, r.running_for, COALESCE(r.running, 0) AS running,
+       COALESCE(l.running_limit,
+                (SELECT d.running FROM work_limits AS d
+                 WHERE d.kind IS NULL AND d.scope IS NULL), 1) AS running_limit,
+       l.running_limit IS NOT NULL AS own_limit, l.rate, l.per,
        COALESCE(q.waiting, 0) AS waiting, COALESCE(q.due, 0) AS due, q.oldest_age,
        p.paused_at, count(*) OVER () AS total
 FROM scopes AS s
 LEFT JOIN running AS r USING (scope)
 LEFT JOIN queued AS q USING (scope)
 LEFT JOIN paused AS p USING (scope)
+LEFT JOIN limited AS l USING (scope)
 WHERE %(search)s::text IS NULL OR strpos(s.scope, %(search)s::text) > 0
 ORDER BY r.id IS NULL, p.paused_at IS NULL, COALESCE(q.waiting, 0) DESC, s.scope
 LIMIT %(limit)s;

@@ -21,6 +21,7 @@ import attrs
 import trio
 
 from trioworker._core.errors import DatabaseUnavailable, Lost
+from trioworker._core.limits import Limit, Rate, limit_target, validate_limit
 from trioworker._core.model import (
     FINISHED,
     AttemptRecord,
@@ -60,6 +61,7 @@ from trioworker._store.reads import (
     process_gone,
 )
 from trioworker._store.tracing import trace_context_or_current, with_current_trace
+from trioworker.testing._memory_limits import DEFAULT, MemoryLimits
 
 Fault = Literal["fail", "hang"] | None
 
@@ -168,6 +170,7 @@ class MemoryStore:
         self._schedules: dict[str, ScheduleState] = {}
         #: The schedules' specs, by name (what the database compares).
         self._specs: dict[str, str] = {}
+        self._limits = MemoryLimits()
 
     # -- faults and time ----------------------------------------------------------
 
@@ -188,8 +191,28 @@ class MemoryStore:
             listener(scope or "")
 
     def _busy(self, scope: str | None) -> bool:
-        return scope is not None and any(
-            r.scope == scope and r.status is Status.RUNNING for r in self._rows.values()
+        """Whether the scope runs as many items as its limit allows (1 by default)."""
+        return scope is not None and self._running(scope=scope) >= self._limits.scope_limit(scope)
+
+    def _running(self, *, scope: str | None = None, kind: str | None = None) -> int:
+        return sum(
+            1
+            for r in self._rows.values()
+            if r.status is Status.RUNNING
+            and (scope is None or r.scope == scope)
+            and (kind is None or r.kind == kind)
+        )
+
+    def _may_start(self, row: _Row) -> bool:
+        """Whether the item's kind and scope limits let it start now."""
+        now = self.now()
+        kind_limit = self._limits.kind_limit(row.kind)
+        if kind_limit is not None and self._running(kind=row.kind) >= kind_limit:
+            return False
+        if not self._limits.rate_open(("kind", row.kind), now):
+            return False
+        return row.scope is None or (
+            not self._busy(row.scope) and self._limits.rate_open(("scope", row.scope), now)
         )
 
     def _queued_with(self, dedup_key: str | None, *, besides: int = -1) -> _Row | None:
@@ -344,8 +367,13 @@ class MemoryStore:
         if scopes is None and not unscoped:
             raise ValueError("a Worker serving every scope serves unscoped items too")
         await self._enter("claim")
-        claimable = self._claimable(scopes, unscoped=unscoped, kinds=kinds)[:limit]
-        return sorted((self._claim_one(r, worker_id, lease) for r in claimable), key=_by_id)
+        claimed: list[WorkItem] = []
+        for row in self._claimable(scopes, unscoped=unscoped, kinds=kinds):
+            if len(claimed) == limit:
+                break
+            if self._may_start(row):
+                claimed.append(self._claim_one(row, worker_id, lease))
+        return sorted(claimed, key=_by_id)
 
     def _claimable(
         self, scopes: Sequence[str] | None, *, unscoped: bool, kinds: Sequence[str]
@@ -382,6 +410,7 @@ class MemoryStore:
         row.lease_expires_at = now + dt.timedelta(seconds=lease)
         row.heartbeat_at = now
         row.started_at = now
+        self._limits.started(row.kind, row.scope, now)
         return WorkItem(
             id=row.id,
             kind=row.kind,
@@ -426,6 +455,15 @@ class MemoryStore:
         waiting = [
             (r.run_after - now).total_seconds() for r in firsts.values() if r.run_after > now
         ]
+        for key in self._limits.rated():  # a rate window holding due work back
+            reopens = self._limits.reopens(key, now)
+            if reopens is not None and any(
+                r.run_after <= now
+                and (r.kind == key[1] if key[0] == "kind" else r.scope == key[1])
+                and (key[0] == "scope" or r.kind in kinds)
+                for r in firsts.values()
+            ):
+                waiting.append((reopens - now).total_seconds())
         return min(waiting, default=None)
 
     async def heartbeat(self, id: int, attempt: int, lease: float) -> Heartbeat:
@@ -714,15 +752,72 @@ class MemoryStore:
         return [r.id for r in sorted(rows, key=lambda r: (r.finished_at, r.id))]
 
     async def scope_holder(self, scope: str) -> tuple[ScopeHolder | None, bool]:
+        holders, heads = await self.scope_holders(scope)
+        return (holders[0] if holders else None), heads
+
+    # -- limits ----------------------------------------------------------------------
+
+    async def scope_holders(self, scope: str) -> tuple[list[ScopeHolder], bool]:
         await self._enter("scope_holder")
-        for r in self._rows.values():
-            if r.scope == scope and r.status is Status.RUNNING:
-                assert r.lease_expires_at is not None
-                left = (r.lease_expires_at - self.now()).total_seconds()
-                return ScopeHolder(
-                    r.id, r.attempt, r.kind, r.worker_id, r.cancel_requested, left
-                ), False
-        return None, False
+        holders = []
+        running = sorted(
+            (r for r in self._rows.values() if r.scope == scope and r.status is Status.RUNNING),
+            key=lambda r: (r.started_at, r.id),
+        )
+        for slot, r in enumerate(running, start=1):
+            assert r.lease_expires_at is not None
+            left = (r.lease_expires_at - self.now()).total_seconds()
+            holders.append(
+                ScopeHolder(r.id, r.attempt, r.kind, r.worker_id, r.cancel_requested, left, slot)
+            )
+        return holders, False
+
+    async def set_limit(
+        self,
+        *,
+        kind: str | None = None,
+        scope: str | None = None,
+        running: int | None = None,
+        rate: Rate | str | None = None,
+    ) -> Limit:
+        change = validate_limit(kind, scope, running, rate)
+        await self._enter("set_limit")
+        limit = self._limits.set(change, self.now())
+        self._notify(None)
+        return limit
+
+    async def clear_limit(self, *, kind: str | None = None, scope: str | None = None) -> bool:
+        kind, scope = limit_target(kind, scope)
+        await self._enter("clear_limit")
+        cleared = self._limits.clear(kind, scope)
+        if cleared:
+            self._notify(None)
+        return cleared
+
+    async def limits(self) -> list[Limit]:
+        await self._enter("limits")
+        now = self.now()
+        own = {name for (what, name), lim in self._limits.all() if what == "scope" and lim.running}
+        out = []
+        for key, limit in self._limits.all():
+            what, name = key
+            if key == DEFAULT:
+                in_use = sum(
+                    1
+                    for r in self._rows.values()
+                    if r.status is Status.RUNNING and r.scope is not None and r.scope not in own
+                )
+            else:
+                in_use = self._running(**{what: name})
+            due = sum(
+                1
+                for r in self._rows.values()
+                if r.status is Status.QUEUED
+                and r.run_after <= now
+                and (r.kind if what == "kind" else r.scope) == name
+            )
+            out.append(self._limits.with_usage(key, limit, in_use, due, now))
+        return out
 
     # -- schedules ----------------------------------------------------------------------
 
@@ -822,7 +917,7 @@ class MemoryStore:
         counts = counts_by_kind(
             {"kind": k, "status": s, "n": n} for (k, s), n in sorted(rows.items())
         )
-        busy = sum(1 for r in self._rows.values() if r.status is Status.RUNNING and r.scope)
+        busy = len({r.scope for r in self._rows.values() if r.status is Status.RUNNING and r.scope})
         return QueueCounts(counts, busy)
 
     async def status(self, *, failures: int = 10) -> QueueStatus:
@@ -869,6 +964,7 @@ class MemoryStore:
             unserved_kinds={k: n for k, n in sorted(queued.items()) if k not in served},
             schedules=await self.schedules(),
             pauses=await self.pauses(),
+            limits=await self.limits(),
         )
 
     # -- test helpers -----------------------------------------------------------------

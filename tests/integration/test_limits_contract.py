@@ -1,0 +1,102 @@
+"""The limits contract, run against PostgreSQL and the in-memory store alike, so that
+MemoryStore (and every unit test on it) holds limits as the database does."""
+
+from __future__ import annotations
+
+from tests.support.harness import Harness
+from trioworker import Rate, Status
+
+LEASE = 30.0
+
+
+async def claim_all(harness: Harness, kinds: list[str], batch: int = 1) -> list[int]:
+    """Claim until nothing more comes; the ids claimed, in order."""
+    ids = []
+    while claimed := await harness.store.claim_batch("w", LEASE, batch, kinds=kinds):
+        ids += [item.id for item in claimed]
+    return ids
+
+
+async def test_a_scope_at_limit_two_runs_two_and_then_the_next(harness: Harness) -> None:
+    """S at 2: two of its five items run (one claim each, any batch size), T's item is
+    not held up, and when one of S's ends the next starts."""
+    store = harness.store
+    await store.set_limit(scope="S", running=2)
+    s = [(await store.enqueue("K", scope="S")).id for _ in range(5)]
+    t = await store.enqueue("K", scope="T")
+    assert sorted(await claim_all(harness, ["K"], batch=10)) == [s[0], s[1], t.id]
+    item = next(i for i in harness.items() if i.id == s[0])
+    assert await store.complete(s[0], item.attempt)
+    assert await claim_all(harness, ["K"]) == [s[2]]
+
+
+async def test_a_kind_limit_holds_across_scopes_and_combines_with_the_scope_limit(
+    harness: Harness,
+) -> None:
+    """Kind K at 3 across scopes a..e (each at the default, 1): three start, whatever
+    the batch; L is not held up."""
+    store = harness.store
+    await store.set_limit(kind="K", running=3)
+    for scope in "abcde":
+        await store.enqueue("K", scope=scope)
+        await store.enqueue("K", scope=scope)
+    other = await store.enqueue("L")
+    claimed = await claim_all(harness, ["K", "L"], batch=10)
+    assert other.id in claimed and len(claimed) == 4
+    running = [i for i in harness.items() if i.status is Status.RUNNING and i.kind == "K"]
+    assert len(running) == 3 and len({i.scope for i in running}) == 3
+
+
+async def test_a_lowered_limit_stops_new_starts_until_under_it(harness: Harness) -> None:
+    """K runs 3 at limit 3; lowered to 1, none is stopped; two end and still none
+    starts; the third ends and one starts."""
+    store = harness.store
+    await store.set_limit(kind="K", running=3)
+    for _ in range(6):
+        await store.enqueue("K")
+    first = await claim_all(harness, ["K"], batch=10)
+    assert len(first) == 3
+    limit = await store.set_limit(kind="K", running=1)
+    assert (limit.kind, limit.running) == ("K", 1)
+    attempts = {i.id: i.attempt for i in harness.items()}
+    for id in first[:2]:
+        assert await store.complete(id, attempts[id])
+    assert await claim_all(harness, ["K"]) == []
+    assert await store.complete(first[2], attempts[first[2]])
+    assert len(await claim_all(harness, ["K"])) == 1
+
+
+async def test_a_rate_limit_holds_back_starts_and_says_when_it_opens(harness: Harness) -> None:
+    """K at 2 starts per minute: two start, the rest wait Queued (never failed), the
+    idle sleep is until the window opens, and limits() shows the window full."""
+    store = harness.store
+    await store.set_limit(kind="K", rate=Rate(2, 60.0))
+    for _ in range(5):
+        await store.enqueue("K")
+    assert len(await claim_all(harness, ["K"], batch=10)) == 2
+    wait = await store.seconds_until_due(kinds=["K"])
+    assert wait is not None and 55.0 < wait <= 60.0
+    [limit] = await store.limits()
+    assert (limit.rate, limit.started_in_window, limit.waiting) == (Rate(2, 60.0), 2, 3)
+    assert [i.status for i in harness.items()].count(Status.QUEUED) == 3
+
+
+async def test_limits_lists_each_with_what_it_holds_and_clear_removes_one(
+    harness: Harness,
+) -> None:
+    """limits() lists kinds, then scopes, then the default, each with its Running
+    count; clear_limit removes one (False when there was none)."""
+    store = harness.store
+    await store.set_limit(running=2)
+    await store.set_limit(scope="S", running=3, rate="10/s")
+    await store.set_limit(kind="K", running=4)
+    for _ in range(3):
+        await store.enqueue("K", scope="S")
+    await store.enqueue("K", scope="T")
+    await claim_all(harness, ["K"])
+    listed = [(lim.kind, lim.scope, lim.running, lim.in_use) for lim in await store.limits()]
+    assert listed == [("K", None, 4, 4), (None, "S", 3, 3), (None, None, 2, 1)]
+    assert await store.clear_limit(scope="S")
+    assert not await store.clear_limit(scope="S")
+    holders, _ = await store.scope_holders("S")
+    assert len(holders) == 3
