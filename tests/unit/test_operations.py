@@ -24,6 +24,7 @@ from trioworker import (
     StoreError,
 )
 from trioworker._core.jsontext import UndecodableValue
+from trioworker._core.limits import Limit, Rate
 from trioworker._core.model import ScopeHolder
 from trioworker._postgres import operations
 from trioworker._postgres.operations import Operation, Query, Rows
@@ -356,18 +357,21 @@ def test_status_reads_each_part_from_its_own_query() -> None:
     running = {"id": 4, "kind": "A", "scope": "s", "attempt": 1, "worker_id": "w",
                "started_at": T0, "lease_left": 5.0}  # fmt: skip
     pause = {"kind": None, "scope": "s", "paused_at": T0}
+    limit = {"kind": "A", "scope": None, "running": 8, "rate": 10, "per": 1.0,
+             "updated_at": T0, "in_use": 3, "started_in_window": 2, "waiting": 5}  # fmt: skip
+    unlimited = {**limit, "kind": None, "scope": "s", "rate": None, "per": None}
     op = operations.status(failures=3)
     assert op.name == "status"
     status, sent = run(
         op, [worker, every], [failure], [{"kind": "B", "n": 2}], COUNTS, [{"n": 1}], [running],
-        [SCHEDULE], [pause],
+        [SCHEDULE], [pause], [limit, unlimited],
     )  # fmt: skip
     alive = {"alive_beats": ALIVE_BEATS, "alive_within": ALIVE_WITHIN}
     assert sent == [
         Query("workers", alive), Query("recent_failures", {"limit": 3}),
         Query("unserved_kinds", alive), Query("counts_by_kind_and_status", {}),
         Query("busy_scopes", {}), Query("running_items", {}), Query("schedules", {}),
-        Query("pauses", {}),
+        Query("pauses", {}), Query("limits", {}),
     ]  # fmt: skip
     assert status.workers == [
         WorkerState(**{**worker, "kinds": ("A",), "scopes": ("s",)}),
@@ -379,7 +383,11 @@ def test_status_reads_each_part_from_its_own_query() -> None:
     assert status.running == [RunningItem(**running)]
     assert status.schedules == [ScheduleState(**SCHEDULE)]
     assert status.pauses == [Pause(None, "s", T0)]
-    _, sent = run(operations.status(), [], [], [], [], [{"n": 0}], [], [], [])
+    assert status.limits == [
+        Limit("A", None, 8, Rate(10, 1.0), T0, in_use=3, started_in_window=2, waiting=5),
+        Limit(None, "s", 8, None, T0, in_use=3, started_in_window=2, waiting=5),
+    ]
+    _, sent = run(operations.status(), [], [], [], [], [{"n": 0}], [], [], [], [])
     assert sent[1] == Query("recent_failures", {"limit": 10})
 
 
