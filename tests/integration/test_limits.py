@@ -128,6 +128,10 @@ async def test_three_claims_racing_for_two_free_slots_of_a_kind_leave_two_runnin
     await store.set_limit(kind="K", running=2)
     for _ in range(5):
         await store.enqueue("K")
+    # The failover guard notes the longest lease a claim asks for (0003.failover): the
+    # first claims of a longer lease update its row, and one would wait there, not on
+    # the index. Noted beforehand, as any claim of this lease would have.
+    pg.execute("SELECT work_failover_hold_v1(%s)", [LEASE])
     with session(dsn) as first:
         held = first.execute("SELECT id, kind_slot FROM work_claim_v2('w1', 30, 1, ARRAY['K'])")
         assert [slot for _, slot in held.fetchall()] == [1]

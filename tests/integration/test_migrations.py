@@ -45,12 +45,9 @@ def tables(dsn: str) -> list[str]:
 
 
 QUEUE_TABLES = [
-    "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_attempts", "work_items",
-    "work_limits", "work_pauses", "work_rate_slots", "work_schedules",
-    "work_unsettled_scopes", "work_workers", "yoyo_lock",
     "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_attempts", "work_failover_guard",
-    "work_items",
-    "work_pauses", "work_schedules", "work_unsettled_scopes", "work_workers", "yoyo_lock",
+    "work_items", "work_limits", "work_pauses", "work_rate_slots", "work_schedules",
+    "work_unsettled_scopes", "work_workers", "yoyo_lock",
 ]  # fmt: skip
 MEDIA_TABLES = [
     "media_assets", "media_bursts", "media_proxies", "media_share_tokens",
