@@ -180,6 +180,31 @@ async def test_quiesce_waits_for_every_slot_of_a_scope(
     assert store.calls.count("request_cancel") == 2
 
 
+async def test_holders_that_ended_between_two_looks_are_each_named_as_ended(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Both slots of a scope at limit 2 end at 10 s; the next look (14 s) finds it quiet
+    and names the two, in slot order, as ended."""
+    store = ScriptedStore()
+    await store.set_limit(scope="s", running=2)
+    await ghost(store)
+    await ghost(store)
+
+    async def finish() -> None:
+        await trio.sleep(10)
+        assert await store.cancel_attempt(1, 1)
+        assert await store.cancel_attempt(2, 1)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(finish)
+        result = await quiesce(store, "s", timeout=100, poll=7)
+    assert (result.done, result.waited) == (True, 14.0)
+    assert result.holder == (
+        "item 1 (A) attempt 1 on Worker ghost, which has ended;"
+        " item 2 (A) attempt 1 on Worker ghost, which has ended"
+    )
+
+
 async def test_a_timeout_names_every_slot_still_holding_the_scope(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

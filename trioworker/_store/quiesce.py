@@ -65,14 +65,14 @@ async def quiesce(
     validate_scope(scope)
     started = trio.current_time()
     held_by: str | None = None
-    last: list[ScopeHolder] = []  # the holders seen at the last look
+    last: tuple[ScopeHolder, ...] = ()  # the holders seen at the last look
     with trio.move_on_after(timeout):
         await store.pause(scope=scope)
         asked: set[tuple[int, int]] = set()
         while True:
             # Every slot of the scope: a scope whose limit is over one runs several.
             holders, heads = await store.scope_holders(scope)
-            seen, last = last, holders
+            seen, last = last, tuple(holders)
             if holders:
                 held_by = "; ".join(describe(holder) for holder in holders)
                 live = [holder for holder in holders if holder.lease_left > 0]
@@ -88,8 +88,8 @@ async def quiesce(
                 held_by = "a queued item still a head (held by another transaction)"
                 await store.pause(scope=scope)
             else:
-                if seen:  # they ended since the last look: not their leases as then seen
-                    held_by = "; ".join(describe_ended(holder) for holder in seen)
+                # those seen at the last look have ended since: not their leases as then
+                held_by = "; ".join(describe_ended(holder) for holder in seen) or held_by
                 return QuiesceResult(True, trio.current_time() - started, held_by)
             await trio.sleep(poll)
     return QuiesceResult(False, trio.current_time() - started, held_by)
