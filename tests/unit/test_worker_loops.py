@@ -653,8 +653,9 @@ async def test_a_worker_whose_id_is_taken_over_logs_it_and_records_no_stop(
         await store.advertise(holder())
         await trio.sleep(15)
     assert messages(caplog, WORKER, logging.ERROR) == [
-        "worker id 'w1' is in use by a live Worker (host elsewhere, pid 1, seen 14.0s ago):"
-        " give each Worker its own --worker-id"
+        "this Worker's id was taken over while it seemed gone: worker id 'w1' is in use by"
+        " a live Worker (host elsewhere, pid 1, seen 14.0s ago): give each Worker its own"
+        " --worker-id"
     ]
     assert "worker_stopped" not in store.times
     assert store.workers["w1"] == holder()

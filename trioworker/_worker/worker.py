@@ -452,8 +452,9 @@ class Worker:
                 except StoreError as exc:
                     log.warning("could not advertise this Worker: %s", exc)
                 except ConfigurationError as exc:  # taken over while it seemed gone
-                    log.error("%s", exc)
-                    advertised = False  # its stop is not this Worker's to record
+                    log.error("this Worker's id was taken over while it seemed gone: %s", exc)
+                    # its stop is not this Worker's to record
+                    advertised = False  # pragma: no mutate  (None is as false)
                 await trio.sleep(self.settings.recovery_every)
         finally:
             if advertised:
