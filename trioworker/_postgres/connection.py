@@ -345,10 +345,7 @@ async def _probe_arrives(
     async for notify in conn.notifies(timeout=seconds):
         if notify.channel == PROBE_CHANNEL:
             return True
-        if notify.channel == channels[0]:
-            on_notify(notify.payload)
-        elif notify.channel == channels[1] and on_settle is not None:
-            on_settle(notify.payload)
+        _dispatch(notify, channels, on_notify, on_settle)
     return False
 
 
@@ -360,12 +357,22 @@ async def _relay(
     quiet_period: float,
 ) -> None:  # pragma: no mutate block
     # asyncio side: returns after `quiet_period` seconds without a notification
-    notify_channel, settle_channel = channels
     async for notify in conn.notifies(timeout=quiet_period):
-        if notify.channel == notify_channel:
-            on_notify(notify.payload)
-        elif notify.channel == settle_channel and on_settle is not None:
-            on_settle(notify.payload)
+        _dispatch(notify, channels, on_notify, on_settle)
+
+
+def _dispatch(
+    notify: psycopg.Notify,
+    channels: tuple[str, str],
+    on_notify: NotifyCallback,
+    on_settle: NotifyCallback | None,
+) -> None:  # pragma: no mutate block
+    """Hand a notification on the schema's channels (new work, settle) to its callback."""
+    notify_channel, settle_channel = channels
+    if notify.channel == notify_channel:
+        on_notify(notify.payload)
+    elif notify.channel == settle_channel and on_settle is not None:
+        on_settle(notify.payload)
 
 
 async def _discarding_on_failure(
