@@ -123,8 +123,8 @@ async def test_three_claims_racing_for_two_free_slots_of_a_kind_leave_two_runnin
     """Kind K has a global limit of 2 and five unscoped items. One claim holds its
     start (kind slot 1) open; two more claims run, see room for two, take other items
     and wait on the kind slot index; the first commits and both lose by its name. The
-    store claims again: exactly one of them gets slot 2, and the third claim, rejected
-    by name once more, ends with nothing. Exactly two Running."""
+    store claims again: exactly one of them gets slot 2, and the third claim (rejected
+    by name once more, or finding the kind full) ends with nothing. Exactly two Running."""
     await store.set_limit(kind="K", running=2)
     for _ in range(5):
         await store.enqueue("K")
@@ -155,7 +155,10 @@ async def test_three_claims_racing_for_two_free_slots_of_a_kind_leave_two_runnin
             first.commit()
     assert sorted(len(batch) for batch in results) == [0, 1]
     assert running_of_kind(pg, "K") == 2
-    assert store.statistics().race_losses == 3  # two on the first commit, one after
+    # Both lost on the first commit. Claiming again, the second either raced the first
+    # for slot 2 and lost by name once more, or began after it committed and found the
+    # kind full: no race to lose.
+    assert store.statistics().race_losses in (2, 3)
     kind_slots = pg.execute("SELECT kind_slot FROM work_items WHERE status = 'Running' ORDER BY 1")
     assert kind_slots.fetchall() == [(1,), (2,)]
 

@@ -282,7 +282,28 @@ class LimitedRun(lines.Run):
             "SELECT id, kind, scope, priority, is_head FROM work_items"
             " WHERE status IN ('Queued', 'Running') AND run_after <= now() ORDER BY id"
         ).fetchall()
-        assert stuck == [], f"due work never claimed after the drain: {stuck}"
+        assert stuck == [], f"due work never claimed after the drain: {stuck}\n{self.why(stuck)}"
+
+    def why(self, stuck: list[Any]) -> str:
+        """What a claim of the stuck items would have seen: their rows, the limits and
+        rate slots, and what the claim and the due-time answer now."""
+        o = self.observer
+        ids = [row[0] for row in stuck]
+        return "\n".join(
+            f"{what}: {o.execute(query, params).fetchall()}"
+            for what, query, params in [
+                ("items", "SELECT id, kind, scope, status, attempt, is_head, run_after,"
+                 " lease_expires_at, scope_slot, kind_slot FROM work_items"
+                 " WHERE id = ANY(%s) ORDER BY id", (ids,)),
+                ("limits", "SELECT * FROM work_limits ORDER BY id", ()),
+                ("rate slots", "SELECT *, now() FROM work_rate_slots ORDER BY 1, 2", ()),
+                ("pauses", "SELECT * FROM work_pauses", ()),
+                ("locks", "SELECT locktype, objid, mode, granted, pid FROM pg_locks"
+                 " WHERE locktype = 'advisory'", ()),
+                ("due", "SELECT work_seconds_until_due_v2(%s)", (KINDS,)),
+                ("claim", "SELECT id FROM work_claim_v2('why', 60, 50, %s)", (KINDS,)),
+            ]
+        )  # fmt: skip
 
 
 def run_seed(dsn: str, seed: int) -> LimitedRun:
