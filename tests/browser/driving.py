@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver import Chrome
@@ -49,4 +50,12 @@ def sign_in(browser: Chrome, url: str, token: str, next: str = "/") -> None:
     open_page(browser, f"{url}/login?next={next}")
     browser.find_element(By.NAME, "token").send_keys(token)
     browser.find_element(By.CSS_SELECTOR, "#login button").click()
-    until(browser, lambda: browser.current_url.endswith(next), what=f"back on {next}")
+    # The sign-in page's own address ends with `next` too (`/login?next=/pauses`): wait
+    # for the path itself, and for the session cookie the sign-in set.
+    until(browser, lambda: urlsplit(browser.current_url).path == next, what=f"back on {next}")
+    until(browser, lambda: session_cookie(browser), what="the session cookie")
+
+
+def session_cookie(browser: Chrome) -> dict[str, Any] | None:
+    """The dashboard's session cookie in `browser`, if it holds one."""
+    return next((c for c in browser.get_cookies() if c["name"].startswith("trioworker_")), None)

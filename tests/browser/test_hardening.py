@@ -19,7 +19,7 @@ import trio
 from selenium.webdriver import Chrome
 from selenium.webdriver.common.by import By
 
-from tests.browser.driving import open_page, sign_in, until
+from tests.browser.driving import open_page, session_cookie, sign_in, until
 from tests.browser.support import TOKEN, Answer, Dashboard, csrf_of, request
 from tests.integration.test_cli import trioworker
 from trioworker import PostgresStore
@@ -112,7 +112,8 @@ def test_the_sign_out_button_ends_the_session(
     page offers signing in again, and the cookie it had no longer acts."""
     url = start_dashboard(dsn, "--allow-actions", env=ACTING).url
     sign_in(browser, url, TOKEN, "/pauses")
-    cookie = next(c for c in browser.get_cookies() if c["name"].startswith("trioworker_"))
+    cookie = session_cookie(browser)
+    assert cookie is not None
     copied = {"Cookie": f"{cookie['name']}={cookie['value']}"}
     csrf = csrf_of(request(url + "/pauses", headers=copied).body)
     browser.find_element(By.CSS_SELECTOR, "#mode button").click()

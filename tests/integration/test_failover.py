@@ -5,6 +5,7 @@ primary."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import psycopg
@@ -31,12 +32,24 @@ THUMBNAILS = "CREATE TABLE thumbnails (item_id bigint, attempt int)"
 SETTINGS = Settings(lease=4, heartbeat=1, poll=0.5, stop_grace=0.9)
 
 
-def demote(primary: Conn) -> None:
+def demote(primary: Conn, dsn: str) -> None:
     """What a failover does to the old primary before it becomes a standby: it takes
     no more writes (pg_auto_failover sets default_transaction_read_only too). Its
-    sessions answer their next write with SQLSTATE 25006."""
+    sessions answer their next write with SQLSTATE 25006.
+
+    pg_reload_conf() only signals the postmaster, which re-reads the file and signals
+    every session in its own time: a transaction begun meanwhile may still write. So
+    this returns once both this session and a new one read the setting as on."""
     primary.execute("ALTER SYSTEM SET default_transaction_read_only = on")
     primary.execute("SELECT pg_reload_conf()")
+    for _ in range(200):
+        with psycopg.connect(dsn, autocommit=True) as fresh:
+            if one(primary, "SHOW default_transaction_read_only") == "on" == one(
+                fresh, "SHOW default_transaction_read_only"
+            ):
+                return
+        time.sleep(0.05)
+    raise AssertionError("the old primary did not turn read-only within 10 s")
 
 
 def one(conn: Conn, query: Any, params: list[Any] | None = None) -> Any:
@@ -83,7 +96,7 @@ async def test_a_read_only_answer_leaves_the_item_to_lease_recovery_on_the_new_p
                     await started.wait()
                 await trio.to_thread.run_sync(pair.wait_replayed)  # the claim is on both
                 with pair.primary.connect() as old:
-                    demote(old)
+                    demote(old, pair.primary.dsn())
                 demoted.set()
                 await trio.to_thread.run_sync(pair.promote_standby)
                 with pair.standby.connect() as new:
