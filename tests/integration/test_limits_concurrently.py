@@ -261,6 +261,7 @@ class LimitedRun(lines.Run):
             ).fetchall()
             self.rated_starts += [r[3] for r in claimed if r[2] == RATED]
             if claimed:
+                idle = 0
                 o.execute(
                     "SELECT work_finish_v1(%s, %s, 'Succeeded') AS f",
                     ([r[0] for r in claimed], [r[1] for r in claimed]),
@@ -268,14 +269,15 @@ class LimitedRun(lines.Run):
                 continue
             row = o.execute("SELECT work_seconds_until_due_v2(%s)", (KINDS,)).fetchone()
             wait = row[0] if row else None
-            if wait is None:  # the window may have opened since the claim: once more
+            if wait is None or wait > PER:
+                # Only work rescheduled for later is left, or a rate window opened
+                # between the claim and this answer (which counts only windows still
+                # closed): claim again, and stop at the second such answer in a row.
                 idle += 1
                 if idle > 1:
                     break
                 continue
             idle = 0
-            if wait > PER:
-                break  # only work rescheduled for later is left
             time.sleep(max(wait, 0.01))
         self.check()
         stuck = o.execute(
