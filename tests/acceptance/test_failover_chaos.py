@@ -94,7 +94,9 @@ def async_failover(tmp_path: Path, *, guard: bool) -> Figures:
             run.wait_ready(multi)
             run.feed(multi, 20)
             run.drain(multi, timeout=60)
-            run.feed(multi, 16, (3.0, 5.0), due_in=CUT_AFTER + 1.0)
+            # Runs of 5-7 s, claimed 2 s before the kill: each outlasts its self-stop
+            # (at most half a lease after the kill), so that alone bounds the overlap.
+            run.feed(multi, 16, (5.0, 7.0), due_in=CUT_AFTER + 1.0)
             pair.wait_replayed()
             pair.cut_replication()
             time.sleep(CUT_AFTER + 3.0)  # due, claimed on the old primary, running

@@ -44,9 +44,8 @@ def demote(primary: Conn, dsn: str) -> None:
     primary.execute("SELECT pg_reload_conf()")
     for _ in range(200):
         with psycopg.connect(dsn, autocommit=True) as fresh:
-            if one(primary, "SHOW default_transaction_read_only") == "on" == one(
-                fresh, "SHOW default_transaction_read_only"
-            ):
+            seen = {one(conn, "SHOW default_transaction_read_only") for conn in (primary, fresh)}
+            if seen == {"on"}:
                 return
         time.sleep(0.05)
     raise AssertionError("the old primary did not turn read-only within 10 s")
