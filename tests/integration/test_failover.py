@@ -5,7 +5,6 @@ primary."""
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import psycopg
@@ -13,6 +12,7 @@ import trio
 
 from tests.integration.test_fenced import until
 from tests.support.clusters import streaming_pair
+from tests.support.processes import wait_for
 from trioworker import (
     Context,
     DatabaseUnavailable,
@@ -42,13 +42,13 @@ def demote(primary: Conn, dsn: str) -> None:
     this returns once both this session and a new one read the setting as on."""
     primary.execute("ALTER SYSTEM SET default_transaction_read_only = on")
     primary.execute("SELECT pg_reload_conf()")
-    for _ in range(200):
+
+    def read_only() -> bool:
         with psycopg.connect(dsn, autocommit=True) as fresh:
             seen = {one(conn, "SHOW default_transaction_read_only") for conn in (primary, fresh)}
-            if seen == {"on"}:
-                return
-        time.sleep(0.05)
-    raise AssertionError("the old primary did not turn read-only within 10 s")
+        return seen == {"on"}
+
+    wait_for(read_only, 10, "the old primary's sessions to read it as read-only")
 
 
 def one(conn: Conn, query: Any, params: list[Any] | None = None) -> Any:
