@@ -186,6 +186,13 @@ class ChaosRun:
         self.died_at[proc.pid] = time.monotonic()
         self.start(self.specs[name])
 
+    def pause(self, name: str) -> None:
+        """SIGSTOP a Worker: it claims nothing (and holds nothing new) until resumed."""
+        self.procs[name].send_signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGCONT)
+
     def feed(
         self,
         dsn: str,
