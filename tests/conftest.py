@@ -26,6 +26,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if "slow" not in item.keywords]
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(report: pytest.TestReport) -> Iterator[object]:
+    """Reports cross from pytest-xdist's workers to its controller as UTF-8. The hostile-
+    input tests log and assert on lone surrogates (text that is not valid Unicode), which
+    execnet cannot encode and which would end the whole run: send them escaped."""
+    data = yield
+    return _escape_surrogates(data)
+
+
+def _escape_surrogates(value: object) -> object:
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_escape_surrogates(k): _escape_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_escape_surrogates(v) for v in value)
+    return value
+
+
 @pytest.fixture(scope="session")
 def databases() -> Iterator[Databases]:
     """PostgreSQL for the session. Never skips: no database is a failure."""
