@@ -1193,9 +1193,19 @@ $function$;
 
 CREATE OR REPLACE FUNCTION public.work_scope_full(p_scope text, p_except bigint DEFAULT NULL::bigint)
  RETURNS boolean
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE
-RETURN ((SELECT count(*) AS count FROM (SELECT 1 AS "?column?" FROM work_items r WHERE ((r.scope = work_scope_full.p_scope) AND (r.status = 'Running'::text) AND (r.id IS DISTINCT FROM work_scope_full.p_except)) LIMIT work_scope_running_limit(work_scope_full.p_scope)) held) >= work_scope_running_limit(p_scope));
+AS $function$
+DECLARE
+    allowed integer := work_scope_running_limit(p_scope);
+BEGIN
+    RETURN (SELECT count(*) FROM (
+                SELECT 1 FROM work_items AS r
+                WHERE r.scope = p_scope AND r.status = 'Running'
+                  AND r.id IS DISTINCT FROM p_except
+                LIMIT allowed) AS held) >= allowed;
+END
+$function$;
 
 CREATE OR REPLACE FUNCTION public.work_scope_rate_open(p_scope text)
  RETURNS boolean
@@ -1204,9 +1214,16 @@ RETURN COALESCE((SELECT (work_rate_room(l.id, l.per, 1) > 0) FROM work_limits l 
 
 CREATE OR REPLACE FUNCTION public.work_scope_running_limit(p_scope text)
  RETURNS integer
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE
-RETURN COALESCE((SELECT l.running FROM work_limits l WHERE (l.scope = work_scope_running_limit.p_scope)), (SELECT l.running FROM work_limits l WHERE ((l.kind IS NULL) AND (l.scope IS NULL))), 1);
+AS $function$
+BEGIN
+    RETURN COALESCE((SELECT l.running FROM work_limits AS l WHERE l.scope = p_scope),
+                    (SELECT l.running FROM work_limits AS l
+                     WHERE l.kind IS NULL AND l.scope IS NULL),
+                    1);
+END
+$function$;
 
 CREATE OR REPLACE FUNCTION public.work_seconds_until_due_v1(p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
  RETURNS double precision

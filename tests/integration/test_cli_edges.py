@@ -271,6 +271,7 @@ def test_migrate_says_one_line_per_migration(databases: Any) -> None:
         "applied 0003.failover",
         "applied 0004.schema",
         "applied 0005.edges",
+        "applied 0006.scope-checks",
     ]  # fmt: skip
     assert again.stdout == "schema is up to date\n"
 

@@ -23,6 +23,7 @@ from tests.support.database import Databases
 from tests.support.processes import ROOT, wait_for, workers
 from tests.support.schema import describe
 from trioworker import check_schema, migrate, open_store
+from trioworker._postgres.migrate import migrations_dir
 
 Conn = psycopg.Connection[Any]
 
@@ -82,6 +83,7 @@ def test_the_cli_a_worker_and_the_dashboard_run_in_a_schema_of_their_own(
             "applied 0003.failover",
             "applied 0004.schema",
             "applied 0005.edges",
+            "applied 0006.scope-checks",
         ]
         assert cli(app_dsn, "migrate", "--schema", "tenant_a").stdout == "schema is up to date\n"
         env = {"TRIOWORKER_SCHEMA": "tenant_a"}
@@ -120,7 +122,10 @@ def test_the_cli_a_worker_and_the_dashboard_run_in_a_schema_of_their_own(
 
         assert app_table(pg) == before
         assert public_objects(pg) == [("table", "work_items")]
-        assert pg.execute("SELECT count(*) FROM tenant_a._yoyo_migration").fetchone() == (5,)
+        queue_migrations = len(list(migrations_dir().glob("[0-9]*.sql")))
+        assert pg.execute("SELECT count(*) FROM tenant_a._yoyo_migration").fetchone() == (
+            queue_migrations,
+        )
         assert pg.execute("SELECT to_regclass('public._yoyo_migration')").fetchone() == (None,)
 
 
