@@ -1,4 +1,4 @@
-"""`python -m bench hol|contention|e2e|pickup|bridge|prune|schema|all [--quick] [--dsn DSN]
+"""`python -m bench hol|contention|e2e|pickup|bridge|prune|schema|floor|all [--quick] [--dsn DSN]
 [--out DIR]`."""
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ SCENARIOS = {
     "prune": "retention of 1 M finished rows in batches, beside one DELETE, under a prober",
     "clients": "one enqueue through the Trio store, Client and AsyncClient, side by side",
     "schema": "per-call cost of the functions' pinned search_path, and of a schema of its own",
+    "floor": "CPU an item of an attempt's shape in Trio, with no database: call, cancel"
+    " scope, nursery and watcher, the executor's whole attempt",
 }
 
 
