@@ -23,7 +23,7 @@ SCENARIOS = {
     "clients": "one enqueue through the Trio store, Client and AsyncClient, side by side",
     "schema": "per-call cost of the functions' pinned search_path, and of a schema of its own",
     "floor": "CPU an item of an attempt's shape in Trio, with no database: call, cancel"
-    " scope, nursery and watcher, the executor's whole attempt",
+    " scope, nursery and watcher, and the Worker over a store that answers at once",
 }
 
 

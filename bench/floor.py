@@ -77,20 +77,14 @@ class InstantStore(MemoryStore):
         await trio.lowlevel.checkpoint()
         return [self.ready.popleft() for _ in range(min(limit, len(self.ready)))]
 
-    async def complete(self, id: int, attempt: int) -> bool:
-        await trio.lowlevel.checkpoint()
-        self._count(1)
-        return True
-
     async def complete_batch(self, attempts: Sequence[tuple[int, int]]) -> set[int]:
+        """The Worker's one completion statement (its batcher's; it never calls
+        `complete` itself)."""
         await trio.lowlevel.checkpoint()
-        self._count(len(attempts))
-        return {id for id, _ in attempts}
-
-    def _count(self, n: int) -> None:
-        self.completed += n
+        self.completed += len(attempts)
         if self.completed >= self.total:
             self.done.set()
+        return {id for id, _ in attempts}
 
 
 async def watched(handler: Handler, i: int, self_stop: float) -> None:
