@@ -61,7 +61,9 @@ class Attempt:
         self.settings = settings
         self.scope = trio.CancelScope(deadline=claim_sent_at + settings.self_stop_after)
         self._reason: CancelReason | None = None
-        self._changed = trio.Event()  # set when the deadline moves or a cancel comes
+        self._changed = trio.Event()  # set when the deadline moves, a cancel comes or the end
+        self._ended = trio.Event()  # set when the handler is over
+        self._on_end: Callable[[], None] | None = None
 
     def beat(self, sent_at: float) -> None:
         """A heartbeat sent at `sent_at` succeeded: push the self-stop deadline."""
@@ -91,9 +93,32 @@ class Attempt:
             return self._reason
         return CancelReason.SELF_STOP if self.stop_requested else None
 
+    @property
+    def ended(self) -> bool:
+        """Whether the handler is over."""
+        return self._ended.is_set()
+
+    def end(self) -> None:
+        """The handler is over: the attempt's watchers go."""
+        self._ended.set()
+        self._changed.set()
+        if self._on_end is not None:
+            self._on_end()
+
+    def on_end(self, callback: Callable[[], None]) -> None:
+        """Call `callback` when the handler is over (`end()`)."""
+        self._on_end = callback
+
     async def wait_stop_requested(self) -> None:
         """Return once the scope is cancelled, by its deadline or explicitly."""
         while not self.stop_requested:
+            changed = self._changed
+            with trio.move_on_at(self.scope.deadline):
+                await changed.wait()
+
+    async def wait_end_or_stop(self) -> None:
+        """Return once the handler is over or the scope is cancelled."""
+        while not (self.ended or self.stop_requested):
             changed = self._changed
             with trio.move_on_at(self.scope.deadline):
                 await changed.wait()
@@ -238,9 +263,9 @@ class Executor:
                 timeout_at = (
                     None if registration.timeout is None else started + registration.timeout
                 )
-                nursery.start_soon(self._watch, nursery, attempt, ilog, trace, timeout_at)
+                nursery.start_soon(self._watch, attempt, ilog, trace, timeout_at)
                 outcome = await self._run_handler(registration.handler, item, ctx, attempt)
-                nursery.cancel_scope.cancel()
+                attempt.end()  # its watchers return, none of them cancelled
         finally:
             self.running.remove(attempt)
             self._deadline_moved(attempt.scope.deadline, None)
@@ -305,7 +330,6 @@ class Executor:
 
     async def _watch(
         self,
-        nursery: trio.Nursery,
         attempt: Attempt,
         ilog: logging.LoggerAdapter[Any],
         trace: AttemptTrace,
@@ -313,17 +337,20 @@ class Executor:
     ) -> None:
         """The attempt's stop watch, which starts its other watchers (the heartbeats, the
         kind's timeout) beside it when the first of them is due, or when a stop comes
-        first. A handler that is over before then, as most are, costs this task alone;
-        one that returns before its first checkpoint, not even that task's wake-up."""
-        if nursery.cancel_scope.cancel_called:
-            return
+        first. A handler that is over before then, as most are, costs this task alone,
+        which the end wakes: nothing is cancelled (in Trio, delivering a cancellation
+        costs more than the task). Once started, the watchers are cancelled at the end."""
         first_due = attempt.claim_sent_at + self.settings.heartbeat
         with trio.move_on_at(first_due if timeout_at is None else min(first_due, timeout_at)):
-            await attempt.wait_stop_requested()
-        nursery.start_soon(self._heartbeats, attempt, ilog, trace)
-        if timeout_at is not None:
-            nursery.start_soon(self._time_out, attempt, timeout_at)
-        await self._watch_stop(attempt, ilog)
+            await attempt.wait_end_or_stop()
+        if attempt.ended:
+            return
+        async with trio.open_nursery() as watchers:
+            attempt.on_end(watchers.cancel_scope.cancel)
+            watchers.start_soon(self._heartbeats, attempt, ilog, trace)
+            if timeout_at is not None:
+                watchers.start_soon(self._time_out, attempt, timeout_at)
+            await self._watch_stop(attempt, ilog)
 
     async def _heartbeats(
         self, attempt: Attempt, ilog: logging.LoggerAdapter[Any], trace: AttemptTrace
