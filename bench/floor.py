@@ -9,13 +9,26 @@ round by round:
 - `cancel scope`: inside a cancel scope with a deadline (the self-stop);
 - `nursery, no task`: an empty nursery inside it;
 - `nursery + watcher`: the attempt's nursery and one watcher task in it that waits for
-  the deadline or a stop, cancelled when the handler returns: the shape the design
-  mandates (each claimed item runs in a nursery whose cancel scope the heartbeats push).
-  With a no-op handler the watcher is cancelled before it first runs; with a handler
-  that checkpoints once, as any handler doing I/O does, it runs and waits first;
+  the deadline or a stop: the shape the design mandates (each claimed item runs in a
+  nursery whose cancel scope the heartbeats push). The handler checkpoints once, as any
+  handler doing I/O does, so the watcher runs and waits first. When the handler is
+  over, the watcher is either woken, and returns (the executor since 2026-12-04), or
+  cancelled (before: in Trio, delivering a cancellation costs more than a task);
 - `Worker`: the real Worker (`trioworker.testing.worker`, `--concurrency 128` as in
   `bench e2e`) over a store whose claims and completions answer at once from memory:
-  everything a Worker does for an item but the SQL and the bridge to psycopg.
+  everything a Worker does for an item but the SQL and the bridge to psycopg; with a
+  no-op handler, and with one that checkpoints once (then the attempt's watcher runs).
+
+The series above run one attempt after another. A Worker runs many at once, each in a
+task of its own, so three more spawn a task an item, 128 in flight, as the Worker's
+claim loop does: each task's attempt in a nursery alone, or with a watcher beside it,
+woken or cancelled at the end.
+
+The server's floor: the CPU an item of the server's processes (`bench/cpu.py`) for the
+Worker's own claim and finish functions (`work_claim_v2`, `work_finish_v1`) of unscoped
+items, one connection, in batches of 1 to 100, beside the least a queue can do in SQL
+(a table shaped as Graphile Worker's jobs, a claim that locks, a DELETE for the finish).
+The two alternate, batch size by batch size.
 
 `bench e2e` measures the whole, the database included.
 """
@@ -23,19 +36,26 @@ round by round:
 from __future__ import annotations
 
 import collections
+import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import trio
 
 import trioworker.testing
-from bench.common import Server, save, show
+from bench.common import QUERIES, Server, connect, save, show
+from bench.cpu import cpu_seconds, server_pids
 from trioworker import Registry, Settings, WorkItem
 from trioworker.testing import MemoryStore
 
 ROUNDS = 5
+#: How many attempts a Worker's claim loop keeps in flight (`bench e2e`'s concurrency).
+IN_FLIGHT = 128
+#: The batch sizes of the server's floor: one item a statement up to a full batch.
+BATCHES = (1, 10, 32, 100)
 
 
 Handler = Callable[[WorkItem, Any], Awaitable[None]]
@@ -87,21 +107,27 @@ class InstantStore(MemoryStore):
         return {id for id, _ in attempts}
 
 
-async def watched(handler: Handler, i: int, self_stop: float) -> None:
-    """The attempt's shape: a nursery, a watcher beside the handler, cancelled after it."""
+async def watched(i: int, self_stop: float, *, cancel: bool) -> None:
+    """The attempt's shape: a nursery, a watcher beside the handler that waits for the
+    end or a stop; at the end, woken (`cancel` false) or cancelled."""
     changed = trio.Event()
+    ended = False
     scope = trio.CancelScope(deadline=trio.current_time() + self_stop)
 
     async def watch() -> None:
-        while not (scope.cancel_called or trio.current_time() >= scope.deadline):
+        while not (ended or scope.cancel_called or trio.current_time() >= scope.deadline):
             with trio.move_on_at(scope.deadline):
                 await changed.wait()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch)
         with scope:
-            await handler(item(i), None)
-        nursery.cancel_scope.cancel()
+            await checkpoint(item(i), None)
+        if cancel:
+            nursery.cancel_scope.cancel()
+        else:
+            ended = True
+            changed.set()
 
 
 def series(items: int) -> dict[str, Callable[[], Awaitable[None]]]:
@@ -122,19 +148,33 @@ def series(items: int) -> dict[str, Callable[[], Awaitable[None]]]:
                 async with trio.open_nursery():
                     await noop(item(i), None)
 
-    async def watched_noop() -> None:
+    async def one_by_one(cancel: bool) -> None:
         for i in range(items):
-            await watched(noop, i, self_stop)
+            await watched(i, self_stop, cancel=cancel)
 
-    async def watched_checkpoint() -> None:
-        for i in range(items):
-            await watched(checkpoint, i, self_stop)
+    async def spawned(attempt: Callable[[int], Awaitable[None]]) -> None:
+        async with trio.open_nursery() as lanes:
+            for i in range(items):
+                lanes.start_soon(attempt, i)
+                if i % IN_FLIGHT == IN_FLIGHT - 1:  # the claim loop waits for a claim
+                    await trio.lowlevel.checkpoint()
 
-    async def worker() -> None:
+    async def alone(i: int) -> None:
+        with trio.CancelScope(deadline=trio.current_time() + self_stop):
+            async with trio.open_nursery():
+                await checkpoint(item(i), None)
+
+    async def task_each() -> None:
+        await spawned(alone)
+
+    async def task_each_watched(cancel: bool) -> None:
+        await spawned(functools.partial(watched, self_stop=self_stop, cancel=cancel))
+
+    async def worker(handler: Handler) -> None:
         registry = Registry()
-        registry.handler("Noop")(noop)
+        registry.handler("Noop")(handler)
         store = InstantStore(items)
-        settings = Settings(concurrency=128)
+        settings = Settings(concurrency=IN_FLIGHT)
         async with trioworker.testing.worker(registry, settings=settings, store=store):
             await store.done.wait()
 
@@ -142,9 +182,19 @@ def series(items: int) -> dict[str, Callable[[], Awaitable[None]]]:
         "call": call,
         "cancel scope": cancel_scope,
         "nursery, no task": nursery,
-        "nursery + watcher, no-op handler": watched_noop,
-        "nursery + watcher, handler checkpoints": watched_checkpoint,
-        "Worker, no-op handler, concurrency 128": worker,
+        "nursery + watcher, woken at the end": functools.partial(one_by_one, False),
+        "nursery + watcher, cancelled at the end": functools.partial(one_by_one, True),
+        f"a task each, {IN_FLIGHT} at once: nursery alone": task_each,
+        f"a task each, {IN_FLIGHT} at once: + watcher, woken": functools.partial(
+            task_each_watched, False
+        ),
+        f"a task each, {IN_FLIGHT} at once: + watcher, cancelled": functools.partial(
+            task_each_watched, True
+        ),
+        f"Worker, no-op handler, concurrency {IN_FLIGHT}": functools.partial(worker, noop),
+        f"Worker, handler checkpoints, concurrency {IN_FLIGHT}": functools.partial(
+            worker, checkpoint
+        ),
     }
 
 
@@ -174,4 +224,75 @@ def main(server: Server, quick: bool, out: Path) -> None:
         ["series", "median µs", "min", "max"],
         rows,
     )
-    save(out, "floor", server, {"items": items, "rounds": ROUNDS}, {"cpu_us_per_item": samples})
+    server_items = 500 if quick else 5_000
+    server_floor = measure_server(server, server_items)
+    show(
+        f"The server's floor: {server_items:,} unscoped items a batch size, one connection,"
+        " server CPU ms an item (median of 3)",
+        ["batch", "claim_v2 + finish_v1", "UPDATE + DELETE", "ratio"],
+        [
+            [batch, f"{ours:.3f}", f"{plain:.3f}", f"{ours / plain:.2f}x"]
+            for batch, (ours, plain) in server_floor.items()
+        ],
+    )
+    save(
+        out,
+        "floor",
+        server,
+        {"items": items, "rounds": ROUNDS, "server_items": server_items, "batches": BATCHES},
+        {"cpu_us_per_item": samples, "server_cpu_ms_per_item": server_floor},
+    )
+
+
+def measure_server(server: Server, items: int) -> dict[int, tuple[float, float]]:
+    """Server CPU ms an item, (trioworker's functions, the plain pair), by batch size."""
+    results = {}
+    with server.database("floor") as dsn, connect(dsn) as conn:
+        conn.execute(QUERIES["floor_plain_table"])
+        pids = server_pids(conn.info.backend_pid)
+        for batch in BATCHES:
+            rounds: tuple[list[float], list[float]] = ([], [])
+            for _ in range(3):
+                rounds[0].append(_server_ms(conn, pids, items, batch, _ours))
+                rounds[1].append(_server_ms(conn, pids, items, batch, _plain))
+            ours, plain = (sorted(r)[1] for r in rounds)
+            results[batch] = (ours, plain)
+    return results
+
+
+Claim = Callable[[psycopg.Connection[Any], int], int]
+CLAIM = {"worker_id": "floor", "lease": 300.0, "kinds": ["Noop"]}
+
+
+def _ours(conn: psycopg.Connection[Any], batch: int) -> int:
+    """One claim of `batch` items and their finish, each a transaction; items taken."""
+    rows = conn.execute(QUERIES["floor_claim"], {**CLAIM, "limit": batch}).fetchall()
+    if rows:
+        ids, attempts = zip(*rows, strict=True)
+        conn.execute(QUERIES["floor_finish"], {"ids": list(ids), "attempts": list(attempts)})
+    return len(rows)
+
+
+def _plain(conn: psycopg.Connection[Any], batch: int) -> int:
+    rows = conn.execute(QUERIES["floor_plain_claim"], {**CLAIM, "limit": batch}).fetchall()
+    if rows:
+        conn.execute(QUERIES["floor_plain_finish"], {"ids": [id for (id,) in rows]})
+    return len(rows)
+
+
+def _server_ms(
+    conn: psycopg.Connection[Any], pids: Sequence[int], items: int, batch: int, take: Claim
+) -> float:
+    """Server CPU ms an item to claim and finish `items` new items with `take`."""
+    if take is _ours:
+        conn.execute(QUERIES["insert_queued"],
+                     {"kind": "Noop", "prefix": "", "n": items, "age": 0, "scopes": 0})  # fmt: skip
+    else:
+        conn.execute(QUERIES["floor_plain_insert"], {"n": items})
+    conn.execute(QUERIES["vacuum_analyze"])
+    before = sum(cpu_seconds(pid) or 0.0 for pid in pids)
+    done = 0
+    while (taken := take(conn, batch)) > 0:
+        done += taken
+    assert done == items, (done, items)
+    return (sum(cpu_seconds(pid) or 0.0 for pid in pids) - before) / items * 1e3

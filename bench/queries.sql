@@ -243,3 +243,47 @@ SELECT pg_temp.bench_claims(%(n)s);
 EXPLAIN (ANALYZE, TIMING OFF)
 INSERT INTO work_items (kind, scope)
 SELECT 'Filler', 'loop-' || (g %% 50) FROM generate_series(1, %(n)s) AS g;
+
+-- name: floor_claim
+-- The Worker's claim function for unscoped items of one kind, %(limit)s at a time.
+SELECT id, attempt FROM work_claim_v2(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s);
+
+-- name: floor_finish
+-- The Worker's completion of many attempts in one statement.
+SELECT count(*) FROM work_finish_v1(%(ids)s, %(attempts)s, 'Succeeded');
+
+-- name: floor_plain_table
+-- The least a queue can do in SQL, shaped as Graphile Worker's jobs: a partial index
+-- of the available jobs, a claim that locks them, a delete for the finish.
+CREATE TABLE floor_jobs (
+    id bigserial PRIMARY KEY,
+    task text NOT NULL,
+    payload json,
+    priority integer NOT NULL DEFAULT 0,
+    run_at timestamptz NOT NULL DEFAULT now(),
+    attempts integer NOT NULL DEFAULT 0,
+    locked_by text,
+    locked_at timestamptz,
+    is_available boolean GENERATED ALWAYS AS (locked_at IS NULL) STORED
+);
+CREATE INDEX floor_jobs_available ON floor_jobs (priority, run_at) INCLUDE (id, task)
+    WHERE is_available;
+
+-- name: floor_plain_insert
+INSERT INTO floor_jobs (task, payload) SELECT 'Noop', '{}' FROM generate_series(1, %(n)s);
+
+-- name: floor_plain_claim
+WITH taken AS (
+    SELECT j.id FROM floor_jobs AS j
+    WHERE j.is_available AND j.run_at <= now() AND j.task = ANY(%(kinds)s)
+    ORDER BY j.priority, j.run_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE floor_jobs AS j
+SET attempts = j.attempts + 1, locked_by = %(worker_id)s, locked_at = now()
+FROM taken WHERE j.id = taken.id
+RETURNING j.id;
+
+-- name: floor_plain_finish
+DELETE FROM floor_jobs WHERE id = ANY(%(ids)s);
