@@ -45,7 +45,8 @@ T = TypeVar("T")
 
 
 class Attempt:
-    """One attempt's cancel scope and the recorded reason it was cancelled."""
+    """One attempt's cancel scope, the recorded reason it was cancelled, and whether its
+    handler is over."""
 
     def __init__(
         self,
@@ -106,7 +107,9 @@ class Attempt:
             self._on_end()
 
     def on_end(self, callback: Callable[[], None]) -> None:
-        """Call `callback` when the handler is over (`end()`)."""
+        """Call `callback` when the handler is over (`end()`): one callback, registered
+        before the end (the watcher checks `ended` and registers with no checkpoint
+        between)."""
         self._on_end = callback
 
     async def wait_stop_requested(self) -> None:
@@ -265,7 +268,7 @@ class Executor:
                 )
                 nursery.start_soon(self._watch, attempt, ilog, trace, timeout_at)
                 outcome = await self._run_handler(registration.handler, item, ctx, attempt)
-                attempt.end()  # its watchers return, none of them cancelled
+                attempt.end()  # the stop watch returns; what it started is cancelled
         finally:
             self.running.remove(attempt)
             self._deadline_moved(attempt.scope.deadline, None)
@@ -336,10 +339,11 @@ class Executor:
         timeout_at: float | None,
     ) -> None:
         """The attempt's stop watch, which starts its other watchers (the heartbeats, the
-        kind's timeout) beside it when the first of them is due, or when a stop comes
-        first. A handler that is over before then, as most are, costs this task alone,
-        which the end wakes: nothing is cancelled (in Trio, delivering a cancellation
-        costs more than the task). Once started, the watchers are cancelled at the end."""
+        kind's timeout), in a nursery of its own, when the first of them is due or when a
+        stop comes first. A handler that is over before then, as most are, costs this
+        task alone, which the end wakes: nothing is cancelled (in Trio, delivering a
+        cancellation costs more than the task). Once started, the watchers are cancelled
+        at the end."""
         first_due = attempt.claim_sent_at + self.settings.heartbeat
         with trio.move_on_at(first_due if timeout_at is None else min(first_due, timeout_at)):
             await attempt.wait_end_or_stop()
