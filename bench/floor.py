@@ -47,7 +47,7 @@ import trio
 
 import trioworker.testing
 from bench.common import QUERIES, Server, connect, save, show
-from bench.cpu import cpu_seconds, server_pids
+from bench.cpu import ms_per_item, server_pids, snapshot
 from trioworker import Registry, Settings, WorkItem
 from trioworker.testing import MemoryStore
 
@@ -107,17 +107,20 @@ class InstantStore(MemoryStore):
         return {id for id, _ in attempts}
 
 
-async def watched(i: int, self_stop: float, *, cancel: bool) -> None:
+async def watched(i: int, settings: Settings, *, cancel: bool) -> None:
     """The attempt's shape: a nursery, a watcher beside the handler that waits for the
-    end or a stop; at the end, woken (`cancel` false) or cancelled."""
+    end or a stop until the first heartbeat is due; at the end, woken (`cancel` false)
+    or cancelled."""
     changed = trio.Event()
     ended = False
-    scope = trio.CancelScope(deadline=trio.current_time() + self_stop)
+    now = trio.current_time()
+    scope = trio.CancelScope(deadline=now + settings.self_stop_after)
 
     async def watch() -> None:
-        while not (ended or scope.cancel_called or trio.current_time() >= scope.deadline):
-            with trio.move_on_at(scope.deadline):
-                await changed.wait()
+        with trio.move_on_at(now + settings.heartbeat):
+            while not (ended or scope.cancel_called or trio.current_time() >= scope.deadline):
+                with trio.move_on_at(scope.deadline):
+                    await changed.wait()
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch)
@@ -131,7 +134,8 @@ async def watched(i: int, self_stop: float, *, cancel: bool) -> None:
 
 
 def series(items: int) -> dict[str, Callable[[], Awaitable[None]]]:
-    self_stop = Settings().self_stop_after
+    defaults = Settings()
+    self_stop = defaults.self_stop_after
 
     async def call() -> None:
         for i in range(items):
@@ -150,13 +154,13 @@ def series(items: int) -> dict[str, Callable[[], Awaitable[None]]]:
 
     async def one_by_one(cancel: bool) -> None:
         for i in range(items):
-            await watched(i, self_stop, cancel=cancel)
+            await watched(i, defaults, cancel=cancel)
 
     async def spawned(attempt: Callable[[int], Awaitable[None]]) -> None:
         async with trio.open_nursery() as lanes:
             for i in range(items):
                 lanes.start_soon(attempt, i)
-                if i % IN_FLIGHT == IN_FLIGHT - 1:  # the claim loop waits for a claim
+                if i % IN_FLIGHT == IN_FLIGHT - 1:  # as the claim loop waits for a claim
                     await trio.lowlevel.checkpoint()
 
     async def alone(i: int) -> None:
@@ -168,7 +172,7 @@ def series(items: int) -> dict[str, Callable[[], Awaitable[None]]]:
         await spawned(alone)
 
     async def task_each_watched(cancel: bool) -> None:
-        await spawned(functools.partial(watched, self_stop=self_stop, cancel=cancel))
+        await spawned(functools.partial(watched, settings=defaults, cancel=cancel))
 
     async def worker(handler: Handler) -> None:
         registry = Registry()
@@ -184,11 +188,11 @@ def series(items: int) -> dict[str, Callable[[], Awaitable[None]]]:
         "nursery, no task": nursery,
         "nursery + watcher, woken at the end": functools.partial(one_by_one, False),
         "nursery + watcher, cancelled at the end": functools.partial(one_by_one, True),
-        f"a task each, {IN_FLIGHT} at once: nursery alone": task_each,
-        f"a task each, {IN_FLIGHT} at once: + watcher, woken": functools.partial(
+        f"a task an item, {IN_FLIGHT} spawned a pass: nursery alone": task_each,
+        f"a task an item, {IN_FLIGHT} spawned a pass: + watcher, woken": functools.partial(
             task_each_watched, False
         ),
-        f"a task each, {IN_FLIGHT} at once: + watcher, cancelled": functools.partial(
+        f"a task an item, {IN_FLIGHT} spawned a pass: + watcher, cancelled": functools.partial(
             task_each_watched, True
         ),
         f"Worker, no-op handler, concurrency {IN_FLIGHT}": functools.partial(worker, noop),
@@ -220,18 +224,19 @@ def main(server: Server, quick: bool, out: Path) -> None:
         median = ordered[ROUNDS // 2]
         rows.append([name, f"{median:.1f}", f"{ordered[0]:.1f}", f"{ordered[-1]:.1f}"])
     show(
-        f"Per-item floor: {items:,} no-op attempts a round, {ROUNDS} rounds, CPU µs an item",
+        f"Per-item floor: {items:,} attempts a round, {ROUNDS} rounds, CPU µs an item",
         ["series", "median µs", "min", "max"],
         rows,
     )
-    server_items = 500 if quick else 5_000
+    server_items = 2_000 if quick else 20_000
     server_floor = measure_server(server, server_items)
     show(
-        f"The server's floor: {server_items:,} unscoped items a batch size, one connection,"
-        " server CPU ms an item (median of 3)",
+        f"The server's floor: {server_items:,} unscoped items a batch size"
+        f" ({server_items // 10:,} one at a time), one connection, server CPU ms an item"
+        " (median of 3)",
         ["batch", "claim_v2 + finish_v1", "UPDATE + DELETE", "ratio"],
         [
-            [batch, f"{ours:.3f}", f"{plain:.3f}", f"{ours / plain:.2f}x"]
+            [batch, f"{ours:.3f}", f"{plain:.3f}", f"{ours / plain:.2f}x" if plain else "-"]
             for batch, (ours, plain) in server_floor.items()
         ],
     )
@@ -245,16 +250,17 @@ def main(server: Server, quick: bool, out: Path) -> None:
 
 
 def measure_server(server: Server, items: int) -> dict[int, tuple[float, float]]:
-    """Server CPU ms an item, (trioworker's functions, the plain pair), by batch size."""
+    """Server CPU ms an item, (trioworker's functions, the plain pair), by batch size;
+    a tenth of `items` one at a time (each costs some 10x more)."""
     results = {}
     with server.database("floor") as dsn, connect(dsn) as conn:
         conn.execute(QUERIES["floor_plain_table"])
-        pids = server_pids(conn.info.backend_pid)
         for batch in BATCHES:
+            n = items if batch > 1 else items // 10
             rounds: tuple[list[float], list[float]] = ([], [])
             for _ in range(3):
-                rounds[0].append(_server_ms(conn, pids, items, batch, _ours))
-                rounds[1].append(_server_ms(conn, pids, items, batch, _plain))
+                rounds[0].append(_server_ms(conn, n, batch, _ours))
+                rounds[1].append(_server_ms(conn, n, batch, _plain))
             ours, plain = (sorted(r)[1] for r in rounds)
             results[batch] = (ours, plain)
     return results
@@ -280,19 +286,24 @@ def _plain(conn: psycopg.Connection[Any], batch: int) -> int:
     return len(rows)
 
 
-def _server_ms(
-    conn: psycopg.Connection[Any], pids: Sequence[int], items: int, batch: int, take: Claim
-) -> float:
-    """Server CPU ms an item to claim and finish `items` new items with `take`."""
+def _server_ms(conn: psycopg.Connection[Any], items: int, batch: int, take: Claim) -> float:
+    """Server CPU ms an item to claim and finish `items` new items with `take`, both
+    tables emptied first. Every server process counts but one that ends during the run
+    (`bench.cpu.ms_per_item`)."""
+    conn.execute(QUERIES["floor_reset"])
     if take is _ours:
         conn.execute(QUERIES["insert_queued"],
                      {"kind": "Noop", "prefix": "", "n": items, "age": 0, "scopes": 0})  # fmt: skip
     else:
         conn.execute(QUERIES["floor_plain_insert"], {"n": items})
     conn.execute(QUERIES["vacuum_analyze"])
-    before = sum(cpu_seconds(pid) or 0.0 for pid in pids)
+    time.sleep(0.5)  # the VACUUM's own background writes settle outside the window
+    before = snapshot((), server_pids(conn.info.backend_pid))
     done = 0
     while (taken := take(conn, batch)) > 0:
         done += taken
     assert done == items, (done, items)
-    return (sum(cpu_seconds(pid) or 0.0 for pid in pids) - before) / items * 1e3
+    spent = ms_per_item(before, snapshot((), server_pids(conn.info.backend_pid)), items)
+    server_ms = spent["server_cpu_ms_per_item"]
+    assert server_ms is not None, "the server is not on this machine"
+    return server_ms

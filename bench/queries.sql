@@ -287,3 +287,7 @@ RETURNING j.id;
 
 -- name: floor_plain_finish
 DELETE FROM floor_jobs WHERE id = ANY(%(ids)s);
+
+-- name: floor_reset
+-- Both tables of the server's floor emptied (a bench database of its own).
+TRUNCATE work_items, floor_jobs CASCADE;
