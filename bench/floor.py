@@ -20,9 +20,9 @@ round by round:
   no-op handler, and with one that checkpoints once (then the attempt's watcher runs).
 
 The series above run one attempt after another. A Worker runs many at once, each in a
-task of its own, so three more spawn a task an item, 128 in flight, as the Worker's
-claim loop does: each task's attempt in a nursery alone, or with a watcher beside it,
-woken or cancelled at the end.
+task of its own, so three more spawn a task an item, 128 to a scheduler pass, as the
+Worker's claim loop spawns a claim's items: each task's attempt in a nursery alone, or
+with a watcher beside it, woken or cancelled at the end.
 
 The server's floor: the CPU an item of the server's processes (`bench/cpu.py`) for the
 Worker's own claim and finish functions (`work_claim_v2`, `work_finish_v1`) of unscoped

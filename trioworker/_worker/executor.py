@@ -114,14 +114,15 @@ class Attempt:
 
     async def wait_stop_requested(self) -> None:
         """Return once the scope is cancelled, by its deadline or explicitly."""
-        while not self.stop_requested:
-            changed = self._changed
-            with trio.move_on_at(self.scope.deadline):
-                await changed.wait()
+        await self._wait_until(lambda: self.stop_requested)
 
     async def wait_end_or_stop(self) -> None:
         """Return once the handler is over or the scope is cancelled."""
-        while not (self.ended or self.stop_requested):
+        await self._wait_until(lambda: self.ended or self.stop_requested)
+
+    async def _wait_until(self, condition: Callable[[], bool]) -> None:
+        """Wait for `condition`, checked whenever the deadline passes or `_changed` fires."""
+        while not condition():
             changed = self._changed
             with trio.move_on_at(self.scope.deadline):
                 await changed.wait()
