@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import traceback
+
 import pytest
 
 from trioworker import Lost
@@ -234,9 +236,36 @@ def test_an_undecodable_payload_fails_its_item_with_the_reason() -> None:
     )
 
 
-@pytest.mark.parametrize("outcome", [RETURNED, RAISED, Outcome(error=DoNotRetry("x"))])
-def test_an_item_completed_in_its_transaction_gets_no_further_write(outcome: Outcome) -> None:
-    assert choose(CancelReason.COMPLETED, outcome) == Decision(Action.NOTHING)
+def completed(reason: CancelReason | None, outcome: Outcome) -> Decision:
+    return decide(
+        reason, outcome, failures_before=9, policy=POLICY, completed=True, rand=lambda: 0.5
+    )
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [RETURNED, RAISED, Outcome(error=DoNotRetry("x")), Outcome(error=Lost("x"))],
+)
+@pytest.mark.parametrize(
+    "reason", [None, CancelReason.CANCEL_REQUESTED, CancelReason.SHUTDOWN, CancelReason.TIMEOUT]
+)
+def test_an_item_completed_in_its_transaction_is_finished_succeeded_whatever_followed(
+    reason: CancelReason | None, outcome: Outcome
+) -> None:
+    """Its success is durable: the write after its handler returns finishes it as
+    Succeeded (giving its scope back), whatever the handler raised after the commit
+    or whoever asked it to stop meanwhile."""
+    assert completed(reason, outcome) == Decision(Action.COMPLETE)
+    database_lost = Outcome(error=ValueError("down"), database_lost=True)
+    assert completed(reason, database_lost) == Decision(Action.COMPLETE)
+
+
+@pytest.mark.parametrize("reason", [CancelReason.SELF_STOP, CancelReason.LOST])
+def test_a_completed_item_past_its_self_stop_or_lost_still_writes_nothing(
+    reason: CancelReason,
+) -> None:
+    """Past the deadline the item is lease recovery's (which finishes it Succeeded)."""
+    assert completed(reason, RETURNED) == Decision(Action.NOTHING)
 
 
 def test_a_lost_database_link_is_a_stall_not_a_failure() -> None:
@@ -250,14 +279,127 @@ def test_a_lost_database_link_is_a_stall_not_a_failure() -> None:
     )
 
 
-def test_a_traceback_that_cannot_be_formatted_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_traceback_that_cannot_be_formatted_falls_back_to_its_frames(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When the standard formatting raises (anything, KeyboardInterrupt too), the
+    frames alone and the error's description."""
+
+    def broken(error: BaseException) -> list[str]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("trioworker._core.policy.traceback.format_exception", broken)
+    error = raised(ValueError("x"))
+    assert describe_traceback(error) == (
+        "Traceback (most recent call last):\n"
+        + "".join(traceback.format_tb(error.__traceback__))
+        + "ValueError: x\n"
+    )
+    assert describe_traceback(ValueError("y")) == (
+        "Traceback (most recent call last):\nValueError: y\n"
+    )
+
+
+class HostileTraceback(ValueError):
+    @property  # type: ignore[override]
+    def __traceback__(self) -> None:
+        raise SystemExit(1)
+
+
+def test_a_traceback_without_frames_to_format_is_the_description(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     def broken(error: BaseException) -> list[str]:
         raise RuntimeError("formatting broke")
 
     monkeypatch.setattr("trioworker._core.policy.traceback.format_exception", broken)
-    assert describe_traceback(ValueError("x")) == (
-        "(the traceback could not be formatted: RuntimeError)\n"
+    assert describe_traceback(HostileTraceback("z")) == (
+        "Traceback (most recent call last):\nHostileTraceback: z\n"
     )
+
+
+class RaisesOnStr(Exception):
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__()
+        self.raised = raised
+
+    def __str__(self) -> str:
+        raise self.raised
+
+
+class Nameless(type):
+    @property
+    def __name__(cls) -> str:  # type: ignore[override]
+        raise KeyboardInterrupt
+
+
+class NamelessError(Exception, metaclass=Nameless):
+    pass
+
+
+class SneakyText(str):
+    """A str whose own methods raise: describing must use str's, never these."""
+
+    def __format__(self, spec: str) -> str:
+        raise KeyboardInterrupt
+
+    def isascii(self) -> bool:
+        raise KeyboardInterrupt
+
+    def __len__(self) -> int:
+        raise KeyboardInterrupt
+
+
+class SneakyStr(Exception):
+    def __str__(self) -> str:
+        return SneakyText("sneaky")
+
+
+HOSTILE = {
+    "str raises KeyboardInterrupt": (
+        lambda: RaisesOnStr(KeyboardInterrupt()),
+        "RaisesOnStr: <str() of the error raised KeyboardInterrupt>",
+    ),
+    "str raises SystemExit": (
+        lambda: RaisesOnStr(SystemExit(2)),
+        "RaisesOnStr: <str() of the error raised SystemExit>",
+    ),
+    "str raises BaseException": (
+        lambda: RaisesOnStr(BaseException()),
+        "RaisesOnStr: <str() of the error raised BaseException>",
+    ),
+    "str raises RecursionError": (
+        lambda: RaisesOnStr(RecursionError()),
+        "RaisesOnStr: <str() of the error raised RecursionError>",
+    ),
+    "a class without a name": (
+        lambda: NamelessError("x"),
+        "<an exception class without a name>: x",
+    ),
+    "str returns a hostile str": (SneakyStr, "SneakyStr: sneaky"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_describing_an_error_never_raises_whatever_it_does(case: str) -> None:
+    """What a handler raised is data: a __str__ raising a BaseException, a metaclass
+    without a name, a str subclass with hostile methods are all described, and their
+    tracebacks formatted. (Made inside the test: pytest itself would trip on them.)"""
+    make, text = HOSTILE[case]
+    described = describe_error(make())
+    trace = describe_traceback(raised(make()))
+    assert type(described) is str and described == text
+    assert type(trace) is str and trace.startswith("Traceback (most recent call last):")
+
+
+def test_a_group_nested_deeper_than_the_recursion_limit_is_described() -> None:
+    """2,000 levels of ExceptionGroup: described and its traceback formatted (cut)."""
+    group: BaseException = ValueError("leaf")
+    for depth in range(2_000):
+        group = ExceptionGroup(f"level {depth}", [group])
+    assert describe_error(group) == "ExceptionGroup: level 1999 (1 sub-exception)"
+    trace = describe_traceback(raised(group))
+    assert "Exception Group Traceback" in trace and "max_group_depth" in trace
 
 
 def test_an_undecodable_payloads_reason_is_cut_to_the_error_limit() -> None:

@@ -3,7 +3,8 @@
 The executor records why it cancelled a handler before cancelling it; `decide` then
 picks the one write that follows from that reason alone. A self-stopped or lost
 attempt gets `Action.NOTHING` whatever its handler did afterwards, so it can never
-reach the fail path.
+reach the fail path; once the self-stop deadline has passed, the executor gives
+`SELF_STOP` as the reason, whatever was recorded before.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ from trioworker._core.text import ascii_only, storable
 
 
 class CancelReason(enum.Enum):
-    SELF_STOP = "self_stop"  # no heartbeat succeeded for half a lease
+    SELF_STOP = "self_stop"  # its deadline passed: no heartbeat succeeded for half a lease
     LOST = "lost"  # a heartbeat found the attempt no longer owns the item
     CANCEL_REQUESTED = "cancel_requested"  # someone asked for the item to stop
     SHUTDOWN = "shutdown"  # the Worker is stopping and the grace period ran out
     TIMEOUT = "timeout"  # the kind's timeout ran out (the executor makes it an error)
-    COMPLETED = "completed"  # the handler completed its item in a fenced transaction
 
 
 class Action(enum.Enum):
@@ -47,7 +47,8 @@ class AttemptOutcome(enum.Enum):
     FAIL = "fail"
     CANCEL = "cancel"
     RELEASE = "release"
-    SUCCEEDED_IN_TRANSACTION = "succeeded_in_transaction"  # with the handler's writes
+    SUCCEEDED_IN_TRANSACTION = "succeeded_in_transaction"  # in its own transaction, then
+    # finished once the handler had returned (its scope held until then)
     SELF_STOPPED = "self_stopped"  # no heartbeat succeeded for half a lease
     LOST = "lost"  # another attempt owns the item now
     DATABASE_LOST = "database_lost"  # its fenced transaction lost PostgreSQL: a stall
@@ -111,23 +112,40 @@ class Decision:
 def describe_error(error: BaseException) -> str:
     """`Type: message`, or the type alone when the message is empty; storable as text
     (`storable`) and at most ERROR_LIMIT characters. Never raises, whatever the
-    exception's `__str__` does."""
-    name = type(error).__name__
+    exception's class, `__str__` or the string it returns do: what a handler raised is
+    data (this is sync code, so nothing it catches can be Trio's cancellation)."""
+    name = _type_name(error)
     try:
-        text = str(error)
-    except Exception as exc:  # a broken __str__ is part of what the handler raised
-        text = f"<str() of the error raised {type(exc).__name__}>"
+        # A str subclass's own methods are never called; a long text is cut before
+        # it is escaped (one character more than fits, so `storable` marks the cut).
+        text = str.__str__(str(error))[: ERROR_LIMIT + 1]
+    except BaseException as exc:  # part of what the handler raised
+        text = f"<str() of the error raised {_type_name(exc)}>"
     return storable(f"{name}: {text}" if text else name, ERROR_LIMIT)
+
+
+def _type_name(error: BaseException) -> str:
+    """The name of `error`'s class, or a stand-in if its metaclass will not say."""
+    try:
+        return str.__str__(type(error).__name__)
+    except BaseException:  # a hostile metaclass
+        return "<an exception class without a name>"
 
 
 def describe_traceback(error: BaseException, limit: int = TRACEBACK_LIMIT) -> str:
     """The formatted traceback of `error`, storable as text and cut to its last `limit`
     characters (the end is where it failed), with a first line saying how much was
-    cut. Never raises."""
+    cut. Never raises: when the standard formatting does (an exception whose `__str__`
+    raises KeyboardInterrupt, say), the frames alone and `describe_error`."""
     try:
-        text = storable("".join(traceback.format_exception(error)))
-    except Exception as exc:
-        text = f"(the traceback could not be formatted: {type(exc).__name__})\n"
+        text = "".join(traceback.format_exception(error))
+    except BaseException:  # part of what the handler raised
+        try:
+            frames = "".join(traceback.format_tb(error.__traceback__))
+        except BaseException:  # a traceback object is the runtime's
+            frames = ""
+        text = f"Traceback (most recent call last):\n{frames}{describe_error(error)}\n"
+    text = storable(text)
     if len(text) <= limit:
         return text
     cut = len(text) - limit
@@ -161,18 +179,23 @@ def decide(  # noqa: PLR0911  one return per rule reads like the rule
     *,
     failures_before: int,
     policy: RetryPolicy,
+    completed: bool = False,
     rand: Callable[[], float] = random.random,
 ) -> Decision:
     """The single write that follows an attempt.
 
     `reason` is why the handler's scope was cancelled (None: it was not), and wins
-    over whatever the handler did afterwards. `failures_before` counts the item's
+    over whatever the handler did afterwards. `completed`: the handler completed its
+    item in its own fenced transaction, so its success is durable and the write
+    finishes it as Succeeded, whatever the handler did after that commit. Self-stopped
+    and lost attempts write nothing all the same: the item belongs to lease recovery
+    (which finishes a completed one as Succeeded). `failures_before` counts the item's
     handler errors before this attempt.
     """
     if reason is CancelReason.SELF_STOP or reason is CancelReason.LOST:
         return Decision(Action.NOTHING)
-    if reason is CancelReason.COMPLETED:  # Succeeded already, with the handler's writes
-        return Decision(Action.NOTHING)
+    if completed:  # Succeeded already with the handler's writes: give its scope back
+        return Decision(Action.COMPLETE)
     if isinstance(outcome.error, Lost):  # a fenced transaction found the item gone
         return Decision(Action.NOTHING)
     if reason is CancelReason.CANCEL_REQUESTED:
