@@ -19,6 +19,8 @@ import trio.testing
 from trioworker import Context, Registry, Settings, Worker, WorkItem
 from trioworker._core.errors import DatabaseUnavailable, SchemaNotReady, StoreError
 from trioworker._core.policy import AttemptOutcome
+from trioworker._worker.attempt import Slot, Slots
+from trioworker._worker.executor import Executor
 from trioworker.testing import MemoryStore
 
 #: A step of a scripted store call: "fail" (DatabaseUnavailable), "refuse" (a
@@ -129,6 +131,26 @@ async def running(
         await trio.testing.wait_all_tasks_blocked()  # it has claimed what it can
         yield worker
         nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def executing(executor: Executor) -> AsyncIterator[Executor]:
+    """The executor's Worker-level tasks (its heartbeat, completions and fail-stop
+    watch) running in the block, as a Worker runs them; at its end, once no attempt
+    is in flight (every completion answered), cancelled."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(executor.heartbeats.run)
+        nursery.start_soon(executor.completions.run)
+        nursery.start_soon(executor.watch_stops)
+        yield executor
+        await executor.idle()
+        nursery.cancel_scope.cancel()
+
+
+def a_slot() -> Slot:
+    """A slot of a Worker of its own (for an executor run without a Worker)."""
+    (slot,) = Slots(1, lambda: None).take_free()
+    return slot
 
 
 def sleeping(seconds: float = float("inf")) -> Callable[[WorkItem, Context], Awaitable[None]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import pytest
 import trio
@@ -20,6 +21,8 @@ from tests.unit._fakes import (
     ScriptedStore,
     Sink,
     Tracer,
+    a_slot,
+    executing,
     gaps,
     messages,
     records,
@@ -29,7 +32,7 @@ from tests.unit._fakes import (
 from trioworker import Context, Registry, RetryPolicy, Settings, Status, WorkItem
 from trioworker._core.policy import Action, Decision
 from trioworker._store.api import CLIENT_METHODS, Client, WorkerStore
-from trioworker._worker.executor import Executor, too_late, unless_cancelled
+from trioworker._worker.executor import Executor, too_late
 
 EXECUTOR = "trioworker.executor"
 NO_JITTER = RetryPolicy(max_attempts=2, initial_delay=10.0, jitter=0.0)
@@ -53,8 +56,10 @@ async def test_failing_heartbeats_are_logged_and_traced_until_the_self_stop(
         await trio.sleep(40)
     assert store.times["heartbeat"] == [10.0, 20.0]
     assert messages(caplog, EXECUTOR) == [
-        "heartbeat failed (heartbeat: down); self-stop in 20.0s unless one succeeds",
-        "heartbeat failed (heartbeat: down); self-stop in 10.0s unless one succeeds",
+        "heartbeat of 1 attempt(s) failed (heartbeat: down); the first self-stops in 20.0s"
+        " unless one succeeds",
+        "heartbeat of 1 attempt(s) failed (heartbeat: down); the first self-stops in 10.0s"
+        " unless one succeeds",
         "self-stopped: no heartbeat succeeded for 30.0s (half the lease);"
         " writing nothing, lease recovery will requeue it",
     ]
@@ -87,7 +92,8 @@ async def test_a_heartbeat_without_an_answer_is_cut_off_and_the_next_one_still_r
         await trio.sleep(40)
     assert store.times["heartbeat"] == [10.0, 20.0, 30.0]
     assert messages(caplog, EXECUTOR, logging.WARNING) == [
-        "heartbeat got no answer within 10.0s; self-stop in 10.0s unless one succeeds",
+        "heartbeat of 1 attempt(s) failed (no answer within 10s); the first self-stops in"
+        " 10.0s unless one succeeds",
     ]
     (trace,) = tracer.traces
     assert trace.events == [("heartbeat_failed", "no answer within 10s")]
@@ -114,7 +120,7 @@ async def test_a_slow_heartbeat_reports_its_round_trip_and_counts_from_its_send_
     await store.enqueue("Crawl", scope="7")
     async with running(store, registry, metrics=sink):
         await trio.sleep(50)
-    assert sink.named("heartbeat_rtt") == [("heartbeat_rtt", "Crawl", 4.0)]
+    assert sink.named("heartbeat_rtt") == [("heartbeat_rtt", "", 4.0)]
     assert cancelled == [40.0]
 
 
@@ -206,44 +212,29 @@ async def test_an_attempt_the_worker_abandons_ends_its_trace_and_writes_nothing(
 async def test_an_attempt_ended_by_a_bug_ends_its_trace_with_the_error(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """A store that raises something no store should (not a StoreError): the error
-    propagates (Trio's rule), and the trace ends "abandoned" with it."""
+    """A store that raises something no store should (not a StoreError) when the
+    attempt writes: the error propagates (Trio's rule), and the trace ends "abandoned"
+    with it."""
     boom = RuntimeError("a bug in a store")
 
     class BrokenStore(ScriptedStore):
-        async def complete(self, id: int, attempt: int) -> bool:
+        async def retry_later(self, *args: object, **kwargs: object) -> bool:
             raise boom
 
-    store, registry, tracer = BrokenStore(), Registry(), Tracer()
-    registry.handler("Crawl")(sleeping(1.0))
-    await store.enqueue("Crawl")
-    item = await store.claim("w1", 60.0, kinds=["Crawl"])
-    assert item is not None
+    @registry_with("Crawl")
+    async def crawl(item: WorkItem, ctx: Context) -> None:
+        raise ValueError("retry me")
+
+    store, tracer = BrokenStore(), Tracer()
+    item = await claimed(store, "Crawl")
     executor = Executor(
-        store, registry, Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer
+        store, crawl.registry, Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer
     )
     with pytest.raises(RuntimeError) as raised:
-        await executor.run(item, trio.current_time())
+        await executor.run(item, trio.current_time(), a_slot())
     assert raised.value is boom
     assert tracer.traces[0].ended == [("abandoned", boom)]
-
-
-async def test_only_what_is_not_a_cancellation_is_reported_for_an_abandoned_attempt() -> None:
-    cancelled: list[BaseException] = []
-    with trio.CancelScope() as scope:
-        scope.cancel()
-        try:
-            await trio.lowlevel.checkpoint()
-        except trio.Cancelled as exc:
-            cancelled.append(exc)
-            raise
-    (cancel,) = cancelled
-    boom = ValueError("boom")
-    assert unless_cancelled(cancel) is None
-    assert unless_cancelled(boom) is boom
-    assert unless_cancelled(BaseExceptionGroup("g", [cancel, cancel])) is None
-    rest = unless_cancelled(BaseExceptionGroup("g", [cancel, boom]))
-    assert isinstance(rest, BaseExceptionGroup) and rest.exceptions == (boom,)
+    assert executor.in_flight == 0 and not executor.running
 
 
 async def test_a_cancel_request_writes_cancelled_and_notes_what_the_handler_raised(
@@ -268,7 +259,7 @@ async def test_a_cancel_request_writes_cancelled_and_notes_what_the_handler_rais
         await trio.sleep(12)
     assert messages(caplog, EXECUTOR) == [
         "stopped (cancel_requested)",
-        "after the cancel the handler raised ValueError('oops'); ignored",
+        "after the cancel the handler raised ValueError: oops; ignored",
     ]
     assert tracer.traces[0].ended == [("cancel", oops)]
     assert worker.statistics().events == {"claimed": 1, "cancel": 1}
@@ -304,8 +295,10 @@ async def test_a_failing_handler_is_retried_then_failed_with_its_traceback(
     ]
     retried, failed = records(caplog, "handler failed")
     assert (retried.levelno, failed.levelno) == (logging.WARNING, logging.ERROR)
-    assert retried.exc_info is not None and retried.exc_info[1] is errors[0]
-    assert failed.exc_info is not None and failed.exc_info[1] is errors[1]
+    for record in (retried, failed):  # as text: never formatted again from the exception
+        assert record.exc_info is None
+        assert record.traceback.startswith("Traceback")  # type: ignore[attr-defined]
+        assert record.traceback.endswith("OSError: disk on fire\n")  # type: ignore[attr-defined]
     assert [t.ended for t in tracer.traces] == [[("retry", errors[0])], [("fail", errors[1])]]
     assert tracebacks[0] is None
     assert kept == [None, "OSError: disk on fire"]
@@ -364,27 +357,67 @@ async def test_a_handler_within_its_timeout_completes(
 async def test_the_handler_gets_its_item_and_the_workers_context(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """The handler sees its claimed item, the Worker's id, the attempt's cancel scope,
-    the file limiter, a logger carrying the item's fields, and the store."""
+    """The handler sees its claimed item, the Worker's id, the attempt's deadline and
+    whether it must stop (never its scope), the file limiter, a logger carrying the
+    item's fields, and the store."""
     store, registry = ScriptedStore(), Registry()
     seen: list[object] = []
 
     @registry.handler("Crawl")
     async def crawl(item: WorkItem, ctx: Context) -> None:
         seen.extend([item.id, item.attempt, item.kind, ctx.item.id, ctx.worker_id])
-        seen.extend([ctx.stopping, ctx.limiter.total_tokens, ctx.store.enqueue.__self__ is store])  # type: ignore[attr-defined]
+        seen.extend([ctx.deadline, ctx.stopping, ctx.completed_in_transaction])
+        seen.extend([ctx.limiter.total_tokens, ctx.store.enqueue.__self__ is store])  # type: ignore[attr-defined]
         seen.append(ctx.log.extra)
-        ctx.cancel_scope.cancel()
-        seen.append(ctx.stopping)
+        assert ctx.log is ctx.log  # made once
+        await trio.sleep(12)  # the heartbeat at 10 s moves the deadline
+        seen.append(ctx.deadline)
 
     await store.enqueue("Crawl", scope="7")
     async with running(store, registry, Settings(max_concurrent_files=3)):
-        await trio.sleep(1)
+        await trio.sleep(15)
     assert seen == [
-        1, 1, "Crawl", 1, "w1", False, 3, True,
+        1, 1, "Crawl", 1, "w1", 30.0, False, False, 3, True,
         {"item_id": 1, "attempt": 1, "kind": "Crawl", "scope": "7", "worker_id": "w1"},
-        True,
+        40.0,
     ]  # fmt: skip
+
+
+async def test_a_handler_cannot_reach_the_attempts_scope(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """`ctx.cancel_scope` is gone, with an error saying what to read instead; nothing
+    a handler holds moves or cancels the attempt's deadline, and the deadline cancels a
+    handler that opens wider scopes of its own inside (a cut link: heartbeats fail)."""
+    store, registry = ScriptedStore(), Registry()
+    errors: list[str] = []
+    cancelled: list[float] = []
+
+    @registry.handler("Crawl")
+    async def crawl(item: WorkItem, ctx: Context) -> None:
+        try:
+            ctx.cancel_scope.deadline = math.inf
+        except AttributeError as exc:
+            errors.append(str(exc))
+        with pytest.raises(AttributeError):
+            ctx.deadline = math.inf  # type: ignore[misc]
+        try:
+            with trio.CancelScope(deadline=math.inf):
+                await trio.sleep(1000)
+        finally:
+            cancelled.append(trio.current_time())
+
+    store.fault, store.fault_ops = "fail", frozenset({"heartbeat"})
+    await store.enqueue("Crawl")
+    async with running(store, registry):
+        await trio.sleep(40)
+    assert errors == [
+        "ctx.cancel_scope is gone: the attempt's cancel scope belongs to the Worker. Read"
+        " ctx.deadline and ctx.stopping; for a time limit of the handler's own, open a"
+        " scope inside it (with trio.move_on_after(...): ...)"
+    ]
+    assert cancelled == [30.0]
+    assert writes(store) == []
 
 
 async def test_a_completion_goes_through_the_workers_batcher(
@@ -404,10 +437,9 @@ async def test_a_completion_goes_through_the_workers_batcher(
     assert times[0] == 1.0 and len(times) == 7
     for gap, base in zip(gaps(times), [0.2, 0.4, 0.8, 1.6, 2.0, 2.0], strict=True):
         assert base * 0.8 - 1e-9 <= gap <= base * 1.2 + 1e-9
-    assert (
-        messages(caplog, EXECUTOR)
-        == ["could not record complete (complete_batch: down); retrying"] * 6
-    )
+    assert [m.rpartition(" in ")[0] for m in messages(caplog, EXECUTOR)] == [
+        "could not record 1 completion(s) (complete_batch: down); retrying"
+    ] * 6
     assert tracer.outcomes() == ["complete"]
     assert worker.statistics().events == {"claimed": 1, "complete": 1}
     assert ("complete", "Crawl", None) in sink.seen
@@ -437,8 +469,7 @@ async def test_a_write_that_keeps_failing_gives_up_at_the_self_stop_deadline(
         "could not record cancel (cancel: connection refused (simulated outage)); retrying"
     ] * (len(times) - 1)
     assert tries[-1] == (
-        "could not record cancel (cancel: connection refused (simulated outage));"
-        " lease recovery will requeue the item"
+        "could not record cancel before the self-stop deadline; lease recovery will take the item"
     )
     assert records(caplog, "could not record")[-1].levelno == logging.ERROR
     assert tracer.outcomes() == ["write_failed"]
@@ -476,25 +507,54 @@ async def test_a_write_fenced_out_is_logged_and_counted_as_lost(
     assert ("lost", "Crawl", None) in sink.seen
 
 
-async def test_a_completion_inside_the_handlers_transaction_writes_nothing_more(
+async def test_a_completion_inside_the_handlers_transaction_holds_the_scope_until_it_returns(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """tx.complete() commits Succeeded with the handler's writes: no separate
-    completion follows, and the trace says so."""
+    """tx.complete() makes the success durable with the handler's writes, but the item
+    stays Running, holding its scope, while the handler's cleanup runs (it is not
+    cancelled); once the handler has returned, the Worker finishes it Succeeded and
+    the scope's next item runs."""
     store, registry, tracer = ScriptedStore(), Registry(), Tracer()
+    seen: list[tuple[float, str, Status | None]] = []
 
     @registry.handler("Crawl")
     async def crawl(item: WorkItem, ctx: Context) -> None:
-        async with ctx.transaction() as tx:
-            tx.complete()
+        if item.payload == "second":
+            seen.append((trio.current_time(), "second starts", None))
+            return
+        try:
+            async with ctx.transaction() as tx:
+                tx.complete()
+            await trio.sleep(3)  # a cleanup that checkpoints: not cancelled
+        finally:
+            state = await ctx.store.get_item(item.id)
+            seen.append((trio.current_time(), "cleanup done", state and state.status))
 
-    await store.enqueue("Crawl")
-    async with running(store, registry, tracer=tracer) as worker:
+    await store.enqueue("Crawl", scope="7")
+    await store.enqueue("Crawl", scope="7", payload="second")
+    async with running(store, registry, Settings(concurrency=2), tracer=tracer) as worker:
         await trio.sleep(5)
-    assert tracer.outcomes() == ["succeeded_in_transaction"]
-    assert "complete_batch" not in store.calls
-    assert worker.statistics().events == {"claimed": 1}
-    assert store.items()[0].status is Status.SUCCEEDED
+    assert seen == [
+        (3.0, "cleanup done", Status.RUNNING),
+        (3.0, "second starts", None),
+    ]
+    assert tracer.outcomes() == ["succeeded_in_transaction", "complete"]
+    assert worker.statistics().events == {
+        "claimed": 2, "succeeded_in_transaction": 1, "complete": 1,
+    }  # fmt: skip
+    assert [i.status for i in store.items()] == [Status.SUCCEEDED, Status.SUCCEEDED]
+
+
+def registry_with(kind: str, **options: object) -> Any:
+    """A decorator registering a handler of `kind` on a registry of its own, reachable
+    as the handler's `.registry`."""
+
+    def register(handler: Any) -> Any:
+        handler.registry = Registry()
+        handler.registry.handler(kind, **options)(handler)
+        return handler
+
+    return register
 
 
 # -- the executor on its own ---------------------------------------------------------
@@ -516,7 +576,7 @@ async def test_an_item_of_a_kind_without_a_handler_is_released(
         store, Registry(), Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer
     )
     with trio.fail_after(100):
-        assert await executor.run(item, 0.0) == Decision(Action.RELEASE)
+        assert await executor.run(item, 0.0, a_slot()) == Decision(Action.RELEASE)
     assert messages(caplog, EXECUTOR) == [
         "claimed an item of kind 'Mystery', which has no handler here"
     ]
@@ -524,6 +584,7 @@ async def test_an_item_of_a_kind_without_a_handler_is_released(
     assert tracer.traces[0].item == item
     assert tracer.traces[0].ended == [("release", None)]
     assert writes(store) == [("release", True)]
+    assert executor.in_flight == 0
 
 
 async def test_releasing_an_unknown_kind_gives_up_at_the_deadline(
@@ -538,81 +599,87 @@ async def test_releasing_an_unknown_kind_gives_up_at_the_deadline(
         store, Registry(), Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer
     )
     with trio.fail_after(100):
-        await executor.run(item, 2.0)
+        await executor.run(item, 2.0, a_slot())
     assert 32.0 - 2.4 <= store.times["release"][-1] < 32.0 <= trio.current_time() + 2.4
     assert tracer.outcomes() == ["write_failed"]
 
 
-async def test_without_a_batcher_the_executor_completes_through_the_store(
+async def test_a_write_is_never_sent_once_the_deadline_has_passed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """No `complete=` and no event sink: the store's own complete, and nothing else."""
-    store, registry = ScriptedStore(), Registry()
-    registry.handler("Crawl")(sleeping(1))
-    item = await claimed(store, "Crawl")
-    executor = Executor(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
-    with trio.fail_after(100):
-        assert await executor.run(item, 0.0) == Decision(Action.COMPLETE)
-    assert writes(store) == [("complete", True)]
-    assert store.times["complete"] == [1.0]
+    """An item claimed 31 s ago (its deadline passed before it ran) that must be
+    released: nothing is sent at all, the first try included."""
+    store, tracer = ScriptedStore(), Tracer()
+    await trio.sleep(31)
+    item = await claimed(store, "Mystery")
+    executor = Executor(
+        store, Registry(), Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer
+    )
+    assert await executor.run(item, 0.0, a_slot()) == Decision(Action.RELEASE)
+    assert "release" not in store.calls
+    assert tracer.outcomes() == ["write_failed"]
 
 
-async def test_the_earliest_deadline_is_published_as_it_moves(
+async def test_stop_bounds_are_published_as_deadlines_move(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """`on_deadline` is called when the attempt starts, at each heartbeat that moves
-    its self-stop deadline, and when it ends; `earliest_deadline` then reads it."""
+    """`on_earliest_stop` is told when the handler must have ended (deadline + stop
+    grace 15 s) when the attempt starts, at each heartbeat that moves the deadline, and
+    when it ends (inf)."""
     store, registry = ScriptedStore(), Registry()
     registry.handler("Crawl")(sleeping(25))
     item = await claimed(store, "Crawl")
     seen: list[float] = []
-    executor: Executor
-
-    def published() -> None:
-        seen.append(executor.earliest_deadline())
-
     executor = Executor(
-        store, registry, Settings(), worker_id="w1", fail_stop=Failstops(), on_deadline=published
+        store,
+        registry,
+        Settings(),
+        worker_id="w1",
+        fail_stop=Failstops(),
+        on_earliest_stop=seen.append,
     )
-    assert executor.earliest_deadline() == math.inf
+    assert executor.stops.earliest == math.inf
     with trio.fail_after(100):
-        await executor.run(item, 0.0)
-    assert seen == [30.0, 40.0, 50.0, math.inf]
+        async with executing(executor):
+            await executor.run(item, 0.0, a_slot())
+    assert seen == [45.0, 55.0, 65.0, math.inf]
 
 
-async def test_attempts_that_share_a_deadline_keep_it_published_until_the_last_ends(
+async def test_attempts_that_share_a_bound_keep_it_published_until_the_last_ends(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Two attempts claimed together share a self-stop deadline (30 s) and a third,
-    claimed at 2 s, has its own (32 s): the earliest stays 30 s until both of the first
-    have ended or moved theirs, then it is the next one's."""
+    """Two attempts claimed together share a bound (45 s) and a third, claimed at 2 s,
+    has its own (47 s); each heartbeat renews all of them at once: the earliest stays
+    the first two's until both have ended or moved, and is published once a change."""
     store, registry = ScriptedStore(), Registry()
     registry.handler("Short")(sleeping(5))
     registry.handler("Long")(sleeping(25))
     registry.handler("Later")(sleeping(9))
     short, long, later = [await claimed(store, k) for k in ("Short", "Long", "Later")]
     seen: list[tuple[float, float]] = []
-    executor: Executor
 
-    def published() -> None:
-        seen.append((trio.current_time(), executor.earliest_deadline()))
+    def published(at: float) -> None:
+        seen.append((trio.current_time(), at))
 
     executor = Executor(
-        store, registry, Settings(), worker_id="w1", fail_stop=Failstops(), on_deadline=published
+        store,
+        registry,
+        Settings(),
+        worker_id="w1",
+        fail_stop=Failstops(),
+        on_earliest_stop=published,
     )
     with trio.fail_after(100):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(executor.run, short, 0.0)
-            nursery.start_soon(executor.run, long, 0.0)
+        async with executing(executor), trio.open_nursery() as nursery:
+            nursery.start_soon(executor.run, short, 0.0, a_slot())
+            nursery.start_soon(executor.run, long, 0.0, a_slot())
             await trio.sleep(2)
-            nursery.start_soon(executor.run, later, 2.0)
+            nursery.start_soon(executor.run, later, 2.0, a_slot())
     assert seen == [
-        (0.0, 30.0), (0.0, 30.0),  # both start
-        (2.0, 30.0),  # the later one starts
-        (5.0, 30.0),  # the short one ends: the long one still has 30 s
-        (10.0, 32.0),  # the long one's heartbeat moves its deadline to 40 s
-        (11.0, 40.0),  # the later one ends
-        (20.0, 50.0), (25.0, math.inf),  # the long one beats, then ends
+        (0.0, 45.0),  # both start (the second adds to the same bound)
+        (10.0, 55.0),  # the heartbeat renews both (the short one ended at 5 s)
+        (20.0, 65.0),  # the later one ended at 11 s; the long one is renewed again
+        (25.0, math.inf),  # the long one ends
     ]
 
 
@@ -627,7 +694,7 @@ async def test_after_shutdown_a_starting_attempt_is_released_at_once(
     executor = Executor(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
     executor.shut_down()
     with trio.fail_after(100):
-        assert await executor.run(item, 0.0) == Decision(Action.RELEASE)
+        assert await executor.run(item, 0.0, a_slot()) == Decision(Action.RELEASE)
     assert trio.current_time() == 0.0
     assert messages(caplog, EXECUTOR) == ["stopped (shutdown)"]
     assert writes(store) == [("release", True)]
@@ -654,10 +721,10 @@ async def test_a_shutdown_during_a_self_stopped_handlers_cleanup_writes_nothing(
     decisions: list[Decision] = []
 
     async def run() -> None:
-        decisions.append(await executor.run(item, 0.0))
+        decisions.append(await executor.run(item, 0.0, a_slot()))
 
     with trio.fail_after(100):
-        async with trio.open_nursery() as nursery:
+        async with executing(executor), trio.open_nursery() as nursery:
             nursery.start_soon(run)
             await trio.sleep(31)
             executor.shut_down()
@@ -675,60 +742,60 @@ class SpawnedTasks(trio.abc.Instrument):
         self.names.append(task.name.rpartition(".")[2])
 
 
-async def test_an_attempt_starts_its_heartbeats_and_timeout_only_when_the_first_is_due(
+async def test_an_attempt_spawns_no_task_of_its_own(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """One task (the stop watch) per attempt until the first heartbeat (10 s) or the
-    kind's timeout is due: a handler over before then costs that task alone. After it,
-    the heartbeats come on time (10 s and 20 s after the claim), and the timeout too."""
+    """Heartbeats, timeouts and the fail-stop are the Worker's, not an attempt's: a
+    handler that runs past heartbeats and one that times out start no task; the
+    heartbeats still come on time (10 s and 20 s), and the timeout too (3 s)."""
     store, registry = ScriptedStore(), Registry()
-
-    def handler(kind: str, seconds: float | None, timeout: float | None) -> None:
-        async def run(item: WorkItem, ctx: Context) -> None:
-            if seconds is not None:
-                await trio.sleep(seconds)
-
-        registry.handler(kind, timeout=timeout)(run)
-
-    handler("Instant", None, 100.0)  # returns before its first checkpoint
-    handler("Brief", 9.0, 100.0)  # over before the first heartbeat is due
-    handler("Slow", 25.0, 100.0)
-    handler("SlowNoTimeout", 25.0, None)
-    handler("TimedOut", 50.0, 3.0)  # its timeout is due before the first heartbeat
+    registry.handler("Slow", timeout=100.0)(sleeping(25.0))
+    registry.handler("TimedOut", timeout=3.0)(sleeping(50.0))
     executor = Executor(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
-    spawned: dict[str, list[str]] = {}
     decisions: dict[str, Action] = {}
-    for kind in ("Instant", "Brief", "Slow", "SlowNoTimeout", "TimedOut"):
-        item = await claimed(store, kind)
-        tasks = SpawnedTasks()
-        trio.lowlevel.add_instrument(tasks)
-        claim_sent_at = trio.current_time()
-        try:
-            decisions[kind] = (await executor.run(item, claim_sent_at)).action
-        finally:
-            trio.lowlevel.remove_instrument(tasks)
-        spawned[kind] = tasks.names
-        beats = [t - claim_sent_at for t in store.times["heartbeat"] if t >= claim_sent_at]
-        if kind.startswith("Slow"):
-            assert beats == [10.0, 20.0], kind
-        else:
-            assert beats == [], kind
-        if kind == "TimedOut":
-            assert trio.current_time() - claim_sent_at == 3.0
-    assert spawned == {
-        "Instant": ["_watch"],
-        "Brief": ["_watch"],
-        "Slow": ["_watch", "_heartbeats", "_time_out"],
-        "SlowNoTimeout": ["_watch", "_heartbeats"],
-        "TimedOut": ["_watch", "_heartbeats", "_time_out"],
-    }
-    assert decisions == {
-        "Instant": Action.COMPLETE,
-        "Brief": Action.COMPLETE,
-        "Slow": Action.COMPLETE,
-        "SlowNoTimeout": Action.COMPLETE,
-        "TimedOut": Action.RETRY,
-    }
+    async with executing(executor):
+        for kind in ("Slow", "TimedOut"):
+            item = await claimed(store, kind)
+            tasks = SpawnedTasks()
+            trio.lowlevel.add_instrument(tasks)
+            started = trio.current_time()
+            try:
+                decisions[kind] = (await executor.run(item, started, a_slot())).action
+            finally:
+                trio.lowlevel.remove_instrument(tasks)
+            assert tasks.names == [], kind
+            ended = trio.current_time() - started
+            assert ended == (25.0 if kind == "Slow" else 3.0), kind
+    assert store.times["heartbeat"] == [10.0, 20.0]
+    assert decisions == {"Slow": Action.COMPLETE, "TimedOut": Action.RETRY}
+
+
+async def test_one_heartbeat_statement_renews_every_attempt_a_worker_holds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """64 attempts held: one heartbeat statement an interval, whatever the concurrency,
+    carrying all 64; an attempt claimed between two beats is renewed at the next."""
+    asked: list[int] = []
+
+    class Counting(ScriptedStore):
+        async def heartbeat_many(self, attempts: Any, lease: float) -> Any:
+            asked.append(len(attempts))
+            return await super().heartbeat_many(attempts, lease)
+
+    store, registry = Counting(), Registry()
+    registry.handler("Crawl")(sleeping(45))
+    for _ in range(65):
+        await store.enqueue("Crawl")
+    items = await store.claim_batch("w1", 60.0, 65, kinds=["Crawl"])
+    executor = Executor(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
+    with trio.fail_after(100):
+        async with executing(executor), trio.open_nursery() as nursery:
+            for item in items[:64]:
+                nursery.start_soon(executor.run, item, 0.0, a_slot())
+            await trio.sleep(15)
+            nursery.start_soon(executor.run, items[64], 15.0, a_slot())
+    assert asked == [64, 65, 65, 65, 1, 1]  # 10, 20, 30, 40 s; the last alone at 50, 60 s
+    assert [i.status for i in store.items()] == [Status.SUCCEEDED] * 65
 
 
 async def test_a_handler_gets_the_client_face_and_nothing_of_the_workers(
@@ -751,7 +818,7 @@ async def test_a_handler_gets_the_client_face_and_nothing_of_the_workers(
     assert offered == [client] and set(CLIENT_METHODS) == client
     assert not offered[0] & worker
     assert {"claim", "claim_batch", "complete", "fail", "cancel_attempt", "release",
-            "recover_expired_leases", "heartbeat", "fenced_transaction"} <= worker  # fmt: skip
+            "recover_expired_leases", "heartbeat_many", "fenced_transaction"} <= worker  # fmt: skip
 
 
 async def test_an_executor_survives_running_the_same_attempt_twice_at_once(
@@ -760,7 +827,7 @@ async def test_an_executor_survives_running_the_same_attempt_twice_at_once(
     """After a failover lost a claim with the old primary, the new primary can hand
     this Worker the same item again (even the same attempt number) while its first
     run goes on: each run is tracked on its own, the first to end leaves the other's
-    self-stop deadline in place, and both end without error (issue 22's KeyError)."""
+    bound in place, and both end without error (issue 22's KeyError)."""
     store, registry = ScriptedStore(), Registry()
     registry.handler("Crawl")(sleeping(5))
     item = await claimed(store, "Crawl")
@@ -769,18 +836,20 @@ async def test_an_executor_survives_running_the_same_attempt_twice_at_once(
 
     async def run(at: float) -> None:
         await trio.sleep_until(at)
-        decisions.append(await executor.run(item, at))
+        decisions.append(await executor.run(item, at, a_slot()))
 
     with trio.fail_after(100):
-        async with trio.open_nursery() as nursery:
+        async with executing(executor), trio.open_nursery() as nursery:
             nursery.start_soon(run, 0.0)
             nursery.start_soon(run, 2.0)
             await trio.sleep(3)
             assert len(executor.running) == 2
-            assert executor.earliest_deadline() == 30.0
+            assert executor.stops.earliest == 45.0
             await trio.sleep(3)  # the first run is over at 5 s
             assert len(executor.running) == 1
-            assert executor.earliest_deadline() == 32.0
+            assert executor.stops.earliest == 47.0
+            await trio.sleep(3)
+            assert executor.in_flight == 0
     assert len(executor.running) == 0
     assert decisions == [Decision(Action.COMPLETE), Decision(Action.COMPLETE)]
     assert writes(store) == [("complete", True), ("complete", False)]

@@ -174,7 +174,11 @@ async def test_a_handler_past_its_timeout_is_cancelled_retried_and_fails_timed_o
         3,
         "HandlerTimeout: timed out after 5s",
     )
-    assert [w.op for w in store.writes] == ["retry_later", "retry_later", "fail"]
+    assert [w.op for w in store.writes if w.op != "heartbeat"] == [
+        "retry_later",
+        "retry_later",
+        "fail",
+    ]
     assert failstops == []
 
 

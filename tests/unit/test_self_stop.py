@@ -120,10 +120,10 @@ class TimedStore(MemoryStore):
         super().__init__()
         self.heartbeat_spans: list[tuple[float, float]] = []
 
-    async def heartbeat(self, id: int, attempt: int, lease: float) -> Any:
+    async def heartbeat_many(self, attempts: Any, lease: float) -> Any:
         begun = trio.current_time()
         try:
-            return await super().heartbeat(id, attempt, lease)
+            return await super().heartbeat_many(attempts, lease)
         finally:
             self.heartbeat_spans.append((begun, trio.current_time()))
 

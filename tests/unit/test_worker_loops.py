@@ -11,7 +11,6 @@ import math
 import os
 import re
 import socket
-import threading
 import time
 from typing import Any
 
@@ -163,7 +162,7 @@ async def test_statistics_count_the_events_and_metrics_see_every_observation(
     assert (statistics.claimed, statistics.running) == (3, 1)
     assert statistics.events == {"claimed": 3, "complete": 2}
     assert sink.named("claimed") == [("claimed", "A", None)] * 3
-    assert sink.named("heartbeat_rtt") == [("heartbeat_rtt", "A", 0.0)] * 2
+    assert sink.named("heartbeat_rtt") == [("heartbeat_rtt", "", 0.0)] * 2
     assert sink.named("handler_duration") == [("handler_duration", "A", 12.0)] * 2
 
 
@@ -712,70 +711,43 @@ async def test_recording_the_stop_is_bounded_by_the_poll_interval(
 
 
 class FakeWatchdog:
-    """Stands in for the watchdog thread: records what the loop tells it."""
+    """Stands in for the supervisor's end of the pipe: records what the loop tells it,
+    with the monotonic and the Trio time of each."""
 
-    made: list[FakeWatchdog] = []  # noqa: RUF012  (a test's registry of instances)
+    def __init__(self) -> None:
+        self.published: list[tuple[float, float, float]] = []  # (kill_at, monotonic, trio)
 
-    def __init__(self, stop_grace: float, fail_stop: Any) -> None:
-        self.args = (stop_grace, fail_stop)
-        self.ticks: list[float] = []
-        self.deadlines: list[tuple[float, float, float]] = []  # (published, monotonic, trio)
-        self.started = self.stopped = False
-        FakeWatchdog.made.append(self)
-
-    def start(self) -> None:
-        self.started = True
-
-    def stop(self) -> None:
-        self.stopped = True
-
-    def tick(self) -> None:
-        self.ticks.append(trio.current_time())
-
-    def set_deadline(self, earliest: float) -> None:
-        self.deadlines.append((earliest, time.monotonic(), trio.current_time()))
+    def publish(self, kill_at: float) -> None:
+        self.published.append((kill_at, time.monotonic(), trio.current_time()))
 
 
-@pytest.fixture
-def fake_watchdog(monkeypatch: pytest.MonkeyPatch) -> type[FakeWatchdog]:
-    FakeWatchdog.made = []
-    monkeypatch.setattr("trioworker._worker.worker.Watchdog", FakeWatchdog)
-    return FakeWatchdog
-
-
-async def test_the_loop_ticks_the_watchdog_and_publishes_deadlines_in_its_time(
-    autojump_clock: trio.testing.MockClock, fake_watchdog: type[FakeWatchdog]
+async def test_the_watchdog_outside_is_told_each_bound_in_monotonic_time(
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """watchdog=True: started and stopped with the Worker, ticked every 0.2 s, and told
-    each self-stop deadline change in `time.monotonic()` terms (inf: none running)."""
-    store, registry, failstops = ScriptedStore(), Registry(), Failstops()
+    """With a watchdog, it is told when to end the process from outside: each time the
+    earliest bound of a running handler changes (its self-stop deadline + the stop
+    grace 15 s + the kill margin 1 s), in `time.monotonic()` terms; inf once none runs.
+    Between changes it is told nothing."""
+    store, registry, watchdog = ScriptedStore(), Registry(), FakeWatchdog()
     registry.handler("A")(sleeping(15))
     await store.enqueue("A")
-    async with running(store, registry, fail_stop=failstops, watchdog=True):
+    async with running(store, registry, watchdog=watchdog):
         await trio.sleep(20)
-    (watchdog,) = fake_watchdog.made
-    assert watchdog.args == (15.0, failstops)
-    assert watchdog.started and watchdog.stopped
-    assert watchdog.ticks[:6] == [pytest.approx(0.2 * n) for n in range(6)]
-    assert len(watchdog.ticks) >= 100
-    published = [(at, earliest - mono) for earliest, mono, at in watchdog.deadlines]
-    assert [at for at, _ in published] == [0.0, 10.0, 15.0]
-    assert published[0][1] == pytest.approx(30.0, abs=0.5)
-    assert published[1][1] == pytest.approx(30.0, abs=0.5)
-    assert published[2][1] == math.inf
+    assert Settings().kill_margin == 1.0
+    told = [(at, kill_at - mono) for kill_at, mono, at in watchdog.published]
+    assert [at for at, _ in told] == [0.0, 10.0, 15.0]
+    assert told[0][1] == pytest.approx(30.0 + 15.0 + 1.0, abs=0.5)  # claimed at 0
+    assert told[1][1] == pytest.approx(30.0 + 15.0 + 1.0, abs=0.5)  # renewed at 10
+    assert told[2][1] == math.inf
 
 
-async def test_without_a_watchdog_no_thread_is_started(
-    autojump_clock: trio.testing.MockClock, fake_watchdog: type[FakeWatchdog]
-) -> None:
-    """The default: no watchdog (the CLI turns it on)."""
-    store, registry = ScriptedStore(), Registry()
-    registry.handler("A")(sleeping(15))
-    await store.enqueue("A")
-    async with running(store, registry):
-        await trio.sleep(20)
-    assert fake_watchdog.made == []
-    assert not any(t.name == "trioworker-watchdog" for t in threading.enumerate())
+def test_the_kill_margin_ends_the_process_before_the_lease_does() -> None:
+    """Half the lease + the stop grace + the margin stays under the lease: at most a
+    second, half of what is left."""
+    assert Settings().kill_margin == 1.0  # lease 60, grace 15: 15 left
+    tight = Settings(lease=8.0, heartbeat=1.0, stop_grace=3.5)
+    assert tight.kill_margin == 0.25
+    assert tight.self_stop_after + tight.stop_grace + tight.kill_margin < tight.lease
 
 
 @pytest.mark.parametrize(

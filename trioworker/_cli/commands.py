@@ -429,7 +429,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
                 scopes=args.scope,
                 unscoped=args.unscoped,
                 fail_stop=fail_stop,
-                watchdog=True,
+                watchdog=None,  # the supervisor's link (issue 31)
                 metrics=metrics,
                 tracer=tracer,
             )

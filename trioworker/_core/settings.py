@@ -59,3 +59,11 @@ class Settings:
     def self_stop_after(self) -> float:
         """An attempt cancels its own handler this long after its last good heartbeat."""
         return self.lease / 2
+
+    @property
+    def kill_margin(self) -> float:
+        """How long after a handler's bound (asked to stop + stop grace) the watchdog
+        outside the process ends it, in case the interpreter cannot: enough for the
+        in-process fail-stop to come first, and short enough that the process is dead
+        before the lease expires (half the lease + grace + margin < lease)."""
+        return min(1.0, (self.lease - self.self_stop_after - self.stop_grace) / 2)

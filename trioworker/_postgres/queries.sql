@@ -65,6 +65,31 @@ SET lease_expires_at = now() + make_interval(secs => %(lease)s),
 WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'Running'
 RETURNING cancel_requested;
 
+-- name: heartbeat_many
+-- One statement renews every lease a Worker holds. A row another transaction holds
+-- (its attempt's fenced transaction, an operator's) is passed over, never waited for;
+-- `lost` reads the rows as the statement's snapshot saw them: an attempt that no longer
+-- owns a Running item.
+WITH asked AS (
+    SELECT a.id, a.attempt
+    FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a (id, attempt)
+), locked AS (
+    SELECT w.id FROM work_items AS w JOIN asked AS a ON w.id = a.id AND w.attempt = a.attempt
+    WHERE w.status = 'Running'
+    FOR NO KEY UPDATE OF w SKIP LOCKED
+), renewed AS (
+    UPDATE work_items AS w
+    SET lease_expires_at = now() + make_interval(secs => %(lease)s), heartbeat_at = now()
+    FROM locked WHERE w.id = locked.id
+    RETURNING w.id, w.attempt, w.cancel_requested
+)
+SELECT a.id, a.attempt, r.cancel_requested,
+       r.id IS NULL AND NOT EXISTS (
+           SELECT FROM work_items AS w
+           WHERE w.id = a.id AND w.attempt = a.attempt AND w.status = 'Running'
+       ) AS lost
+FROM asked AS a LEFT JOIN renewed AS r ON r.id = a.id AND r.attempt = a.attempt;
+
 -- name: lock_attempt
 -- A fenced transaction's first statement: the attempt's row, locked until the commit
 -- (a heartbeat of the item waits for it), if the attempt still owns it.

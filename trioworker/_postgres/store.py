@@ -254,7 +254,7 @@ class PostgresStore:
 
     @asynccontextmanager
     async def fenced_transaction(
-        self, id: int, attempt: int
+        self, id: int, attempt: int, *, until: Callable[[], float] | None = None
     ) -> AsyncIterator[PostgresFencedTransaction]:  # pragma: no mutate block
         """A transaction that commits only while attempt (`id`, `attempt`) owns its
         Running item; raises Lost, writing nothing, when it does not. Handlers reach it
@@ -271,6 +271,8 @@ class PostgresStore:
                 }  # fmt: skip
                 if not await tx.execute(self._sql["finish"], params):  # pragma: no cover
                     raise Lost(f"item {id} attempt {attempt} could not be finished")
+            if until is not None and trio.current_time() >= until():
+                raise Lost(f"item {id} attempt {attempt} is past its self-stop deadline")
 
     # -- claim and the fenced writes ---------------------------------------------
 
@@ -362,6 +364,25 @@ class PostgresStore:
         if not rows:
             return Heartbeat.LOST
         return Heartbeat.CANCEL_REQUESTED if rows[0]["cancel_requested"] else Heartbeat.OK
+
+    async def heartbeat_many(
+        self, attempts: Sequence[tuple[int, int]], lease: float
+    ) -> dict[tuple[int, int], Heartbeat]:  # pragma: no mutate block
+        params = {
+            "ids": [id for id, _ in attempts],
+            "attempts": [a for _, a in attempts],
+            "lease": lease,
+        }
+        answers = {}
+        for row in await self._rows("heartbeat_many", params):
+            if row["lost"]:
+                answers[row["id"], row["attempt"]] = Heartbeat.LOST
+            elif row["cancel_requested"] is not None:
+                cancel = row["cancel_requested"]
+                answers[row["id"], row["attempt"]] = (
+                    Heartbeat.CANCEL_REQUESTED if cancel else Heartbeat.OK
+                )
+        return answers
 
     async def _finish(
         self,

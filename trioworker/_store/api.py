@@ -193,6 +193,15 @@ class WorkerStore(Protocol):
 
     async def heartbeat(self, id: int, attempt: int, lease: float) -> Heartbeat: ...
 
+    async def heartbeat_many(
+        self, attempts: Sequence[tuple[int, int]], lease: float
+    ) -> dict[tuple[int, int], Heartbeat]:
+        """Renew the leases of many attempts in one statement: for each (id, attempt)
+        asked, OK or CANCEL_REQUESTED (renewed), or LOST (it no longer owns a Running
+        item). An attempt whose row another transaction holds (its own fenced
+        transaction, an operator's) is passed over, not waited for: it gets no answer."""
+        ...
+
     async def complete(self, id: int, attempt: int) -> bool: ...
 
     async def complete_batch(self, attempts: Sequence[tuple[int, int]]) -> set[int]: ...
@@ -217,7 +226,7 @@ class WorkerStore(Protocol):
     ) -> bool: ...
 
     def fenced_transaction(
-        self, id: int, attempt: int
+        self, id: int, attempt: int, *, until: Callable[[], float] | None = None
     ) -> AbstractAsyncContextManager[FencedTransaction]: ...
 
     async def recover_expired_leases(

@@ -1,68 +1,95 @@
 """Group completions into one statement, as a database groups commits.
 
-Attempts that finish while a completion statement is in flight wait for the next one,
-which carries all of them. Nothing waits on purpose: alone, a completion goes out at
-once; under load, one round trip serves many.
+An attempt whose handler has returned hands its completion here and is done: nothing
+waits for the answer, which comes back through `done(attempt, outcome)`. Completions
+that arrive while a statement is in flight go out together in the next one; alone, a
+completion goes out at once. Before each statement, a completion whose attempt's
+self-stop deadline has passed is dropped (from then on the item belongs to lease
+recovery); a statement that fails is tried again, with backoff, for the others.
 """
 
 from __future__ import annotations
 
-import math
+import logging
+from collections.abc import Callable
 
-import attrs
 import trio
 
 from trioworker._core.errors import StoreError
-from trioworker._store.api import Store
+from trioworker._core.policy import AttemptOutcome
+from trioworker._core.retry import Backoff
+from trioworker._store.api import WorkerStore
+from trioworker._worker.attempt import Attempt
+
+log = logging.getLogger("trioworker.executor")
 
 MAX_BATCH = 500
-
-
-@attrs.define
-class _Request:
-    id: int
-    attempt: int
-    done: trio.Event = attrs.field(factory=trio.Event)
-    applied: bool = False
-    error: StoreError | None = None
+COMPLETE = AttemptOutcome.COMPLETE
 
 
 class CompletionBatcher:
-    """`await complete(id, attempt)` from any task; `run()` in the Worker's nursery."""
+    """`submit(attempt)` from any task; `run()` in the Worker's nursery."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: WorkerStore, done: Callable[[Attempt, AttemptOutcome], None]) -> None:
         self._store = store
-        self._send, self._receive = trio.open_memory_channel[_Request](math.inf)
+        self._done = done
+        self._pending: list[Attempt] = []
+        self._wake = trio.Event()
+        self._drained: trio.Event | None = None
+        #: Completions submitted and not yet answered.
+        self.outstanding = 0
 
-    async def complete(self, id: int, attempt: int) -> bool:
-        """Whether the fenced complete applied; raises StoreError like store.complete."""
-        request = _Request(id, attempt)
-        self._send.send_nowait(request)
-        await request.done.wait()
-        if request.error is not None:
-            raise request.error
-        return request.applied
+    def submit(self, attempt: Attempt) -> None:
+        self._pending.append(attempt)
+        self.outstanding += 1
+        self._wake.set()
+
+    async def flushed(self) -> None:
+        """Return once every completion submitted so far has been answered."""
+        while self.outstanding:
+            self._drained = drained = trio.Event()
+            await drained.wait()
 
     async def run(self) -> None:
-        async for first in self._receive:
-            batch = [first]
-            while len(batch) < MAX_BATCH:
-                try:
-                    batch.append(self._receive.receive_nowait())
-                except trio.WouldBlock:
-                    break
-            await self._flush(batch)
+        backoff = Backoff(initial=0.2, maximum=2.0)
+        while True:
+            await self._wake.wait()
+            batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            if not self._pending:
+                self._wake = trio.Event()
+            batch = [a for a in batch if self._still_due(a)]
+            if not batch:
+                continue
+            try:
+                applied = await self._store.complete_batch(
+                    [(a.item.id, a.item.attempt) for a in batch]
+                )
+            except StoreError as exc:
+                delay = backoff.next()
+                log.warning(
+                    "could not record %d completion(s) (%s); retrying in %.1fs",
+                    len(batch),
+                    exc,
+                    delay,
+                )
+                self._pending[:0] = batch
+                self._wake.set()
+                await trio.sleep(delay)
+                continue
+            backoff.reset()
+            for attempt in batch:
+                applies = attempt.item.id in applied
+                self._answer(attempt, COMPLETE if applies else AttemptOutcome.FENCED_OUT)
 
-    async def _flush(self, batch: list[_Request]) -> None:
-        error: StoreError | None = StoreError("complete abandoned: the Worker stopped at once")
-        applied: set[int] = set()
-        try:
-            applied = await self._store.complete_batch([(r.id, r.attempt) for r in batch])
-            error = None
-        except StoreError as exc:
-            error = exc
-        finally:
-            for request in batch:
-                request.applied = request.id in applied
-                request.error = error
-                request.done.set()
+    def _still_due(self, attempt: Attempt) -> bool:
+        """Whether the attempt may still write; if not, it is answered WRITE_FAILED."""
+        if not attempt.self_stopped:
+            return True
+        self._answer(attempt, AttemptOutcome.WRITE_FAILED)
+        return False
+
+    def _answer(self, attempt: Attempt, outcome: AttemptOutcome) -> None:
+        self.outstanding -= 1
+        self._done(attempt, outcome)
+        if not self.outstanding and self._drained is not None:
+            self._drained.set()

@@ -5,72 +5,119 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-import attrs
 import trio
 
 from trioworker._core.errors import DatabaseUnavailable
 from trioworker._core.model import WorkItem
+from trioworker._worker.logging import item_logger
 
 if TYPE_CHECKING:
     from trioworker._store.api import Client, FencedTransaction
+    from trioworker._worker.attempt import Attempt
 
 T = TypeVar("T")
 
+#: Opens an attempt's fenced transaction: `open(id, attempt, until=deadline_of)`.
+OpenFenced = Callable[..., AbstractAsyncContextManager["FencedTransaction"]]
 
-@attrs.define(eq=False)
+
+class Shared:
+    """What every attempt of one Worker shares: built once, not per item."""
+
+    __slots__ = ("limiter", "log", "open_fenced", "store", "worker_id")
+
+    def __init__(
+        self,
+        worker_id: str,
+        limiter: trio.CapacityLimiter,
+        store: Client,
+        open_fenced: OpenFenced,
+        log: logging.Logger,
+    ) -> None:
+        self.worker_id = worker_id
+        self.limiter = limiter
+        self.store = store
+        self.open_fenced = open_fenced
+        self.log = log
+
+
 class Context:
     """What a handler gets besides its item: ``async def handler(item, ctx)``.
+
+    The attempt's cancel scope is the Worker's, never the handler's: a handler reads
+    `deadline` and `stopping`, and opens scopes of its own for its own time limits.
 
     >>> ctx.worker_id                          # doctest: +SKIP
     'host-4711'
     """
 
-    #: The Worker running the attempt (HOST-PID unless set with --worker-id).
-    worker_id: str
-    #: The attempt's own cancel scope: cancelled on self-stop, loss, a cancel request,
-    #: the kind's timeout or shutdown. Handlers need not touch it; see `stopping`.
-    cancel_scope: trio.CancelScope
-    #: Bounds parallel file work across this Worker (`--max-concurrent-files`).
-    limiter: trio.CapacityLimiter
-    #: A logger whose lines carry the item's id, attempt, kind, scope and the Worker.
-    log: logging.LoggerAdapter[logging.Logger]
-    #: The queue's client face (never the Worker's own: no claims, no fenced writes):
-    #: enqueue follow-up work with `await ctx.store.enqueue(...)` (pass `tx=` to
-    #: enqueue inside `ctx.transaction()`), read, cancel, pause.
-    store: Client
-    #: The attempt this context belongs to.
-    item: WorkItem
-    #: Opens the attempt's fenced transaction (the Worker's store's).
-    _open_fenced: Callable[[int, int], AbstractAsyncContextManager[FencedTransaction]] = (
-        attrs.field(repr=False, kw_only=True)
-    )
-    #: Called once a transaction that completed the item has committed.
-    _on_completed: Callable[[], None] | None = attrs.field(default=None, repr=False)
-    _completed: bool = attrs.field(default=False, init=False)
-    _database_error: DatabaseUnavailable | None = attrs.field(default=None, init=False)
+    __slots__ = ("_attempt", "_log", "_shared")
+
+    def __init__(self, shared: Shared, attempt: Attempt) -> None:
+        self._shared = shared
+        self._attempt = attempt
+        self._log: logging.LoggerAdapter[logging.Logger] | None = None
+
+    @property
+    def worker_id(self) -> str:
+        """The Worker running the attempt (HOST-PID unless set with --worker-id)."""
+        return self._shared.worker_id
+
+    @property
+    def item(self) -> WorkItem:
+        """The attempt this context belongs to."""
+        return self._attempt.item
+
+    @property
+    def limiter(self) -> trio.CapacityLimiter:
+        """Bounds parallel file work across this Worker (`--max-concurrent-files`)."""
+        return self._shared.limiter
+
+    @property
+    def store(self) -> Client:
+        """The queue's client face (never the Worker's own: no claims, no fenced
+        writes): enqueue follow-up work with `await ctx.store.enqueue(...)` (pass `tx=`
+        to enqueue inside `ctx.transaction()`), read, cancel, pause."""
+        return self._shared.store
+
+    @property
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger whose lines carry the item's id, attempt, kind, scope and the Worker."""
+        if self._log is None:
+            self._log = item_logger(self._shared.log, self.item, self.worker_id)
+        return self._log
+
+    @property
+    def deadline(self) -> float:
+        """The attempt's self-stop deadline on Trio's clock (`trio.current_time()`):
+        half a lease after the last heartbeat that succeeded. Successful heartbeats
+        move it later; at it the handler is cancelled. Read it to size a step
+        (`trio.current_effective_deadline()` gives the sooner of it and the kind's
+        timeout); nothing a handler does moves it."""
+        return self._attempt.deadline
 
     @property
     def stopping(self) -> bool:
-        """Whether this attempt has been asked to stop (its cancel scope is cancelled)."""
-        return self.cancel_scope.cancel_called
+        """Whether this attempt has been asked to stop: its self-stop deadline has
+        passed, a heartbeat found it lost or a cancel requested, the kind's timeout ran
+        out, or the Worker is shutting down. Its cancel scope is cancelled then."""
+        return self._attempt.stop_requested
+
+    @property
+    def cancel_scope(self) -> NoReturn:
+        """Gone (0.2): the attempt's scope is the Worker's alone."""
+        raise AttributeError(
+            "ctx.cancel_scope is gone: the attempt's cancel scope belongs to the Worker."
+            " Read ctx.deadline and ctx.stopping; for a time limit of the handler's own,"
+            " open a scope inside it (with trio.move_on_after(...): ...)"
+        )
 
     @property
     def completed_in_transaction(self) -> bool:
-        """Whether the handler finished its item inside `transaction()` (committed)."""
-        return self._completed
-
-    def lost_database(self, error: BaseException | None) -> bool:
-        """Whether `error` (what the handler raised) is, or holds, the lost database link
-        that a `transaction()` of this attempt raised: the Worker's problem, not the
-        handler's."""
-        lost = self._database_error
-        if lost is None or error is None:
-            return False
-        if isinstance(error, BaseExceptionGroup):
-            return error.split(lambda e: e is lost)[0] is not None
-        return error is lost
+        """Whether the handler completed its item inside `transaction()` (committed)."""
+        return self._attempt.completed
 
     async def run_in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking file work in a thread, within the Worker's file limiter.
@@ -86,13 +133,16 @@ class Context:
         """A transaction on the Worker's own connections, fenced by this attempt.
 
         It locks the item's row and checks that this attempt still owns it; if not, it
-        raises `trioworker.Lost` (the Worker then writes nothing for the attempt). The
-        handler's writes commit only while the attempt holds the item; the row stays
-        locked until the commit, so keep the transaction short (the item's heartbeat
-        waits for it). Call `tx.complete()` to finish the item as Succeeded in the same
-        commit as the writes: exactly once for database effects. Once that commit is
-        made the scope is free for the next item, so the attempt ends there: the
-        handler is cancelled at its next checkpoint (make it the last thing it does).
+        raises `trioworker.Lost` (the Worker then writes nothing for the attempt). It
+        commits only while the attempt owns the item and before its self-stop
+        deadline; past the deadline it rolls back and raises `trioworker.SelfStopped`.
+        The row stays locked until the commit, so keep the transaction short (the
+        Worker's heartbeat passes over the item meanwhile). Call `tx.complete()` to
+        make the item's success durable in the same commit as the writes: exactly once
+        for database effects. The item then stays Running, holding its scope, until
+        the handler has returned: its cleanup (a `finally` removing a folder, say)
+        still runs alone in the scope; the Worker then finishes it as Succeeded,
+        whatever the handler does after that commit.
 
         A lost link to PostgreSQL, or a read-only answer (SQLSTATE 25006: a primary
         demoted in a failover), raises `trioworker.DatabaseUnavailable` here; let it
@@ -103,13 +153,17 @@ class Context:
                 await tx.execute("INSERT INTO thumbnails (asset) VALUES (%s)", [asset])
                 tx.complete()
         """
+        attempt = self._attempt
         try:
-            async with self._open_fenced(self.item.id, self.item.attempt) as tx:
+            async with self._shared.open_fenced(
+                attempt.item.id, attempt.item.attempt, until=self._deadline
+            ) as tx:
                 yield tx
         except DatabaseUnavailable as exc:
-            self._database_error = exc
+            attempt.database_error = exc
             raise
         if tx.completes:
-            self._completed = True
-            if self._on_completed is not None:
-                self._on_completed()
+            attempt.completed = True
+
+    def _deadline(self) -> float:
+        return self._attempt.deadline

@@ -1,27 +1,29 @@
-"""Run one claimed attempt: the handler, its heartbeats, and the one write after it.
+"""Run claimed attempts: each handler in a nursery of its own, and the one write after it.
 
-The handler runs in a cancel scope whose deadline is the send time of the last
-successful heartbeat (the claim counts as the first) + lease/2, on Trio's clock. Each
-heartbeat call runs under `move_on_after(heartbeat interval)`; only a successful one
-moves the deadline. Whoever cancels the scope records why first; when the deadline
-cancels it, the reason is the self-stop. `decide` then picks the write from the reason
-alone, so a self-stopped or lost attempt writes nothing.
+Each claimed item runs in its own nursery, whose cancel scope is the attempt's: its
+deadline is the send time of the last successful heartbeat (the claim counts as the
+first) + lease/2, on Trio's clock, and only a successful heartbeat moves it (the
+Worker's one heartbeat statement renews every attempt, `heartbeats.py`). The kind's
+timeout is a scope of its own inside it. Whoever cancels the attempt records why first
+(`Attempt.stop`); once the deadline has passed, the reason is the self-stop whatever
+came before. `decide` picks the write from the reason alone, and the deadline is the
+last word before every write: a self-stopped attempt writes nothing, so it can never
+reach the fail path. Whatever the handler raises is data; only the Worker's own
+cancellation, told by its own scope's state, goes on up.
 """
 
 from __future__ import annotations
 
-import collections
-import functools
 import logging
 import math
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
 from trioworker._core.errors import DatabaseUnavailable, HandlerTimeout, StoreError
 from trioworker._core.jsontext import UndecodableValue
-from trioworker._core.model import Heartbeat, WorkItem
+from trioworker._core.model import WorkItem
 from trioworker._core.policy import (
     Action,
     AttemptOutcome,
@@ -29,104 +31,23 @@ from trioworker._core.policy import (
     Decision,
     Outcome,
     decide,
+    describe_error,
     reduced,
     undecodable_payload,
 )
-from trioworker._core.registry import Registry
+from trioworker._core.registry import Registration, Registry
 from trioworker._core.retry import Backoff
 from trioworker._core.settings import Settings
 from trioworker._store.api import Store, client_view
-from trioworker._worker.context import Context
+from trioworker._worker.attempt import Attempt, Slot
+from trioworker._worker.batching import CompletionBatcher
+from trioworker._worker.context import Context, Shared
+from trioworker._worker.heartbeats import Heartbeats
 from trioworker._worker.logging import item_logger
+from trioworker._worker.raised import holds, only_cancelled
+from trioworker._worker.stops import StopWatch
 
 log = logging.getLogger("trioworker.executor")
-
-T = TypeVar("T")
-
-
-class Attempt:
-    """One attempt's cancel scope, the recorded reason it was cancelled, and whether its
-    handler is over."""
-
-    def __init__(
-        self,
-        item: WorkItem,
-        claim_sent_at: float,
-        settings: Settings,
-        on_deadline: Callable[[float, float], None] | None = None,
-    ) -> None:
-        """`on_deadline(old, new)` is called when a heartbeat moves the deadline."""
-        self.item = item
-        self._on_deadline = on_deadline
-        self.claim_sent_at = claim_sent_at
-        self.settings = settings
-        self.scope = trio.CancelScope(deadline=claim_sent_at + settings.self_stop_after)
-        self._reason: CancelReason | None = None
-        self._changed = trio.Event()  # set when the deadline moves, a cancel comes or the end
-        self._ended = trio.Event()  # set when the handler is over
-        self._on_end: Callable[[], None] | None = None
-
-    def beat(self, sent_at: float) -> None:
-        """A heartbeat sent at `sent_at` succeeded: push the self-stop deadline."""
-        old = self.scope.deadline
-        deadline = max(old, sent_at + self.settings.self_stop_after)
-        if deadline != old:
-            self.scope.deadline = deadline
-            self._changed.set()
-            self._changed = trio.Event()
-            if self._on_deadline is not None:
-                self._on_deadline(old, deadline)
-
-    @property
-    def stop_requested(self) -> bool:
-        return self.scope.cancel_called or trio.current_time() >= self.scope.deadline
-
-    def cancel(self, reason: CancelReason) -> None:
-        """Record why, then cancel; a scope already past its deadline stays self-stopped."""
-        if self._reason is None and not self.stop_requested:
-            self._reason = reason
-        self.scope.cancel()
-        self._changed.set()
-
-    @property
-    def reason(self) -> CancelReason | None:
-        if self._reason is not None:
-            return self._reason
-        return CancelReason.SELF_STOP if self.stop_requested else None
-
-    @property
-    def ended(self) -> bool:
-        """Whether the handler is over."""
-        return self._ended.is_set()
-
-    def end(self) -> None:
-        """The handler is over: the attempt's watchers go."""
-        self._ended.set()
-        self._changed.set()
-        if self._on_end is not None:
-            self._on_end()
-
-    def on_end(self, callback: Callable[[], None]) -> None:
-        """Call `callback` when the handler is over (`end()`): one callback, registered
-        before the end (the watcher checks `ended` and registers with no checkpoint
-        between)."""
-        self._on_end = callback
-
-    async def wait_stop_requested(self) -> None:
-        """Return once the scope is cancelled, by its deadline or explicitly."""
-        await self._wait_until(lambda: self.stop_requested)
-
-    async def wait_end_or_stop(self) -> None:
-        """Return once the handler is over or the scope is cancelled."""
-        await self._wait_until(lambda: self.ended or self.stop_requested)
-
-    async def _wait_until(self, condition: Callable[[], bool]) -> None:
-        """Wait for `condition`, checked whenever the deadline passes or `_changed` fires."""
-        while not condition():
-            changed = self._changed
-            with trio.move_on_at(self.scope.deadline):
-                await changed.wait()
-
 
 #: Called when a handler will not stop: it must end the process (the CLI's exits 70).
 FailStop = Callable[[str], None]
@@ -165,13 +86,17 @@ class _NoTrace:
         pass
 
 
+_NO_TRACE = _NoTrace()
+
+
 class _NoTracer:
     def start(self, item: WorkItem) -> AttemptTrace:
-        return _NoTrace()
+        return _NO_TRACE
 
 
 class Executor:
-    """Runs attempts for one Worker."""
+    """Runs the attempts of one Worker: `run` for each claimed item; `heartbeats.run`
+    and `watch_stops` once, in the Worker's nursery, beside `completions.run`."""
 
     def __init__(
         self,
@@ -183,310 +108,310 @@ class Executor:
         fail_stop: FailStop,
         events: EventSink | None = None,
         tracer: Tracer | None = None,
-        on_deadline: Callable[[], None] | None = None,
-        complete: Callable[[int, int], Awaitable[bool]] | None = None,
+        on_earliest_stop: Callable[[float], None] | None = None,
     ) -> None:
-        """`on_deadline` is called whenever the set of self-stop deadlines changes;
-        `complete` replaces `store.complete` (the Worker passes its batcher's)."""
+        """`on_earliest_stop(at)` is told the earliest time by which a running handler
+        must have ended (Trio's clock; inf: none), whenever it changes."""
         self.store = store
-        #: What handlers get as `ctx.store`: the store's client face alone.
-        self.client = client_view(store)
-        self.complete = complete or store.complete
-        self.on_deadline = on_deadline
         self.registry = registry
         self.settings = settings
         self.worker_id = worker_id
         self.fail_stop = fail_stop
-        self.limiter = trio.CapacityLimiter(settings.max_concurrent_files)
         self.events = events
-        self.tracer = tracer or _NoTracer()
-        #: The attempts now running, each on its own: after a failover lost a claim,
-        #: one item (even one attempt number) can come back while its first run goes on.
+        self.tracer: Tracer = tracer or _NoTracer()
+        #: The attempts whose handlers run, each on its own: after a failover lost a
+        #: claim, one item (even one attempt number) can come back while its first run
+        #: goes on.
         self.running: set[Attempt] = set()
-        #: How many running attempts have each self-stop deadline: attempts claimed
-        #: together share one, so the earliest is found among a few, not all of them.
-        self._deadlines: collections.Counter[float] = collections.Counter()
-        self._shutting_down = False  # pragma: no mutate  (None is as false)
+        #: Attempts begun and not yet written (or given up), for a graceful stop.
+        self.in_flight = 0
+        self._idle: trio.Event | None = None
+        self.stops = StopWatch(on_earliest_stop)
+        self.heartbeats = Heartbeats(store, settings, self.running, self._moved, self._observe)
+        self.completions = CompletionBatcher(store, self._completed)
+        self._shared = Shared(
+            worker_id,
+            trio.CapacityLimiter(settings.max_concurrent_files),
+            # What handlers get as `ctx.store`: the store's client face alone.
+            client_view(store),
+            store.fenced_transaction,
+            log,
+        )
+        self._shutting_down = False
+
+    @property
+    def limiter(self) -> trio.CapacityLimiter:
+        return self._shared.limiter
 
     def shut_down(self) -> None:
-        """The shutdown grace period is over: cancel every attempt (they are released)."""
+        """The shutdown grace period is over: stop every attempt (they are released)."""
         self._shutting_down = True
         for attempt in list(self.running):
-            attempt.cancel(CancelReason.SHUTDOWN)
+            attempt.stop(CancelReason.SHUTDOWN)
+            self._moved(attempt)
 
-    async def run(self, item: WorkItem, claim_sent_at: float) -> Decision:
-        """Run one claimed attempt to its end, and make its one write."""
+    async def idle(self) -> None:
+        """Return once no attempt is in flight (none runs, none is writing)."""
+        while self.in_flight:
+            self._idle = idle = trio.Event()
+            await idle.wait()
+
+    async def run(self, item: WorkItem, claim_sent_at: float, slot: Slot) -> Decision:
+        """Run one claimed attempt to its end, and make (or hand over) its one write,
+        which it returns. `slot` is the Worker's slot it holds, given back when the
+        attempt is done with its scope: an unscoped one when its handler is over, a
+        scoped one once its write has been made."""
+        self.in_flight += 1
         trace = self.tracer.start(item)
+        attempt = Attempt(item, claim_sent_at + self.settings.self_stop_after, slot, trace)
+        decision = None
         try:
-            return await self._run(item, claim_sent_at, trace)
+            registration = self.registry.get(item.kind)
+            if registration is None or isinstance(item.payload, UndecodableValue):
+                decision = await self._refuse(attempt, registration)
+            else:
+                decision = await self._attempt(attempt, registration)
+            return decision
         except BaseException as exc:
             # The Worker stopped at once (or broke): no write; lease recovery takes it.
-            trace.end(AttemptOutcome.ABANDONED, unless_cancelled(exc))
+            trace.end(AttemptOutcome.ABANDONED, None if isinstance(exc, trio.Cancelled) else exc)
+            raise
+        finally:
+            if decision is None or decision.action is not Action.COMPLETE:
+                slot.release()
+                self._done()  # else the completion batcher's answer ends the attempt
+
+    async def _attempt(self, attempt: Attempt, registration: Registration) -> Decision:
+        """The handler in its nursery, then the decision and its write (a completion
+        is handed to the batcher, whose answer ends the attempt)."""
+        item = attempt.item
+        if self._shutting_down:
+            attempt.stop(CancelReason.SHUTDOWN)
+        self.running.add(attempt)
+        attempt.bound = attempt.must_end_by(self.settings.stop_grace)
+        self.stops.add(attempt.bound)
+        ctx = Context(self._shared, attempt)
+        started = trio.current_time()
+        error: BaseException | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                attempt.scope = scope = nursery.cancel_scope
+                scope.deadline = attempt.deadline
+                if attempt.stop_at < math.inf:
+                    scope.cancel()
+                try:
+                    if registration.timeout is None:
+                        await registration.handler(item, ctx)
+                    else:
+                        timeout = trio.CancelScope(deadline=started + registration.timeout)
+                        attempt.timeout = timeout
+                        self._moved(attempt)
+                        with timeout:
+                            await registration.handler(item, ctx)
+                except BaseException as exc:  # what the handler raised is data
+                    error = exc
+            # The Worker's own cancellation, told by its own scope's state (never by
+            # what the handler raised), goes on up here, before anything is decided.
+            await self._unless_worker_cancelled(attempt, error)
+            decision, outcome, reason = self._decide(attempt, registration, error)
+        finally:
+            self._end(attempt)
+        self._observe("handler_duration", item.kind, trio.current_time() - started)
+        if item.scope is None:
+            attempt.slot.release()  # its handler is over: the next claim may overlap the write
+        if decision.action is Action.COMPLETE:
+            self.completions.submit(attempt)
+            return decision
+        if decision.action is Action.NOTHING:
+            written = nothing_written(reason, outcome)
+        else:
+            written = await self._write(attempt, decision)
+        attempt.trace.end(written, outcome.error)
+        return decision
+
+    async def _unless_worker_cancelled(self, attempt: Attempt, error: BaseException | None) -> None:
+        """Raise Trio's Cancelled if the Worker itself is being cancelled (a checkpoint
+        only then); what the handler raised meanwhile is ignored, and said so."""
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        except trio.Cancelled:
+            if error is not None and not only_cancelled(error):
+                self._item_log(attempt.item).info(
+                    "as the Worker stopped, the handler raised %s; ignored", describe_error(error)
+                )
             raise
 
-    async def _run(self, item: WorkItem, claim_sent_at: float, trace: AttemptTrace) -> Decision:
-        ilog = item_logger(log, item, self.worker_id)
-        registration = self.registry.get(item.kind)
+    @trio.lowlevel.enable_ki_protection
+    def _decide(
+        self,
+        attempt: Attempt,
+        registration: Registration,
+        error: BaseException | None,
+    ) -> tuple[Decision, Outcome, CancelReason | None]:
+        """The write that follows, while the attempt still counts as running (so a
+        hostile `__str__` that never returns still meets the fail-stop); describing
+        the error never raises."""
+        reason = attempt.reason
+        if reason is not None and only_cancelled(error):
+            error = None  # its own cancellation, as asked: no error of the handler's
+        lost = attempt.database_error
+        outcome = Outcome(error=error, database_lost=lost is not None and holds(error, lost))
+        if reason is CancelReason.TIMEOUT:  # a handler failure, retried by the kind's policy
+            assert registration.timeout is not None
+            reason, outcome = None, Outcome(error=HandlerTimeout(registration.timeout))
+        decision = decide(
+            reason,
+            outcome,
+            failures_before=attempt.item.failures,
+            policy=registration.retry,
+            completed=attempt.completed,
+        )
+        self._log_end(attempt, reason, outcome, decision)
+        return decision, outcome, reason
+
+    def _end(self, attempt: Attempt) -> None:
+        """The handler is over: no more heartbeats, no fail-stop bound."""
+        attempt.ended = True
+        self.running.discard(attempt)
+        self.stops.discard(attempt.bound)
+        attempt.bound = math.inf
+
+    def _moved(self, attempt: Attempt) -> None:
+        """The attempt's deadline moved, or it was asked to stop: its bound follows."""
+        if attempt.ended or attempt.bound == math.inf:
+            return
+        bound = attempt.must_end_by(self.settings.stop_grace)
+        if bound != attempt.bound:
+            self.stops.move(attempt.bound, bound)
+            attempt.bound = bound
+
+    def _done(self) -> None:
+        self.in_flight -= 1
+        if not self.in_flight and self._idle is not None:
+            self._idle.set()
+
+    def _completed(self, attempt: Attempt, outcome: AttemptOutcome) -> None:
+        """The batcher's answer for a completion: the attempt is over."""
+        if outcome is AttemptOutcome.COMPLETE:
+            if attempt.completed:
+                outcome = AttemptOutcome.SUCCEEDED_IN_TRANSACTION
+            self._observe(outcome.value, attempt.item.kind)
+        else:
+            self._unwritten(attempt, "complete", outcome)
+        attempt.trace.end(outcome, None)
+        attempt.slot.release()
+        self._done()
+
+    async def watch_stops(self) -> None:
+        """Ask for the fail-stop when a handler asked to stop has not ended within the
+        stop grace (one task for the Worker)."""
+        await self.stops.watch(self._overdue)
+
+    def _overdue(self, now: float) -> None:
+        for attempt in [a for a in self.running if a.bound <= now]:
+            reason = (attempt.reason or CancelReason.SELF_STOP).value
+            item = attempt.item
+            message = (
+                f"handler of item {item.id} (attempt {item.attempt}, kind {item.kind})"
+                f" did not stop within {self.settings.stop_grace:g}s of being cancelled"
+                f" ({reason}); its file side effects cannot be trusted to stop, so the"
+                " Worker stops"
+            )
+            self.stops.discard(attempt.bound)
+            attempt.bound = math.inf
+            # The fail-stop first: logging may block (a full pipe); the CLI's never
+            # returns, and its supervisor says so.
+            self.fail_stop(message)
+            self._item_log(item).critical(message)  # no arguments: a % in it stays
+
+    def _item_log(self, item: WorkItem) -> logging.LoggerAdapter[logging.Logger]:
+        return item_logger(log, item, self.worker_id)
+
+    async def _refuse(self, attempt: Attempt, registration: Registration | None) -> Decision:
+        """An item no handler here can run: an unknown kind goes back untouched (claims
+        take only the registry's kinds, so the store broke that); an undecodable
+        payload (stored by plain SQL past what Python reads) fails at once."""
+        item = attempt.item
+        ilog = self._item_log(item)
         if registration is None:
-            # Claims take only the registry's kinds; an item of another kind here
-            # means the store broke that, so the item goes back untouched.
             ilog.error("claimed an item of kind %r, which has no handler here", item.kind)
             decision = Decision(Action.RELEASE)
-            give_up_at = claim_sent_at + self.settings.self_stop_after
-            trace.end(await self._write(item, decision, give_up_at, ilog), None)
-            return decision
-        if isinstance(item.payload, UndecodableValue):
-            # Stored by plain SQL past what Python can read: no attempt can run it.
+        else:
+            assert isinstance(item.payload, UndecodableValue)
             ilog.error(
                 "the payload cannot be decoded (%s): failing the item without running it",
                 item.payload.reason,
             )
             decision = undecodable_payload(item.payload.reason)
-            give_up_at = claim_sent_at + self.settings.self_stop_after
-            trace.end(await self._write(item, decision, give_up_at, ilog), None)
-            return decision
-
-        attempt = Attempt(item, claim_sent_at, self.settings, self._deadline_moved)
-        self.running.add(attempt)
-        self._deadline_moved(None, attempt.scope.deadline)
-        if self._shutting_down:
-            attempt.cancel(CancelReason.SHUTDOWN)
-        ctx = Context(
-            self.worker_id,
-            attempt.scope,
-            self.limiter,
-            ilog,
-            self.client,
-            item,
-            open_fenced=self.store.fenced_transaction,
-            on_completed=functools.partial(attempt.cancel, CancelReason.COMPLETED),
-        )
-        started = trio.current_time()
-        try:
-            async with trio.open_nursery() as nursery:
-                timeout_at = (
-                    None if registration.timeout is None else started + registration.timeout
-                )
-                nursery.start_soon(self._watch, attempt, ilog, trace, timeout_at)
-                outcome = await self._run_handler(registration.handler, item, ctx, attempt)
-                attempt.end()  # the stop watch returns; what it started is cancelled
-        finally:
-            self.running.remove(attempt)
-            self._deadline_moved(attempt.scope.deadline, None)
-        reason = attempt.reason
-        if reason is CancelReason.TIMEOUT:  # a handler failure, retried by the kind's policy
-            assert registration.timeout is not None
-            reason, outcome = None, Outcome(error=HandlerTimeout(registration.timeout))
-        self._observe("handler_duration", item.kind, trio.current_time() - started)
-        decision = decide(
-            reason,
-            outcome,
-            failures_before=item.failures,
-            policy=registration.retry,
-        )
-        self._log_end(ilog, reason, outcome, decision, attempt)
-        if reason is CancelReason.SELF_STOP:
-            trace.event(AttemptOutcome.SELF_STOPPED.value)
-        if decision.action is Action.NOTHING:
-            written = nothing_written(reason, outcome, ctx.completed_in_transaction)
-        else:
-            written = await self._write(item, decision, attempt.scope.deadline, ilog)
-        trace.end(written, outcome.error)
+        attempt.trace.end(await self._write(attempt, decision), None)
         return decision
-
-    def _deadline_moved(self, old: float | None, new: float | None) -> None:
-        """A running attempt's deadline moved from `old` to `new` (None: it started or
-        ended)."""
-        if old is not None:
-            self._deadlines[old] -= 1
-            if not self._deadlines[old]:
-                del self._deadlines[old]
-        if new is not None:
-            self._deadlines[new] += 1
-        if self.on_deadline is not None:
-            self.on_deadline()
-
-    def earliest_deadline(self) -> float:
-        return min(self._deadlines, default=math.inf)
-
-    async def _run_handler(
-        self, handler: Any, item: WorkItem, ctx: Context, attempt: Attempt
-    ) -> Outcome:
-        """Whatever the handler raises is data for `decide`: an Exception, and also a
-        KeyboardInterrupt, SystemExit or any other BaseException raised in its code
-        (the Worker's own signals never arrive that way). Only Trio's cancellation of
-        the Worker itself goes on up; the attempt's own is caught by its scope."""
-        try:
-            with attempt.scope:
-                await handler(item, ctx)
-        except trio.Cancelled:
-            raise
-        except BaseExceptionGroup as group:
-            cancelled, raised = group.split(trio.Cancelled)
-            if cancelled is not None:  # the Worker is being cancelled: that goes on up
-                if raised is not None:
-                    ctx.log.info("as the Worker stopped, the handler raised %r; ignored", raised)
-                raise cancelled from None
-            return Outcome(error=group, database_lost=ctx.lost_database(group))
-        except BaseException as exc:
-            return Outcome(error=exc, database_lost=ctx.lost_database(exc))
-        return Outcome()
-
-    async def _watch(
-        self,
-        attempt: Attempt,
-        ilog: logging.LoggerAdapter[Any],
-        trace: AttemptTrace,
-        timeout_at: float | None,
-    ) -> None:
-        """The attempt's stop watch, which starts its other watchers (the heartbeats, the
-        kind's timeout), in a nursery of its own, when the first of them is due or when a
-        stop comes first. A handler that is over before then, as most are, costs this
-        task alone, which the end wakes: nothing is cancelled (in Trio, delivering a
-        cancellation costs more than the task). Once started, the watchers are cancelled
-        at the end."""
-        first_due = attempt.claim_sent_at + self.settings.heartbeat
-        with trio.move_on_at(first_due if timeout_at is None else min(first_due, timeout_at)):
-            await attempt.wait_end_or_stop()
-        if attempt.ended:
-            return
-        async with trio.open_nursery() as watchers:
-            attempt.on_end(watchers.cancel_scope.cancel)
-            watchers.start_soon(self._heartbeats, attempt, ilog, trace)
-            if timeout_at is not None:
-                watchers.start_soon(self._time_out, attempt, timeout_at)
-            await self._watch_stop(attempt, ilog)
-
-    async def _heartbeats(
-        self, attempt: Attempt, ilog: logging.LoggerAdapter[Any], trace: AttemptTrace
-    ) -> None:
-        """Renew the lease every interval, until the attempt has self-stopped or is lost:
-        those write nothing, and a heartbeat is a write. After a cancel request or at
-        shutdown they go on, so the lease holds until the fenced write that follows.
-        """
-        interval = self.settings.heartbeat
-        next_beat = attempt.claim_sent_at + interval
-        while True:
-            await trio.sleep_until(next_beat)
-            next_beat += interval
-            if attempt.reason in (CancelReason.SELF_STOP, CancelReason.LOST):
-                return
-            sent_at = trio.current_time()
-            with trio.move_on_after(interval) as timeout:
-                try:
-                    result = await self.store.heartbeat(
-                        attempt.item.id, attempt.item.attempt, self.settings.lease
-                    )
-                except StoreError as exc:
-                    ilog.warning(
-                        "heartbeat failed (%s); self-stop in %.1fs unless one succeeds",
-                        exc,
-                        attempt.scope.deadline - trio.current_time(),
-                    )
-                    trace.event("heartbeat_failed", str(exc))
-                    continue
-            if timeout.cancelled_caught:
-                trace.event("heartbeat_failed", f"no answer within {interval:g}s")
-                ilog.warning(
-                    "heartbeat got no answer within %.1fs; self-stop in %.1fs unless one succeeds",
-                    interval,
-                    attempt.scope.deadline - trio.current_time(),
-                )
-                continue
-            self._observe("heartbeat_rtt", attempt.item.kind, trio.current_time() - sent_at)
-            if result is Heartbeat.LOST:
-                attempt.cancel(CancelReason.LOST)
-                return
-            attempt.beat(sent_at)
-            if result is Heartbeat.CANCEL_REQUESTED:
-                attempt.cancel(CancelReason.CANCEL_REQUESTED)
-
-    async def _time_out(self, attempt: Attempt, at: float) -> None:
-        """The kind's timeout: cancel the handler at `at` (unless something came first)."""
-        await trio.sleep_until(at)
-        attempt.cancel(CancelReason.TIMEOUT)
-
-    async def _watch_stop(self, attempt: Attempt, ilog: logging.LoggerAdapter[Any]) -> None:
-        """Fail-stop the process if the handler ignores its cancel past the grace period."""
-        await attempt.wait_stop_requested()
-        await trio.sleep(self.settings.stop_grace)
-        reason = (attempt.reason or CancelReason.SELF_STOP).value  # never None here
-        message = (
-            f"handler of item {attempt.item.id} (attempt {attempt.item.attempt},"
-            f" kind {attempt.item.kind}) did not stop within {self.settings.stop_grace:g}s"
-            f" of being cancelled ({reason}); its file side effects cannot be trusted"
-            " to stop, so the Worker stops"
-        )
-        ilog.critical(message)  # no arguments: logging leaves a % in it alone
-        self.fail_stop(message)
 
     def _log_end(
         self,
-        ilog: logging.LoggerAdapter[Any],
+        attempt: Attempt,
         reason: CancelReason | None,
         outcome: Outcome,
         decision: Decision,
-        attempt: Attempt,
     ) -> None:
+        if reason is None and decision.action is Action.COMPLETE and outcome.error is None:
+            return  # the common case: nothing to say
+        completed = attempt.completed
+        kind = attempt.item.kind
+        ilog = self._item_log(attempt.item)
         if reason is CancelReason.SELF_STOP:
             ilog.warning(
                 "self-stopped: no heartbeat succeeded for %.1fs (half the lease);"
-                " writing nothing, lease recovery will requeue it",
+                " writing nothing, lease recovery will %s",
                 self.settings.self_stop_after,
+                "finish it as Succeeded" if completed else "requeue it",
             )
-            self._observe(AttemptOutcome.SELF_STOPPED.value, attempt.item.kind)
+            attempt.trace.event(AttemptOutcome.SELF_STOPPED.value)
+            self._observe(AttemptOutcome.SELF_STOPPED.value, kind)
         elif reason is CancelReason.LOST:
             ilog.warning("lost: another attempt owns the item now; writing nothing")
-            self._observe(AttemptOutcome.LOST.value, attempt.item.kind)
-        elif reason is CancelReason.COMPLETED:
-            if attempt.scope.cancelled_caught:
-                ilog.info(
-                    "the handler went on after completing its item in a transaction;"
-                    " cancelled there (the scope was free for the next item)"
-                )
+            self._observe(AttemptOutcome.LOST.value, kind)
+        elif completed:
+            pass  # Succeeded in its transaction; what it raised after is told below
         elif reason is not None:
             ilog.info("stopped (%s)", reason.value)
-        elif outcome.database_lost:
+        elif outcome.database_lost and outcome.error is not None:
             ilog.warning(
                 "lost PostgreSQL in the attempt's transaction (%s); writing nothing,"
                 " lease recovery will requeue it as a stall",
-                outcome.error,
+                describe_error(outcome.error),
             )
-            self._observe(AttemptOutcome.DATABASE_LOST.value, attempt.item.kind)
+            self._observe(AttemptOutcome.DATABASE_LOST.value, kind)
         elif decision.action is Action.RETRY:
             ilog.warning(
                 "handler failed (%s); retrying in %.1fs",
                 decision.error,
                 decision.delay,
-                exc_info=outcome.error,
+                extra={"traceback": decision.traceback},
             )
         elif decision.action is Action.FAIL:
             ilog.error(
                 "handler failed for good: %s (%s)",
                 decision.reason,
                 decision.error,
-                exc_info=outcome.error,
+                extra={"traceback": decision.traceback},
             )
-        if outcome.error is not None and reason is not None:
-            ilog.info("after the cancel the handler raised %r; ignored", outcome.error)
+        if outcome.error is not None and (reason is not None or completed):
+            after = "the cancel" if reason is not None else "completing its item"
+            ilog.info(
+                "after %s the handler raised %s; ignored", after, describe_error(outcome.error)
+            )
 
-    async def _write(
-        self,
-        item: WorkItem,
-        decision: Decision,
-        give_up_at: float,
-        ilog: logging.LoggerAdapter[Any],
-    ) -> AttemptOutcome:
+    async def _write(self, attempt: Attempt, decision: Decision) -> AttemptOutcome:
         """Make the decided write, retrying through short outages; say what became of
         it: the action's outcome, FENCED_OUT or WRITE_FAILED.
 
-        Gives up rather than retry at or after `give_up_at`, the attempt's self-stop
-        deadline: from then on the item belongs to lease recovery, and the write would
-        be fenced out anyway.
+        The self-stop deadline is the last word before each try, the first one too:
+        from then on the item belongs to lease recovery, so nothing is sent.
         """
+        item = attempt.item
         backoff = Backoff(initial=0.2, maximum=2.0)
         refusals = 0
-        while True:
+        while not attempt.self_stopped:
             try:
                 applied = await self._apply(item, decision)
             except StoreError as exc:
@@ -496,7 +421,7 @@ class Executor:
                     refusals += 1
                     smaller = decision if refusals == 1 else reduced(decision)
                     if smaller is not None:
-                        ilog.warning(
+                        self._item_log(item).warning(
                             "the database refused %s (%s); %s",
                             decision.action.value,
                             exc,
@@ -505,29 +430,38 @@ class Executor:
                         decision = smaller
                         continue
                 delay = backoff.next()
-                if too_late(trio.current_time(), delay, give_up_at):
-                    ilog.error(
-                        "could not record %s (%s); lease recovery will requeue the item",
-                        decision.action.value,
-                        exc,
-                    )
-                    return AttemptOutcome.WRITE_FAILED
-                ilog.warning("could not record %s (%s); retrying", decision.action.value, exc)
+                if too_late(trio.current_time(), delay, attempt.deadline):
+                    break
+                self._item_log(item).warning(
+                    "could not record %s (%s); retrying", decision.action.value, exc
+                )
                 await trio.sleep(delay)
                 continue
             if applied:
                 done = AttemptOutcome.of(decision.action)
                 self._observe(done.value, item.kind)
                 return done
-            ilog.warning("%s was fenced out: the attempt had lost the item", decision.action.value)
-            self._observe(AttemptOutcome.LOST.value, item.kind)
+            self._unwritten(attempt, decision.action.value, AttemptOutcome.FENCED_OUT)
             return AttemptOutcome.FENCED_OUT
+        self._unwritten(attempt, decision.action.value, AttemptOutcome.WRITE_FAILED)
+        return AttemptOutcome.WRITE_FAILED
+
+    def _unwritten(self, attempt: Attempt, action: str, outcome: AttemptOutcome) -> None:
+        """Say why an attempt's write was not made: fenced out, or its deadline came."""
+        ilog = self._item_log(attempt.item)
+        if outcome is AttemptOutcome.FENCED_OUT:
+            ilog.warning("%s was fenced out: the attempt had lost the item", action)
+            self._observe(AttemptOutcome.LOST.value, attempt.item.kind)
+        else:
+            ilog.error(
+                "could not record %s before the self-stop deadline; lease recovery will"
+                " take the item",
+                action,
+            )
 
     async def _apply(self, item: WorkItem, decision: Decision) -> bool:
         store, id, attempt = self.store, item.id, item.attempt
         match decision.action:
-            case Action.COMPLETE:
-                return await self.complete(id, attempt)
             case Action.RETRY:
                 assert decision.error is not None
                 return await store.retry_later(
@@ -555,20 +489,8 @@ def too_late(now: float, delay: float, give_up_at: float) -> bool:
     return now + delay >= give_up_at
 
 
-def unless_cancelled(exc: BaseException) -> BaseException | None:
-    """What of `exc` is not Trio's cancellation (None: all of it is)."""
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.split(trio.Cancelled)[1]
-    return None if isinstance(exc, trio.Cancelled) else exc
-
-
-def nothing_written(
-    reason: CancelReason | None, outcome: Outcome, completed: bool
-) -> AttemptOutcome:
-    """Why an attempt wrote nothing: SUCCEEDED_IN_TRANSACTION, SELF_STOPPED,
-    DATABASE_LOST or LOST."""
-    if completed:
-        return AttemptOutcome.SUCCEEDED_IN_TRANSACTION
+def nothing_written(reason: CancelReason | None, outcome: Outcome) -> AttemptOutcome:
+    """Why an attempt wrote nothing: SELF_STOPPED, DATABASE_LOST or LOST."""
     if reason is CancelReason.SELF_STOP:
         return AttemptOutcome.SELF_STOPPED
     if reason is None and outcome.database_lost:

@@ -2,6 +2,10 @@
 the Worker's id; `--log-format json` writes one JSON object per line; a filter masks
 the DSN's password wherever it would appear. Text lines show what items carry
 literally: control characters escaped (`_text.visible`), so none reaches a terminal.
+
+A handler's traceback comes as text (the record's `traceback`, made by
+`policy.describe_traceback`, bounded and never raising), not as `exc_info`: formatting
+a handler's exception again here could raise whatever its `__str__` raises.
 """
 
 from __future__ import annotations
@@ -45,7 +49,19 @@ def _context(record: logging.LogRecord) -> dict[str, Any]:
     return {f: getattr(record, f) for f in ITEM_FIELDS if hasattr(record, f)}
 
 
+def handler_traceback(record: logging.LogRecord) -> str | None:
+    """The handler's traceback a record carries (`extra={"traceback": ...}`), if any."""
+    text = getattr(record, "traceback", None)
+    return text if isinstance(text, str) and text else None
+
+
 class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        """The line, and under it the handler's traceback the record carries, if any."""
+        line = super().format(record)
+        text = handler_traceback(record)
+        return line if text is None else line + "\n" + visible(text.rstrip("\n"), lines=True)
+
     def formatMessage(self, record: logging.LogRecord) -> str:
         """The line with the item's fields after it, before any traceback; what they
         carry shown `visible` (a field on one line, the message keeping its lines)."""
@@ -75,6 +91,8 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
+        elif (text := handler_traceback(record)) is not None:
+            entry["exception"] = text
         return json.dumps(entry, default=str)
 
 

@@ -20,19 +20,19 @@ import os
 import socket
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 import attrs
 import trio
 
 from trioworker._core.errors import ConfigurationError, StoreError
-from trioworker._core.model import Status, WorkerInfo, WorkItem
+from trioworker._core.model import Status, WorkerInfo
 from trioworker._core.registry import Registry
 from trioworker._core.retry import Backoff
 from trioworker._core.settings import Settings
 from trioworker._store.api import Store
-from trioworker._worker.batching import CompletionBatcher
+from trioworker._worker.attempt import Slot, Slots
 from trioworker._worker.executor import EventSink, Executor, FailStop, Tracer
-from trioworker._worker.watchdog import TICK_EVERY, Watchdog
 
 log = logging.getLogger("trioworker.worker")
 
@@ -42,6 +42,16 @@ SCHEDULE_NAP = 0.01
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Watchdog(Protocol):
+    """Something outside the Worker's interpreter that ends its process when its
+    handlers outlive their bound, even when the interpreter cannot run (C code holding
+    the GIL, a blocked log write): `run`'s supervisor."""
+
+    def publish(self, kill_at: float) -> None:
+        """End this process at `kill_at` (`time.monotonic()`; inf: never), unless a
+        later call moves it."""
 
 
 @attrs.frozen
@@ -68,14 +78,15 @@ class Worker:
         scopes: Sequence[str] | None = None,
         unscoped: bool | None = None,
         fail_stop: FailStop,
-        watchdog: bool = False,
+        watchdog: Watchdog | None = None,
         metrics: EventSink | None = None,
         tracer: Tracer | None = None,
     ) -> None:
         """`scopes`: serve only these scopes (None: all). `unscoped`: take unscoped
         items too (default: yes when serving all scopes, no when serving a list).
         `fail_stop` is called when a handler will not stop; it must end the process.
-        `tracer` traces each attempt (`trioworker.otel.OtelTracer`, say).
+        `watchdog` is told when to end the process from outside if the interpreter
+        cannot. `tracer` traces each attempt (`trioworker.otel.OtelTracer`, say).
         """
         self.store = store
         self.registry = registry
@@ -87,7 +98,7 @@ class Worker:
         self.kinds = tuple(registry.kinds)
         self.events: collections.Counter[str] = collections.Counter()
         self._metrics = metrics
-        self._completions = CompletionBatcher(store)
+        self._watchdog = watchdog
         self.executor = Executor(
             store,
             registry,
@@ -96,19 +107,14 @@ class Worker:
             fail_stop=fail_stop,
             events=self,
             tracer=tracer,
-            on_deadline=self._publish_deadline,  # a no-op without a watchdog
-            complete=self._complete,
+            on_earliest_stop=None if watchdog is None else self._publish_stop_bound,
         )
-        self._watchdog = Watchdog(self.settings.stop_grace, fail_stop) if watchdog else None
         self._wake = trio.Event()
         self._settle_wake = trio.Event()
         self._stopping = trio.Event()
         self._slot_wait = trio.CancelScope()
-        self._in_flight = 0
-        self._item_done = trio.Event()
-        #: The attempts (id, attempt) holding a claim slot: where to give it back, and
-        #: whether before the completion's write (for an unscoped item).
-        self._slots: dict[tuple[int, int], tuple[trio.Semaphore, bool]] = {}
+        #: A slot per running attempt; a slot given back wakes the claim loop.
+        self._slots = Slots(self.settings.concurrency, self._wake_claims)
 
     # -- events (the executor reports here; they are counted, and passed to metrics) ----
 
@@ -120,7 +126,9 @@ class Worker:
 
     def statistics(self) -> WorkerStatistics:
         return WorkerStatistics(
-            claimed=self.events["claimed"], running=self._in_flight, events=dict(self.events)
+            claimed=self.events["claimed"],
+            running=self.executor.in_flight,
+            events=dict(self.events),
         )
 
     # -- control -------------------------------------------------------------------------
@@ -130,7 +138,7 @@ class Worker:
         if not self._stopping.is_set():
             log.info(
                 "stopping: no new claims; %d running item(s) get %.0fs to finish",
-                self._in_flight,
+                self.executor.in_flight,
                 self.settings.shutdown_grace,
             )
         self._stopping.set()
@@ -164,30 +172,26 @@ class Worker:
             self.settings.poll,
         )
         await self.claim_id()
-        if self._watchdog is not None:
-            self._watchdog.start()
-        try:
-            async with trio.open_nursery() as background:
-                await background.start(
-                    functools.partial(self.store.listen, self._on_notify, on_settle=self._on_settle)
-                )
-                background.start_soon(self._presence_loop)
-                background.start_soon(self._recovery_loop)
-                background.start_soon(self._settle_loop)
-                if self.registry.schedules:
-                    background.start_soon(self._schedule_loop)
-                background.start_soon(self._completions.run)
-                if self._watchdog is not None:
-                    background.start_soon(self._tick_watchdog, self._watchdog)
-                async with trio.open_nursery() as items:
-                    task_status.started()
-                    log.info("worker %s ready", self.worker_id)
-                    await self._claim_loop(items)
-                    await self._drain()
-                background.cancel_scope.cancel()
-        finally:
-            if self._watchdog is not None:
-                self._watchdog.stop()
+        executor = self.executor
+        async with trio.open_nursery() as background:
+            await background.start(
+                functools.partial(self.store.listen, self._on_notify, on_settle=self._on_settle)
+            )
+            background.start_soon(self._presence_loop)
+            background.start_soon(self._recovery_loop)
+            background.start_soon(self._settle_loop)
+            if self.registry.schedules:
+                background.start_soon(self._schedule_loop)
+            background.start_soon(executor.heartbeats.run)
+            background.start_soon(executor.completions.run)
+            background.start_soon(executor.watch_stops)
+            async with trio.open_nursery() as items:
+                task_status.started()
+                log.info("worker %s ready", self.worker_id)
+                await self._claim_loop(items)
+                await self._drain()
+            await executor.idle()  # completions handed over are answered (or given up)
+            background.cancel_scope.cancel()
         log.info("worker %s stopped", self.worker_id)
 
     def _describe_scopes(self) -> str:
@@ -195,24 +199,23 @@ class Worker:
         return served + (" and unscoped items" if self.unscoped else " only")
 
     async def _claim_loop(self, items: trio.Nursery) -> None:
-        slots = trio.Semaphore(self.settings.concurrency)
         backoff = Backoff(initial=0.5, maximum=max(self.settings.poll * 2, 5.0))
-        while await self._free_slot(slots):
-            free = 1 + self._more_free_slots(slots)
+        run = self.executor.run
+        while (first := await self._free_slot()) is not None:
+            slots = [first, *self._slots.take_free()]  # one claim fills every free slot
             self._wake = trio.Event()  # before the claim: a NOTIFY during it is not lost
             sent_at = trio.current_time()
             try:
                 claimed = await self.store.claim_batch(
                     self.worker_id,
                     self.settings.lease,
-                    free,
+                    len(slots),
                     self.scopes,
                     unscoped=self.unscoped,
                     kinds=self.kinds,
                 )
             except StoreError as exc:
-                for _ in range(free):
-                    slots.release()
+                self._slots.unused(slots)
                 delay = backoff.next()
                 log.warning(
                     "cannot claim: %s (failure %d); retrying in %.1fs",
@@ -226,33 +229,24 @@ class Worker:
             if backoff.failures:
                 log.info("PostgreSQL answers again; claiming")
                 backoff.reset()
-            for _ in range(free - len(claimed)):
-                slots.release()
-            for item in claimed:
+            self._slots.unused(slots[len(claimed) :])
+            for item, slot in zip(claimed, slots, strict=False):
                 self.observe("claimed", item.kind)
-                items.start_soon(self._run_item, item, sent_at, slots)
+                items.start_soon(run, item, sent_at, slot)
             if not claimed:
                 await self._idle(await self._until_next_due())
 
-    async def _free_slot(self, slots: trio.Semaphore) -> bool:
-        """Wait for a free slot; False (holding none) once stop() has been called."""
+    async def _free_slot(self) -> Slot | None:
+        """Wait for a free slot; None (holding none) once stop() has been called."""
         self._slot_wait = trio.CancelScope()
         with self._slot_wait:
             if not self._stopping.is_set():
-                await slots.acquire()
-                return True
-        return False
+                return await self._slots.take()
+        return None
 
-    @staticmethod
-    def _more_free_slots(slots: trio.Semaphore) -> int:
-        """Take every other free slot too, so one claim can fill them all."""
-        taken = 0
-        while True:
-            try:
-                slots.acquire_nowait()
-            except trio.WouldBlock:
-                return taken
-            taken += 1
+    def _wake_claims(self) -> None:
+        """A slot came free: claim again at once, more work may be waiting."""
+        self._wake.set()
 
     async def _until_next_due(self) -> float:
         """The poll interval, or less when a delayed item falls due sooner."""
@@ -270,45 +264,14 @@ class Worker:
         with trio.move_on_after(seconds):
             await self._wake.wait()
 
-    async def _run_item(self, item: WorkItem, sent_at: float, slots: trio.Semaphore) -> None:
-        self._in_flight += 1
-        key = (item.id, item.attempt)
-        self._slots[key] = (slots, item.scope is None)
-        try:
-            await self.executor.run(item, sent_at)
-        finally:
-            self._in_flight -= 1
-            self._item_done.set()
-            self._free(key)
-
-    def _free(self, attempt: tuple[int, int]) -> None:
-        """Give the attempt's slot back (once) and claim again at once: more work may
-        be waiting."""
-        held = self._slots.pop(attempt, None)
-        if held is not None:
-            held[0].release()
-            self._wake.set()
-
-    async def _complete(self, id: int, attempt: int) -> bool:
-        """The executor's complete, the batcher's one fenced statement. An unscoped
-        item's handler is done, so its slot goes back before the write: the next claim
-        overlaps it. A scoped one keeps its slot until the write has committed: until
-        then its scope is busy, and a claim made sooner would find it so."""
-        held = self._slots.get((id, attempt))
-        if held is not None and held[1]:
-            self._free((id, attempt))
-        return await self._completions.complete(id, attempt)
-
     async def _drain(self) -> None:
         """Give running items the grace period, then cancel them (they are released)."""
         with trio.move_on_after(self.settings.shutdown_grace):
-            while self._in_flight:
-                await self._item_done.wait()
-                self._item_done = trio.Event()
-        if self._in_flight:
+            await self.executor.idle()
+        if self.executor.running:
             log.warning(
                 "shutdown grace period over: cancelling and releasing %d item(s)",
-                self._in_flight,
+                len(self.executor.running),
             )
             self.executor.shut_down()
 
@@ -464,12 +427,10 @@ class Worker:
                     except StoreError as exc:
                         log.warning("could not record that this Worker stopped: %s", exc)
 
-    def _publish_deadline(self) -> None:
-        if self._watchdog is not None:
-            earliest = self.executor.earliest_deadline()
-            self._watchdog.set_deadline(time.monotonic() + (earliest - trio.current_time()))
-
-    async def _tick_watchdog(self, watchdog: Watchdog) -> None:
-        while True:
-            watchdog.tick()
-            await trio.sleep(TICK_EVERY)
+    def _publish_stop_bound(self, earliest: float) -> None:
+        """Tell the watchdog outside: the earliest time a running handler must have
+        ended (Trio's clock), as `time.monotonic()`, plus a margin (the in-process
+        fail-stop comes first whenever the interpreter runs)."""
+        assert self._watchdog is not None
+        at = time.monotonic() + (earliest - trio.current_time()) + self.settings.kill_margin
+        self._watchdog.publish(at)

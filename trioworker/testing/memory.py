@@ -476,6 +476,24 @@ class MemoryStore:
         row.heartbeat_at = self.now()
         return Heartbeat.CANCEL_REQUESTED if row.cancel_requested else Heartbeat.OK
 
+    async def heartbeat_many(
+        self, attempts: Sequence[tuple[int, int]], lease: float
+    ) -> dict[tuple[int, int], Heartbeat]:
+        await self._enter("heartbeat")
+        answers = {}
+        for id, attempt in attempts:
+            row = self._fenced(id, attempt)
+            self._record("heartbeat", id, attempt, row)
+            if row is None:
+                answers[id, attempt] = Heartbeat.LOST
+                continue
+            row.lease_expires_at = self.now() + dt.timedelta(seconds=lease)
+            row.heartbeat_at = self.now()
+            answers[id, attempt] = (
+                Heartbeat.CANCEL_REQUESTED if row.cancel_requested else Heartbeat.OK
+            )
+        return answers
+
     async def complete(self, id: int, attempt: int) -> bool:
         await self._enter("complete")
         row = self._fenced(id, attempt)
@@ -583,11 +601,13 @@ class MemoryStore:
 
     @asynccontextmanager
     async def fenced_transaction(
-        self, id: int, attempt: int
+        self, id: int, attempt: int, *, until: Callable[[], float] | None = None
     ) -> AsyncIterator[MemoryFencedTransaction]:
         """Fenced like PostgreSQL's: Lost unless the attempt owns its Running item, at
         the start and again at the commit."""
         await self._enter("fenced_transaction")
+        if until is not None and trio.current_time() >= until():
+            raise Lost(f"item {id} attempt {attempt} is past its self-stop deadline")
         if self._fenced(id, attempt) is None:
             raise Lost(f"item {id} attempt {attempt} no longer owns the item; nothing written")
         tx = MemoryFencedTransaction(id, attempt)
@@ -596,6 +616,8 @@ class MemoryStore:
         row = self._fenced(id, attempt)
         if row is None:  # pragma: no cover - PostgreSQL's row lock makes this impossible
             raise Lost(f"item {id} attempt {attempt} lost its item before the commit")
+        if until is not None and trio.current_time() >= until():
+            raise Lost(f"item {id} attempt {attempt} is past its self-stop deadline")
         if tx.completes:
             self._finish(row, Status.SUCCEEDED)
             self._record("complete", id, attempt, row)

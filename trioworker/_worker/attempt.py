@@ -1,0 +1,173 @@
+"""One claimed attempt as the rule sees it, and the Worker slot it holds.
+
+An attempt's self-stop deadline is half a lease after the send time of its last
+heartbeat that succeeded (the claim counts as the first). Only a successful heartbeat
+moves it (`renew`), and never once it has passed: from the deadline on the attempt is
+self-stopped, whatever stopped it before, and writes nothing. Whoever else asks it to
+stop (a lost lease, a cancel request, the shutdown) records why first (`stop`). The
+handler itself never holds the scope: it reads `Context.deadline` and
+`Context.stopping`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import trio
+
+from trioworker._core.model import WorkItem
+from trioworker._core.policy import CancelReason
+
+if TYPE_CHECKING:
+    from trioworker._worker.executor import AttemptTrace
+
+
+class Attempt:
+    """One attempt: its item, its self-stop deadline, why it was asked to stop, and
+    the cancel scopes the executor runs its handler in."""
+
+    __slots__ = (
+        "_reason",
+        "bound",
+        "completed",
+        "database_error",
+        "deadline",
+        "ended",
+        "item",
+        "scope",
+        "slot",
+        "stop_at",
+        "timeout",
+        "trace",
+    )
+
+    def __init__(self, item: WorkItem, deadline: float, slot: Slot, trace: AttemptTrace) -> None:
+        self.item = item
+        #: The self-stop deadline, on Trio's clock; the handler's scope carries it.
+        self.deadline = deadline
+        self.slot = slot
+        self.trace = trace
+        #: The handler's cancel scope (its nursery's), while the handler runs.
+        self.scope: trio.CancelScope | None = None
+        #: The kind's timeout, a scope of its own inside `scope`, if the kind has one.
+        self.timeout: trio.CancelScope | None = None
+        #: When someone first asked the attempt to stop (inf: nobody has).
+        self.stop_at = math.inf
+        #: When its handler must have ended (the StopWatch's key for it).
+        self.bound = math.inf
+        #: Whether its handler is over.
+        self.ended = False
+        #: Whether its handler completed the item in its fenced transaction (committed):
+        #: its success is durable, and the write after it finishes the item Succeeded.
+        self.completed = False
+        #: The lost database link its fenced transaction raised, if one did: the
+        #: Worker's problem, not the handler's.
+        self.database_error: BaseException | None = None
+        self._reason: CancelReason | None = None
+
+    @property
+    def self_stopped(self) -> bool:
+        """Whether the deadline has passed: from then on the attempt writes nothing."""
+        return trio.current_time() >= self.deadline
+
+    @property
+    def reason(self) -> CancelReason | None:
+        """Why the handler was stopped; the self-stop beats any reason recorded before
+        it, once the deadline has passed. The kind's timeout names itself: its scope's
+        `cancel_called`."""
+        if self.self_stopped:
+            return CancelReason.SELF_STOP
+        if self._reason is not None:
+            return self._reason
+        if self.timeout is not None and self.timeout.cancel_called:
+            return CancelReason.TIMEOUT
+        return None
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether the handler has been asked to stop, for whatever reason."""
+        return self.reason is not None
+
+    @property
+    def renewable(self) -> bool:
+        """Whether a heartbeat may renew its lease: its handler runs, its deadline has
+        not passed and no heartbeat found it lost (after a cancel request, a timeout or
+        at shutdown the lease is still held, until the write that follows)."""
+        return not self.ended and self._reason is not CancelReason.LOST and not self.self_stopped
+
+    def renew(self, deadline: float) -> None:
+        """A heartbeat renewed the lease: the deadline moves to `deadline`, unless it
+        has passed already (a self-stop is for good) or is later than that."""
+        if deadline > self.deadline and not self.self_stopped:
+            self.deadline = deadline
+            if self.scope is not None:
+                self.scope.deadline = deadline
+
+    def stop(self, reason: CancelReason) -> None:
+        """Record why, then cancel the handler (first reason wins; the timeout counts
+        as recorded once its scope was cancelled)."""
+        if self._reason is None:
+            if self.timeout is not None and self.timeout.cancel_called:
+                reason = CancelReason.TIMEOUT
+            self._reason = reason
+            self.stop_at = trio.current_time()
+        if self.scope is not None:
+            self.scope.cancel()
+
+    def must_end_by(self, grace: float) -> float:
+        """When the handler must have ended: `grace` after it was asked to stop, by
+        its deadline at the latest."""
+        timeout = math.inf if self.timeout is None else self.timeout.deadline
+        return min(self.deadline, self.stop_at, timeout) + grace
+
+
+class Slots:
+    """A Worker's concurrency: a token per running attempt (`Slot`), so an attempt
+    can give back only its own, once, even when a failover hands the same
+    (id, attempt) to this Worker twice."""
+
+    def __init__(self, total: int, on_release: Callable[[], None]) -> None:
+        self._limiter = trio.CapacityLimiter(total)
+        self._on_release = on_release
+
+    async def take(self) -> Slot:
+        """A free slot, waiting for one."""
+        slot = Slot(self)
+        await self._limiter.acquire_on_behalf_of(slot)
+        return slot
+
+    def take_free(self) -> list[Slot]:
+        """Every slot that is free now, without waiting."""
+        free = [Slot(self) for _ in range(int(self._limiter.available_tokens))]
+        for slot in free:
+            self._limiter.acquire_on_behalf_of_nowait(slot)
+        return free
+
+    def unused(self, slots: Sequence[Slot]) -> None:
+        """Give back slots a claim found no work for (that wakes nobody)."""
+        for slot in slots:
+            if slot._slots is not None:
+                slot._slots = None
+                self._limiter.release_on_behalf_of(slot)
+
+    def _give_back(self, slot: Slot) -> None:
+        self._limiter.release_on_behalf_of(slot)
+        self._on_release()
+
+
+class Slot:
+    """One of a Worker's slots, held by one attempt until `release()`."""
+
+    __slots__ = ("_slots",)
+
+    def __init__(self, slots: Slots) -> None:
+        self._slots: Slots | None = slots
+
+    def release(self) -> None:
+        """Give the slot back (its attempt is done with it): the Worker claims again at
+        once, since more work may be waiting. Again: nothing."""
+        slots, self._slots = self._slots, None
+        if slots is not None:
+            slots._give_back(self)
