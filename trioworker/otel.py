@@ -30,7 +30,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from trioworker._core.errors import ConfigurationError
-from trioworker._core.policy import AttemptOutcome, describe_error
+from trioworker._core.policy import AttemptOutcome, describe_error, formattable
 from trioworker._core.public import public_names as _public_names
 from trioworker._core.validation import MAX_TRACE_CONTEXT_BYTES
 
@@ -101,12 +101,14 @@ class AttemptSpan:
         span.set_attribute("trioworker.outcome", outcome.value)
         if error is not None:
             try:
+                if not formattable(error):
+                    raise ValueError("not formattable")
                 span.record_exception(error)
-            except Exception:  # its __str__ raised: record what describe_error makes of it
+            except BaseException:  # what a handler raised is data: record its description
                 span.add_event(
                     "exception",
                     {
-                        "exception.type": type(error).__name__,
+                        "exception.type": describe_error(error).partition(":")[0],
                         "exception.message": describe_error(error),
                     },
                 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import traceback
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from trioworker._core.policy import (
     decide,
     describe_error,
     describe_traceback,
+    formattable,
     reduced,
     undecodable_payload,
 )
@@ -405,3 +407,37 @@ def test_a_group_nested_deeper_than_the_recursion_limit_is_described() -> None:
 def test_an_undecodable_payloads_reason_is_cut_to_the_error_limit() -> None:
     decision = undecodable_payload("x" * 10_000)
     assert decision.error is not None and len(decision.error) == ERROR_LIMIT
+
+
+class ListsItself(ExceptionGroup):  # type: ignore[type-arg]
+    @property
+    def exceptions(self) -> Any:  # type: ignore[override]
+        return (self, self)
+
+
+class HostileCause(ValueError):
+    @property  # type: ignore[override]
+    def __cause__(self) -> Any:
+        raise KeyboardInterrupt
+
+
+def test_a_traceback_too_large_or_strange_to_format_is_told_apart() -> None:
+    """The standard formatting walks every listed member, as often as it is listed: a
+    group listing itself, a member listed twice at each of 20 levels (a million
+    exceptions) or a cause that raises is not handed to it; a plain chain or a modest
+    group is."""
+    diamond: BaseException = ValueError("leaf")
+    for _ in range(20):
+        diamond = ExceptionGroup("twice", [diamond, diamond])
+    assert not formattable(ListsItself("g", [ValueError("x")]))
+    assert not formattable(diamond)
+    assert not formattable(HostileCause("c"))
+    assert formattable(ExceptionGroup("g", [ValueError(str(n)) for n in range(100)]))
+    chained = ValueError("a")
+    chained.__cause__ = chained.__context__ = KeyError("b")
+    assert formattable(chained)
+    assert not formattable(ExceptionGroup("g", [ValueError("x")] * 5), limit=5)
+    assert formattable(ExceptionGroup("g", [ValueError("x")] * 4), limit=6)
+    trace = describe_traceback(raised(diamond))
+    assert trace.startswith("Traceback (most recent call last):\n")
+    assert trace.endswith("ExceptionGroup: twice (2 sub-exceptions)\n")

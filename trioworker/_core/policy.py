@@ -10,6 +10,7 @@ reach the fail path; once the self-stop deadline has passed, the executor gives
 from __future__ import annotations
 
 import enum
+import itertools
 import random
 import traceback
 from collections.abc import Callable
@@ -132,12 +133,45 @@ def _type_name(error: BaseException) -> str:
         return "<an exception class without a name>"
 
 
+#: How many exceptions (groups' members, causes and contexts, each time it is met) a
+#: traceback may hold for the standard formatting to be asked to format it.
+FORMATTABLE_LIMIT = 10_000
+
+
+def formattable(error: BaseException, limit: int = FORMATTABLE_LIMIT) -> bool:
+    """Whether the standard `traceback` formatting can be trusted with `error`: it
+    walks every member of every group as often as it is listed (a group subclass whose
+    `exceptions` lists itself would never end, nor a member listed twice at each of
+    thirty levels), so this walks the same way, counting, and gives up at `limit` or
+    at anything that raises when read."""
+    stack: list[BaseException] = [error]
+    seen_in_chains: set[int] = set()
+    for _ in range(limit):
+        if not stack:
+            return True
+        current = stack.pop()
+        try:
+            links = [current.__cause__, current.__context__]
+            members = current.exceptions if isinstance(current, BaseExceptionGroup) else ()
+            stack.extend(itertools.islice(members, limit))
+        except BaseException:  # part of what the handler raised
+            return False
+        for link in links:
+            if link is not None and id(link) not in seen_in_chains:
+                seen_in_chains.add(id(link))
+                stack.append(link)
+    return False
+
+
 def describe_traceback(error: BaseException, limit: int = TRACEBACK_LIMIT) -> str:
     """The formatted traceback of `error`, storable as text and cut to its last `limit`
     characters (the end is where it failed), with a first line saying how much was
-    cut. Never raises: when the standard formatting does (an exception whose `__str__`
-    raises KeyboardInterrupt, say), the frames alone and `describe_error`."""
+    cut. Never raises: when the standard formatting cannot be trusted with it
+    (`formattable`) or raises anyway (an exception whose `__notes__` raises
+    KeyboardInterrupt, say), the frames alone and `describe_error`."""
     try:
+        if not formattable(error):
+            raise ValueError("not formattable")
         text = "".join(traceback.format_exception(error))
     except BaseException:  # part of what the handler raised
         try:
