@@ -161,8 +161,9 @@ def test_a_worker_killed_right_after_the_commit_leaves_the_item_succeeded_once(
     dsn: str, pg: Conn, tmp_path: Path
 ) -> None:
     """A Worker process whose handler completes in its transaction and is SIGKILLed
-    right after the commit: the item is Succeeded, with its row, once; a Worker started
-    afterwards runs nothing again."""
+    right after the commit: its success is durable. A Worker started afterwards runs
+    nothing again: once the lease runs out, its lease recovery finishes the item
+    Succeeded (no stall), with the handler's row written once."""
     pg.execute(THUMBNAILS)
     item = pg.execute(
         "INSERT INTO work_items (kind, payload)"
@@ -187,11 +188,20 @@ def test_a_worker_killed_right_after_the_commit_leaves_the_item_succeeded_once(
                 30,
                 "the second Worker to start",
             )
+            # The lease (4 s) runs out; its recovery (every second) finishes the item.
+            wait_for(
+                lambda: pg.execute("SELECT status FROM work_items").fetchone() == ("Succeeded",),
+                30,
+                "lease recovery to finish the item",
+            )
             time.sleep(1.0)  # two of its polls: time to claim the item again, if it could
         finally:
             again.terminate()
-    row = pg.execute("SELECT status, attempt FROM work_items WHERE id = %s", item).fetchone()
-    assert row == ("Succeeded", 1)
+    row = pg.execute(
+        "SELECT status, attempt, stalls, completed_at IS NOT NULL FROM work_items WHERE id = %s",
+        item,
+    ).fetchone()
+    assert row == ("Succeeded", 1, 0, True)
     assert thumbnails(pg) == [(item[0], 1)]
 
 

@@ -137,13 +137,15 @@ class PostgresFencedTransaction(PostgresTransaction):
         super().__init__(conns, conn)
         self.item_id = id
         self.attempt = attempt
-        #: Whether the item is finished as Succeeded when this transaction commits.
+        #: Whether the commit notes the attempt's success (`complete()` was called).
         self.completes = False
 
     def complete(self) -> None:
-        """Finish the item as Succeeded in this transaction, so the handler's writes and
-        the Succeeded commit together (exactly once for its database effects). The
-        Worker then writes nothing more for the attempt."""
+        """Commit the attempt's success with this transaction, so the handler's writes
+        and its success commit together (exactly once for its database effects): once
+        committed, no attempt runs the item again. The item stays Running, holding its
+        scope's slot (and its kind's), until the Worker finishes it Succeeded after the
+        handler has returned (or lease recovery does)."""
         self.completes = True
 
 
@@ -261,16 +263,14 @@ class PostgresStore:
         through `Context.transaction()`."""
         async with self._conns.transaction() as conn:
             tx = PostgresFencedTransaction(self._conns, conn, id, attempt)
-            if not await tx.execute(self._sql["lock_attempt"], {"id": id, "attempt": attempt}):
+            params = {"id": id, "attempt": attempt}
+            if not await tx.execute(self._sql["lock_attempt"], params):
                 raise Lost(f"item {id} attempt {attempt} no longer owns the item; nothing written")
             yield tx
             if tx.completes:
-                params = {
-                    "ids": [id], "attempts": [attempt], "status": Status.SUCCEEDED.value,
-                    "reason": None, "error": None, "wait": True, "traceback": None,
-                }  # fmt: skip
-                if not await tx.execute(self._sql["finish"], params):  # pragma: no cover
-                    raise Lost(f"item {id} attempt {attempt} could not be finished")
+                noted = await tx.execute(self._sql["complete_in_transaction"], params)
+                if not noted:  # pragma: no cover - the row is locked since lock_attempt
+                    raise Lost(f"item {id} attempt {attempt} could not be completed")
 
     # -- claim and the fenced writes ---------------------------------------------
 
@@ -459,7 +459,9 @@ class PostgresStore:
     async def recover_expired_leases(
         self, max_stalls: int, *, batch: int = 100
     ) -> list[Recovered]:  # pragma: no mutate block
-        """Requeue items whose lease expired (a stall); fail those at max_stalls."""
+        """Requeue items whose lease expired (a stall); fail those at max_stalls. One
+        whose attempt committed its success in its own transaction ends Succeeded,
+        with no stall counted."""
         recovered: list[Recovered] = []
         while True:
             rows = await self._rows(

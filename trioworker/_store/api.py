@@ -67,9 +67,14 @@ class FencedTransaction(Transaction, Protocol):
 
     item_id: int
     attempt: int
+    #: Whether the commit notes the attempt's success (`complete()` was called).
     completes: bool
 
-    def complete(self) -> None: ...
+    def complete(self) -> None:
+        """Commit the attempt's success with this transaction: durable once committed,
+        while the item stays Running, holding its scope, until the Worker finishes it
+        after the handler has returned."""
+        ...
 
 
 class Client(Protocol):

@@ -89,10 +89,11 @@ class Context:
         raises `trioworker.Lost` (the Worker then writes nothing for the attempt). The
         handler's writes commit only while the attempt holds the item; the row stays
         locked until the commit, so keep the transaction short (the item's heartbeat
-        waits for it). Call `tx.complete()` to finish the item as Succeeded in the same
-        commit as the writes: exactly once for database effects. Once that commit is
-        made the scope is free for the next item, so the attempt ends there: the
-        handler is cancelled at its next checkpoint (make it the last thing it does).
+        waits for it). Call `tx.complete()` to commit the attempt's
+        success with the writes: exactly once for database effects, and durable (no
+        attempt runs the item again). The item stays Running, its scope taken, until the
+        handler has returned; then the Worker finishes it Succeeded and the scope's next
+        item may start, so cleanup after the block (a `finally`) never overlaps it.
 
         A lost link to PostgreSQL, or a read-only answer (SQLSTATE 25006: a primary
         demoted in a failover), raises `trioworker.DatabaseUnavailable` here; let it
