@@ -5,9 +5,10 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+import trio
 
 from tests.support.harness import Harness
-from trioworker import AttemptRecord, CancelOutcome, InvalidWorkItem, Status
+from trioworker import AttemptRecord, CancelOutcome, InvalidWorkItem, Lost, SelfStopped, Status
 from trioworker._core.model import Heartbeat
 
 LEASE = 30.0
@@ -582,3 +583,34 @@ async def test_a_success_committed_in_the_transaction_is_already_finished_for_ca
     assert harness.items()[0].status is Status.RUNNING
     assert await harness.store.complete(item.id, item.attempt)
 
+
+async def test_a_fenced_transaction_past_its_attempts_deadline_writes_nothing(
+    harness: Harness,
+) -> None:
+    """`until` already passed: SelfStopped (a Lost) as it opens. Passed while it was
+    open: SelfStopped at the commit, nothing applied (no success noted). Moved on
+    meanwhile, as a good heartbeat moves it: it commits."""
+    await harness.store.enqueue("A")
+    item = await harness.store.claim("w", LEASE, kinds=KINDS)
+    assert item
+    with pytest.raises(SelfStopped):
+        async with harness.store.fenced_transaction(
+            item.id, item.attempt, until=lambda: trio.current_time() - 1.0
+        ) as tx:
+            raise AssertionError("opened past the deadline")  # pragma: no cover
+    deadline = [trio.current_time() + 0.3]
+    with pytest.raises(Lost):
+        async with harness.store.fenced_transaction(
+            item.id, item.attempt, until=lambda: deadline[0]
+        ) as tx:
+            tx.complete()
+            await trio.sleep(0.4)
+    assert harness.items()[0].completed_at is None
+    deadline = [trio.current_time() + 0.3]
+    async with harness.store.fenced_transaction(
+        item.id, item.attempt, until=lambda: deadline[0]
+    ) as tx:
+        tx.complete()
+        deadline[0] += 60.0  # a heartbeat succeeded meanwhile
+        await trio.sleep(0.4)
+    assert harness.items()[0].completed_at is not None

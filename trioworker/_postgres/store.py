@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 
 from trioworker._core.errors import (
     Lost,
+    SelfStopped,
     StoreError,
 )
 from trioworker._core.limits import Limit, LimitChange, Rate, limit_target, validate_limit
@@ -256,12 +257,18 @@ class PostgresStore:
 
     @asynccontextmanager
     async def fenced_transaction(
-        self, id: int, attempt: int
+        self, id: int, attempt: int, *, until: Callable[[], float] | None = None
     ) -> AsyncIterator[PostgresFencedTransaction]:  # pragma: no mutate block
         """A transaction that commits only while attempt (`id`, `attempt`) owns its
-        Running item; raises Lost, writing nothing, when it does not. Handlers reach it
-        through `Context.transaction()`."""
-        async with self._conns.transaction() as conn:
+        Running item (else Lost, writing nothing) and only while `trio.current_time()`
+        is before `until()`, the attempt's self-stop deadline (else SelfStopped: past it
+        at the start, nothing is opened; past it at the end, the transaction rolls back,
+        checked as the last thing before the COMMIT). Handlers reach it through
+        `Context.transaction()`."""
+        refuse = None if until is None else functools.partial(_past, until, id, attempt)
+        if refuse is not None and (stopped := refuse()) is not None:
+            raise stopped
+        async with self._conns.transaction(refuse_commit=refuse) as conn:
             tx = PostgresFencedTransaction(self._conns, conn, id, attempt)
             params = {"id": id, "attempt": attempt}
             if not await tx.execute(self._sql["lock_attempt"], params):
@@ -751,6 +758,19 @@ class PostgresStore:
     def __repr__(self) -> str:
         where = "" if self.schema is None else f", schema={self.schema!r}"
         return f"PostgresStore({redact_dsn(self.dsn)!r}{where})"
+
+
+def _past(
+    until: Callable[[], float], id: int, attempt: int
+) -> SelfStopped | None:  # pragma: no mutate block
+    """SelfStopped if attempt (`id`, `attempt`)'s self-stop deadline, `until()` on
+    Trio's clock, has passed; None while it has not."""
+    if trio.current_time() < until():
+        return None
+    return SelfStopped(
+        f"item {id} attempt {attempt}: its self-stop deadline has passed; nothing written"
+        " (the item belongs to lease recovery)"
+    )
 
 
 def _connection_of(tx: Transaction | None) -> psycopg.AsyncConnection[Any] | None:

@@ -77,6 +77,14 @@ class FencedTransaction(Transaction, Protocol):
         ...
 
 
+class OpenFenced(Protocol):
+    """`WorkerStore.fenced_transaction`, as a Context holds it to open its attempt's."""
+
+    def __call__(
+        self, id: int, attempt: int, *, until: Callable[[], float] | None = None
+    ) -> AbstractAsyncContextManager[FencedTransaction]: ...
+
+
 class Client(Protocol):
     """Producers', operators' and handlers' face of the queue."""
 
@@ -222,8 +230,14 @@ class WorkerStore(Protocol):
     ) -> bool: ...
 
     def fenced_transaction(
-        self, id: int, attempt: int
-    ) -> AbstractAsyncContextManager[FencedTransaction]: ...
+        self, id: int, attempt: int, *, until: Callable[[], float] | None = None
+    ) -> AbstractAsyncContextManager[FencedTransaction]:
+        """A transaction that commits only while attempt (`id`, `attempt`) owns its
+        Running item (else Lost), and only while `trio.current_time() < until()`, the
+        attempt's self-stop deadline (else SelfStopped: it does not open, or it rolls
+        back instead of committing; the check is the last thing before the COMMIT).
+        `until` is a callable because the deadline moves as heartbeats succeed."""
+        ...
 
     async def recover_expired_leases(
         self, max_stalls: int, *, batch: int = ...

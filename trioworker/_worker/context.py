@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -14,7 +14,7 @@ from trioworker._core.errors import DatabaseUnavailable
 from trioworker._core.model import WorkItem
 
 if TYPE_CHECKING:
-    from trioworker._store.api import Client, FencedTransaction
+    from trioworker._store.api import Client, FencedTransaction, OpenFenced
 
 T = TypeVar("T")
 
@@ -43,9 +43,7 @@ class Context:
     #: The attempt this context belongs to.
     item: WorkItem
     #: Opens the attempt's fenced transaction (the Worker's store's).
-    _open_fenced: Callable[[int, int], AbstractAsyncContextManager[FencedTransaction]] = (
-        attrs.field(repr=False, kw_only=True)
-    )
+    _open_fenced: OpenFenced = attrs.field(repr=False, kw_only=True)
     #: Called once a transaction that completed the item has committed.
     _on_completed: Callable[[], None] | None = attrs.field(default=None, repr=False)
     _completed: bool = attrs.field(default=False, init=False)
@@ -87,9 +85,10 @@ class Context:
 
         It locks the item's row and checks that this attempt still owns it; if not, it
         raises `trioworker.Lost` (the Worker then writes nothing for the attempt). The
-        handler's writes commit only while the attempt holds the item; the row stays
-        locked until the commit, so keep the transaction short (the item's heartbeat
-        waits for it). Call `tx.complete()` to commit the attempt's
+        handler's writes commit only while the attempt holds the item and before its
+        self-stop deadline (past it, `trioworker.SelfStopped`, a `Lost`: nothing is
+        kept); the row stays locked until the commit, so keep the transaction short (the
+        item's heartbeat waits for it). Call `tx.complete()` to commit the attempt's
         success with the writes: exactly once for database effects, and durable (no
         attempt runs the item again). The item stays Running, its scope taken, until the
         handler has returned; then the Worker finishes it Succeeded and the scope's next
@@ -105,7 +104,9 @@ class Context:
                 tx.complete()
         """
         try:
-            async with self._open_fenced(self.item.id, self.item.attempt) as tx:
+            async with self._open_fenced(
+                self.item.id, self.item.attempt, until=lambda: self.cancel_scope.deadline
+            ) as tx:
                 yield tx
         except DatabaseUnavailable as exc:
             self._database_error = exc

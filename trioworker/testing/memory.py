@@ -20,7 +20,7 @@ from typing import Any, Literal, LiteralString
 import attrs
 import trio
 
-from trioworker._core.errors import DatabaseUnavailable, Lost
+from trioworker._core.errors import DatabaseUnavailable, Lost, SelfStopped
 from trioworker._core.limits import Limit, Rate, limit_target, validate_limit
 from trioworker._core.model import (
     FINISHED,
@@ -598,11 +598,14 @@ class MemoryStore:
 
     @asynccontextmanager
     async def fenced_transaction(
-        self, id: int, attempt: int
+        self, id: int, attempt: int, *, until: Callable[[], float] | None = None
     ) -> AsyncIterator[MemoryFencedTransaction]:
         """Fenced like PostgreSQL's: Lost unless the attempt owns its Running item, at
-        the start and again at the commit. A completing commit notes the attempt's
-        success (`completed_at`); the row stays Running until it is finished."""
+        the start and again at the commit; SelfStopped once `trio.current_time()` has
+        reached `until()`, at the start (nothing opened) and as the last thing before
+        the commit (nothing applied). A completing commit notes the attempt's success
+        (`completed_at`); the row stays Running until it is finished."""
+        _refuse_past(until, id, attempt)
         await self._enter("fenced_transaction")
         if self._fenced(id, attempt) is None:
             raise Lost(f"item {id} attempt {attempt} no longer owns the item; nothing written")
@@ -612,6 +615,7 @@ class MemoryStore:
         row = self._fenced(id, attempt)
         if row is None:  # pragma: no cover - PostgreSQL's row lock makes this impossible
             raise Lost(f"item {id} attempt {attempt} lost its item before the commit")
+        _refuse_past(until, id, attempt)
         if tx.completes:
             row.completed_at = row.completed_at or self.now()
             self._record("complete_in_transaction", id, attempt, row)
@@ -996,6 +1000,15 @@ class MemoryStore:
             ItemState(**{k: copy.deepcopy(v) for k, v in attrs.asdict(r, recurse=False).items()})
             for r in sorted(self._rows.values(), key=lambda r: r.id)
         ]
+
+
+def _refuse_past(until: Callable[[], float] | None, id: int, attempt: int) -> None:
+    """Raise SelfStopped once the attempt's self-stop deadline `until()` has passed."""
+    if until is not None and trio.current_time() >= until():
+        raise SelfStopped(
+            f"item {id} attempt {attempt}: its self-stop deadline has passed; nothing written"
+            " (the item belongs to lease recovery)"
+        )
 
 
 def _pause_key(kind: str | None, scope: str | None) -> tuple[str, str]:
