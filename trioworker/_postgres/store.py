@@ -129,7 +129,8 @@ class PostgresFencedTransaction(PostgresTransaction):
 
     It began by locking the item's row and checking that this attempt (id, attempt)
     still owns it, Running; the lock holds until the commit, so nothing can take the
-    item meanwhile, and the handler's writes commit only while the attempt owns it.
+    item meanwhile, and the handler's writes commit only while the attempt owns it (and
+    before its self-stop deadline, when the store was given one).
     """
 
     def __init__(
