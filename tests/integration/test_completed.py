@@ -10,7 +10,8 @@ between them and its COMMIT.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -26,14 +27,16 @@ Conn = psycopg.Connection[Any]
 CHECK = "work_items_completed_only_running_or_succeeded"
 
 
-def completing(dsn: str, item: WorkItem) -> Conn:
+@contextlib.contextmanager
+def completing(dsn: str, item: WorkItem) -> Iterator[Conn]:
     """A connection holding item's fenced transaction open, its success noted and not
     yet committed: commit() or rollback() it."""
-    conn = psycopg.connect(dsn)
-    params = {"id": item.id, "attempt": item.attempt}
-    assert conn.execute(WRITTEN["lock_attempt"], params).fetchall() == [(item.id,)]
-    assert conn.execute(WRITTEN["complete_in_transaction"], params).fetchall() == [(item.id,)]
-    return conn
+    with psycopg.connect(dsn) as conn:
+        params = {"id": item.id, "attempt": item.attempt}
+        assert conn.execute(WRITTEN["lock_attempt"], params).fetchall() == [(item.id,)]
+        noted = conn.execute(WRITTEN["complete_in_transaction"], params).fetchall()
+        assert noted == [(item.id,)]
+        yield conn
 
 
 def row(pg: Conn, id: int) -> tuple[Any, ...]:
