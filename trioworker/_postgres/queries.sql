@@ -80,8 +80,8 @@ FOR NO KEY UPDATE;
 -- attempt's success, noted in the handler's own commit (durable), on its row locked by
 -- lock_attempt. The row stays Running, holding its scope's slot and its kind's, until
 -- the Worker finishes it (`finish`, Succeeded) once the handler has returned, or lease
--- recovery does (migrations/0007.completed.sql). statement_timestamp(), not
--- now(): the transaction began before the handler's own statements.
+-- recovery does (migrations/0007.completed.sql). statement_timestamp(), not now(): the
+-- transaction began before the handler's own statements.
 UPDATE work_items SET completed_at = COALESCE(completed_at, statement_timestamp())
 WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'Running'
 RETURNING id;
