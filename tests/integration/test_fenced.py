@@ -6,6 +6,7 @@ import logging
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from trioworker import (
     Lost,
     PostgresStore,
     Registry,
+    SelfStopped,
     Settings,
     Status,
     Worker,
@@ -161,8 +163,9 @@ def test_a_worker_killed_right_after_the_commit_leaves_the_item_succeeded_once(
     dsn: str, pg: Conn, tmp_path: Path
 ) -> None:
     """A Worker process whose handler completes in its transaction and is SIGKILLed
-    right after the commit: the item is Succeeded, with its row, once; a Worker started
-    afterwards runs nothing again."""
+    right after the commit: its success is durable. A Worker started afterwards runs
+    nothing again: once the lease runs out, its lease recovery finishes the item
+    Succeeded (no stall), with the handler's row written once."""
     pg.execute(THUMBNAILS)
     item = pg.execute(
         "INSERT INTO work_items (kind, payload)"
@@ -187,11 +190,20 @@ def test_a_worker_killed_right_after_the_commit_leaves_the_item_succeeded_once(
                 30,
                 "the second Worker to start",
             )
+            # The lease (4 s) runs out; its recovery (every second) finishes the item.
+            wait_for(
+                lambda: pg.execute("SELECT status FROM work_items").fetchone() == ("Succeeded",),
+                30,
+                "lease recovery to finish the item",
+            )
             time.sleep(1.0)  # two of its polls: time to claim the item again, if it could
         finally:
             again.terminate()
-    row = pg.execute("SELECT status, attempt FROM work_items WHERE id = %s", item).fetchone()
-    assert row == ("Succeeded", 1)
+    row = pg.execute(
+        "SELECT status, attempt, stalls, completed_at IS NOT NULL FROM work_items WHERE id = %s",
+        item,
+    ).fetchone()
+    assert row == ("Succeeded", 1, 0, True)
     assert thumbnails(pg) == [(item[0], 1)]
 
 
@@ -201,10 +213,12 @@ class CutStore(PostgresStore):
 
     cut = False
 
-    async def heartbeat(self, id: int, attempt: int, lease: float) -> Heartbeat:
+    async def heartbeat_many(
+        self, attempts: Sequence[tuple[int, int]], lease: float
+    ) -> dict[tuple[int, int], Heartbeat]:
         if self.cut:
             raise DatabaseUnavailable("heartbeat: the link is cut (simulated)")
-        return await super().heartbeat(id, attempt, lease)
+        return await super().heartbeat_many(attempts, lease)
 
 
 async def test_a_self_stopped_attempt_writes_nothing_through_its_transaction(
@@ -257,3 +271,88 @@ async def test_a_self_stopped_attempt_writes_nothing_through_its_transaction(
     state = await store.get_item(item.id)
     assert state and (state.status, state.worker_id, state.failures) == (Status.RUNNING, "other", 0)
     logging.getLogger(__name__).info("fail-stops while the handler held on: %s", failstops)
+
+
+async def test_a_fenced_transaction_opens_and_commits_only_before_its_deadline(
+    store: PostgresStore, pg: Conn
+) -> None:
+    """`until` passed: SelfStopped (a Lost) before anything is opened. Passing while
+    the transaction is open: SelfStopped at its end, and the handler's own rows and the
+    completion are rolled back. Moved on meanwhile (a heartbeat succeeded): the same
+    transaction commits."""
+    pg.execute(THUMBNAILS)
+    await store.enqueue("K", scope="s")
+    item = await store.claim("w", 60, kinds=["K"])
+    assert item is not None
+    with pytest.raises(SelfStopped):
+        async with store.fenced_transaction(
+            item.id, item.attempt, until=lambda: trio.current_time() - 1.0
+        ):
+            raise AssertionError("opened past the deadline")  # pragma: no cover
+    deadline = [trio.current_time() + 0.5]
+    with pytest.raises(SelfStopped):
+        async with store.fenced_transaction(item.id, item.attempt, until=lambda: deadline[0]) as tx:
+            await tx.execute("INSERT INTO thumbnails VALUES (%s, %s)", [item.id, 1])
+            tx.complete()
+            await trio.sleep(0.6)
+    assert thumbnails(pg) == []
+    state = await store.get_item(item.id)
+    assert state and (state.status, state.completed_at) == (Status.RUNNING, None)
+    deadline = [trio.current_time() + 0.5]
+    async with store.fenced_transaction(item.id, item.attempt, until=lambda: deadline[0]) as tx:
+        await tx.execute("INSERT INTO thumbnails VALUES (%s, %s)", [item.id, 2])
+        tx.complete()
+        deadline[0] += 60
+        await trio.sleep(0.6)
+    assert thumbnails(pg) == [(item.id, 2)]
+    state = await store.get_item(item.id)
+    assert state and state.status is Status.RUNNING and state.completed_at is not None
+
+
+async def test_a_shielded_handler_past_its_self_stop_commits_nothing(
+    dsn: str, store: PostgresStore, pg: Conn
+) -> None:
+    """Issue 31, defect 8: the heartbeats stop getting through and the attempt
+    self-stops at lease/2; its handler, shielded, then runs a completing transaction
+    while the item is still its own (no one has taken it over). The transaction is
+    refused with SelfStopped: no row, no success, and the Worker writes nothing, as it
+    logs; lease recovery requeues the item as a stall."""
+    pg.execute(THUMBNAILS)
+    registry = Registry()
+    seen: list[BaseException] = []
+
+    @registry.handler("K")
+    async def handler(item: WorkItem, ctx: Context) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                try:
+                    async with ctx.transaction() as tx:
+                        await tx.execute("INSERT INTO thumbnails VALUES (%s, %s)", [item.id, 1])
+                        tx.complete()
+                except SelfStopped as exc:
+                    seen.append(exc)
+
+    cut_store = CutStore(dsn)
+    await cut_store.open()
+    try:
+        item = await store.enqueue("K", scope="s")
+        settings = Settings(lease=4, heartbeat=1, poll=0.5, stop_grace=0.9)
+        worker = Worker(cut_store, registry, settings, worker_id="w", fail_stop=pytest.fail)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await until(lambda: status_is(store, item.id, Status.RUNNING), "the claim")
+            cut_store.cut = True
+            await until(lambda: seen, "the handler's transaction after the self-stop")
+            await until(lambda: not worker.statistics().running, "the attempt to end")
+            nursery.cancel_scope.cancel()
+    finally:
+        await cut_store.close()
+    assert len(seen) == 1 and thumbnails(pg) == []
+    assert worker.statistics().events.get("self_stopped") == 1
+    state = await store.get_item(item.id)
+    assert state and (state.status, state.attempt, state.completed_at) == (Status.RUNNING, 1, None)
+    pg.execute("UPDATE work_items SET lease_expires_at = now() - interval '1s'")
+    [recovered] = await store.recover_expired_leases(max_stalls=3)
+    assert (recovered.status, recovered.stalls) == (Status.QUEUED, 1)

@@ -205,8 +205,10 @@ async def test_a_fenced_transaction_begins_on_a_fresh_connection_after_its_backe
         time.sleep(0.2)
         async with store.fenced_transaction(claimed.id, claimed.attempt) as tx:
             tx.complete()
-    status = pg.execute("SELECT status FROM work_items WHERE id = %s", (item,)).fetchone()
-    assert status == (Status.SUCCEEDED.value,)
+    status = pg.execute(
+        "SELECT status, completed_at IS NOT NULL FROM work_items WHERE id = %s", (item,)
+    ).fetchone()
+    assert status == (Status.RUNNING.value, True)  # its success committed (issue 31)
 
 
 async def test_a_handler_that_loses_postgresql_in_its_transaction_stalls_not_fails(

@@ -125,6 +125,7 @@ RELEASED = {
     "0005.edges.sql": "92cccc76e299357f36b8a39a930ea92c0f741302c22c01bcccff39cf154d2bdd",
     "0003.failover.sql": "f4689d7bbc470898526ffaf4bd56cb53cda80fcec1a5be3783d1b0cb9c0d8a7a",
     "0006.scope-checks.sql": "e15527f5a535dda23a0e29a8c43afde9f250f5c3cf9b6b971fd766bf3b9e7d9d",
+    "0007.completed.sql": "007a8ec07ed3920b1ab94bed69d7b65c9c129b6d17c4f314de57352fe929005e",
 }
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+import trio
 
 from tests.support.harness import Harness
-from trioworker import CancelOutcome, InvalidWorkItem, Status
+from trioworker import AttemptRecord, CancelOutcome, InvalidWorkItem, Lost, SelfStopped, Status
 from trioworker._core.model import Heartbeat
 
 LEASE = 30.0
@@ -464,3 +465,152 @@ async def test_a_stall_and_a_release_are_in_the_history_too(harness: Harness) ->
         (1, "stalled", "lease expired"),
         (2, "released", None),
     ]
+
+
+# -- a success committed in the handler's own transaction (issue 31) -----------------------
+
+
+async def complete_in_transaction(harness: Harness, id: int, attempt: int) -> None:
+    """What a handler's `tx.complete()` does: commit the attempt's success in its own
+    fenced transaction."""
+    async with harness.store.fenced_transaction(id, attempt) as tx:
+        tx.complete()
+
+
+async def test_a_success_committed_in_the_transaction_keeps_the_scope_until_finished(
+    harness: Harness,
+) -> None:
+    """The completing commit leaves the item Running with completed_at set, so the
+    scope's next item is not claimed; the Worker's finish makes it Succeeded (keeping
+    completed_at) and frees the scope."""
+    first = await harness.store.enqueue("A", scope="s")
+    second = await harness.store.enqueue("B", scope="s")
+    item = await harness.store.claim("w1", LEASE, kinds=KINDS)
+    assert item and item.id == first.id
+    await complete_in_transaction(harness, item.id, item.attempt)
+    state = by_id(harness)[first.id]
+    assert state.status is Status.RUNNING and state.completed_at is not None  # type: ignore[attr-defined]
+    assert await harness.store.claim("w2", LEASE, kinds=KINDS) is None
+    assert await harness.store.complete(item.id, item.attempt)
+    state = by_id(harness)[first.id]
+    assert state.status is Status.SUCCEEDED and state.completed_at is not None  # type: ignore[attr-defined]
+    assert state.finished_at is not None and state.completed_at <= state.finished_at  # type: ignore[attr-defined]
+    nxt = await harness.store.claim("w2", LEASE, kinds=KINDS)
+    assert nxt and nxt.id == second.id
+
+
+async def test_a_success_committed_in_the_transaction_keeps_its_kinds_slot(
+    harness: Harness,
+) -> None:
+    """The same for a kind's running limit: its slot stays taken until the finish, which
+    complete_batch makes too."""
+    await harness.store.set_limit(kind="K", running=1)
+    await harness.store.enqueue("K")
+    later = await harness.store.enqueue("K")
+    item = await harness.store.claim("w1", LEASE, kinds=KINDS)
+    assert item
+    await complete_in_transaction(harness, item.id, item.attempt)
+    assert await harness.store.claim("w2", LEASE, kinds=KINDS) is None
+    assert await harness.store.complete_batch([(item.id, item.attempt)]) == {item.id}
+    nxt = await harness.store.claim("w2", LEASE, kinds=KINDS)
+    assert nxt and nxt.id == later.id
+
+
+async def test_a_success_committed_in_the_transaction_cannot_be_undone_by_another_write(
+    harness: Harness,
+) -> None:
+    """After the completing commit, fail, cancel_attempt, release and retry_later of the
+    attempt write nothing and report not applied; only the finish applies."""
+    await harness.store.enqueue("A", scope="s")
+    item = await harness.store.claim("w", LEASE, kinds=KINDS)
+    assert item
+    await complete_in_transaction(harness, item.id, item.attempt)
+    before = harness.items()
+    assert not await harness.store.fail(item.id, item.attempt, "gave up", "Error", "TB")
+    assert not await harness.store.cancel_attempt(item.id, item.attempt)
+    assert not await harness.store.release(item.id, item.attempt)
+    assert not await harness.store.retry_later(item.id, item.attempt, 1.0, "Error")
+    assert harness.items() == before
+    assert await harness.store.attempts(item.id) == [
+        AttemptRecord(item.attempt, "w", before[0].started_at, None, "running")
+    ]
+    assert await harness.store.complete(item.id, item.attempt)
+    assert harness.items()[0].status is Status.SUCCEEDED
+
+
+async def test_recovery_finishes_a_success_committed_in_the_transaction_without_a_stall(
+    harness: Harness,
+) -> None:
+    """Its Worker died after the completing commit: when the lease runs out, recovery
+    finishes it Succeeded (never requeues it), counts no stall, and its history reads
+    `succeeded`; the scope is then free."""
+    await harness.store.enqueue("A", scope="s")
+    nxt = await harness.store.enqueue("A", scope="s")
+    item = await harness.store.claim("w1", LEASE, kinds=KINDS)
+    assert item
+    await complete_in_transaction(harness, item.id, item.attempt)
+    harness.expire_lease(item.id)
+    [recovered] = await harness.store.recover_expired_leases(max_stalls=1)
+    assert (recovered.id, recovered.status, recovered.stalls, recovered.worker_id) == (
+        item.id, Status.SUCCEEDED, 0, "w1",
+    )  # fmt: skip
+    state = by_id(harness)[item.id]
+    assert (state.status, state.stalls, state.failures) == (Status.SUCCEEDED, 0, 0)  # type: ignore[attr-defined]
+    assert state.completed_at is not None and state.lease_expires_at is None  # type: ignore[attr-defined]
+    history = await harness.store.attempts(item.id)
+    assert [(a.attempt, a.worker_id, a.outcome) for a in history] == [(1, "w1", "succeeded")]
+    again = await harness.store.claim("w2", LEASE, kinds=KINDS)
+    assert again and again.id == nxt.id
+
+
+async def test_a_success_committed_in_the_transaction_is_already_finished_for_cancel(
+    harness: Harness,
+) -> None:
+    """Client.cancel of it reports ALREADY_FINISHED and changes nothing; its heartbeat
+    still renews the lease (its handler runs on), and reports no cancel asked before
+    the commit (the success is kept)."""
+    await harness.store.enqueue("A")
+    item = await harness.store.claim("w", LEASE, kinds=KINDS)
+    assert item
+    assert await harness.store.cancel(item.id) is CancelOutcome.REQUESTED
+    await complete_in_transaction(harness, item.id, item.attempt)
+    before = harness.items()
+    assert await harness.store.cancel(item.id) is CancelOutcome.ALREADY_FINISHED
+    assert harness.items() == before
+    harness.expire_lease(item.id)
+    assert await harness.store.heartbeat(item.id, item.attempt, LEASE) is Heartbeat.OK
+    assert await harness.store.recover_expired_leases(max_stalls=3) == []
+    assert harness.items()[0].status is Status.RUNNING
+    assert await harness.store.complete(item.id, item.attempt)
+
+
+async def test_a_fenced_transaction_past_its_attempts_deadline_writes_nothing(
+    harness: Harness,
+) -> None:
+    """`until` already passed: SelfStopped (a Lost) as it opens. Passed while it was
+    open: SelfStopped at the commit, nothing applied (no success noted). Moved on
+    meanwhile, as a good heartbeat moves it: it commits."""
+    await harness.store.enqueue("A")
+    item = await harness.store.claim("w", LEASE, kinds=KINDS)
+    assert item
+    with pytest.raises(SelfStopped):
+        async with harness.store.fenced_transaction(
+            item.id, item.attempt, until=lambda: trio.current_time() - 1.0
+        ) as tx:
+            raise AssertionError("opened past the deadline")  # pragma: no cover
+    deadline = [trio.current_time() + 0.3]
+    with pytest.raises(Lost):
+        async with harness.store.fenced_transaction(
+            item.id, item.attempt, until=lambda: deadline[0]
+        ) as tx:
+            tx.complete()
+            await trio.sleep(0.4)
+    assert harness.items()[0].completed_at is None
+    deadline = [trio.current_time() + 0.3]
+    async with harness.store.fenced_transaction(
+        item.id, item.attempt, until=lambda: deadline[0]
+    ) as tx:
+        tx.complete()
+        deadline[0] += 60.0  # a heartbeat succeeded meanwhile
+        await trio.sleep(0.4)
+    assert harness.items()[0].completed_at is not None

@@ -21,7 +21,7 @@ from hypothesis.stateful import (
 
 from tests.support.harness import MemoryHarness, PostgresHarness
 from tests.support.lines import wedges
-from trioworker import ItemState, PostgresStore, Status
+from trioworker import ItemState, Lost, PostgresStore, Status
 
 LEASE = 300.0
 SCOPES = st.sampled_from([None, "a", "b", "c"])
@@ -99,6 +99,25 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
             assert a == b, (op, a, b)
 
         @precondition(lambda self: self.claims)
+        @rule(data=st.data(), stale=st.booleans())
+        def complete_in_transaction(self, data: st.DataObject, stale: bool) -> None:
+            """A handler's `tx.complete()`: its fenced transaction notes the success."""
+            id = data.draw(st.sampled_from(sorted(self.claims)))
+            attempt = self.claims[id] - 1 if stale else self.claims[id]
+
+            async def complete(store: Any, id: int) -> bool:
+                try:
+                    async with store.fenced_transaction(id, attempt) as tx:
+                        tx.complete()
+                except Lost:
+                    return False
+                return True
+
+            a = trio.from_thread.run(complete, self.pg.store, id)
+            b = trio.from_thread.run(complete, self.mem.store, self.ids[id])
+            assert a == b, (a, b)
+
+        @precondition(lambda self: self.claims)
         @rule(data=st.data())
         def expire_lease(self, data: st.DataObject) -> None:
             id = data.draw(st.sampled_from(sorted(self.claims)))
@@ -132,11 +151,17 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
                 assert (item.status, item.attempt, item.stalls, item.failures) == (
                     twin.status, twin.attempt, twin.stalls, twin.failures,
                 ), (item, twin)  # fmt: skip
+                assert (item.completed_at is None) == (twin.completed_at is None), (item, twin)
                 before = self.seen.get(item.id)
                 if before is not None:
                     assert item.attempt >= before.attempt, "attempts only grow"
                     if before.status.is_terminal:
                         assert item.status is before.status, "terminal states stay terminal"
+                    if before.completed_at is not None:
+                        assert item.status in (Status.RUNNING, Status.SUCCEEDED), (
+                            "a committed success ends Succeeded, or not yet"
+                        )
+                        assert (item.attempt, item.stalls) == (before.attempt, before.stalls)
                 if item.status is Status.RUNNING and item.scope is not None:
                     running[item.scope] += 1
                 if item.status is Status.QUEUED and item.dedup_key is not None:
@@ -153,7 +178,8 @@ async def test_random_operation_sequences_keep_the_invariants(
     store: PostgresStore, pg: psycopg.Connection[Any]
 ) -> None:
     """At most one Running per scope, one Queued per dedup key, attempts only grow,
-    terminal stays terminal, nothing disappears, no line wedged; and the two stores
+    terminal stays terminal, a success committed in a fenced transaction ends
+    Succeeded or not at all, nothing disappears, no line wedged; and the two stores
     never disagree, in priorities and kinds too.
     """
     machine = lockstep_machine(store, pg)

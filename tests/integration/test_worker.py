@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,16 +50,18 @@ class TimedStore(PostgresStore):
         self.heartbeat_spans: list[float] = []
         self.writes: list[str] = []
 
-    async def heartbeat(self, id: int, attempt: int, lease: float) -> Heartbeat:
+    async def heartbeat_many(
+        self, attempts: Sequence[tuple[int, int]], lease: float
+    ) -> dict[tuple[int, int], Heartbeat]:
         begun = trio.current_time()
         try:
-            return await super().heartbeat(id, attempt, lease)
+            return await super().heartbeat_many(attempts, lease)
         finally:
             self.heartbeat_spans.append(trio.current_time() - begun)
 
-    async def complete(self, id: int, attempt: int) -> bool:
+    async def complete_batch(self, attempts: Sequence[tuple[int, int]]) -> set[int]:
         self.writes.append("complete")
-        return await super().complete(id, attempt)
+        return await super().complete_batch(attempts)
 
     async def fail(self, id: int, attempt: int, reason: str, error: str | None = None) -> bool:
         self.writes.append("fail")

@@ -299,10 +299,11 @@ async def test_a_lost_database_link_in_the_attempts_transaction_is_a_stall(
     [state] = store.items()
     assert (state.status, state.failures, state.stalls) == (Status.SUCCEEDED, 0, 1)
     assert tracer.outcomes() == ["database_lost", "succeeded_in_transaction"]
-    assert writes(store) == [("complete", True), ("complete", True)]  # durable, then freed
+    assert writes(store) == [("complete_in_transaction", True), ("complete", True)]
     assert sink.named("database_lost") == [("database_lost", "Blip", None)]
     assert [m for m in messages(caplog, EXECUTOR) if m.startswith("lost PostgreSQL")] == [
-        "lost PostgreSQL in the attempt's transaction (fenced_transaction: down);"
+        "lost PostgreSQL in the attempt's transaction (DatabaseUnavailable:"
+        " fenced_transaction: down);"
         " writing nothing, lease recovery will requeue it as a stall"
     ]
 

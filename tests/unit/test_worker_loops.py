@@ -34,6 +34,7 @@ from trioworker import (
     Registry,
     SchemaNotReady,
     Settings,
+    Status,
     Worker,
     WorkItem,
 )
@@ -396,6 +397,29 @@ async def test_a_last_stall_fails_the_item_and_a_cancel_requested_one_is_cancell
         " recovered by w1)", logging.WARNING,
     )  # fmt: skip
     assert cancelled.item_id == 1  # type: ignore[attr-defined]
+
+
+async def test_a_recovered_success_committed_in_its_transaction_is_no_stall(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The vanished Worker's attempt had committed its success in its transaction:
+    recovery finishes it Succeeded and says so at INFO, naming both Workers, and counts
+    no stall."""
+    caplog.set_level(logging.INFO)
+    store, registry, sink = ScriptedStore(), Registry(), Sink()
+    await ghost_claims(store)
+    async with store.fenced_transaction(1, 1) as tx:
+        tx.complete()
+    async with running(store, registry, metrics=sink) as worker:
+        await trio.sleep(16)
+    (record,) = records(caplog, "lease expired")
+    assert (record.getMessage(), record.levelno) == (
+        "lease expired after the attempt committed its success in its transaction: finished"
+        " as Succeeded, no stall (attempt 1 on Worker ghost; recovered by w1)", logging.INFO,
+    )  # fmt: skip
+    assert record.item_id == 1  # type: ignore[attr-defined]
+    assert (store.items()[0].status, store.items()[0].stalls) == (Status.SUCCEEDED, 0)
+    assert "stall_recovered" not in worker.statistics().events and sink.seen == []
 
 
 class WedgedStore(ScriptedStore):

@@ -10,6 +10,7 @@ PostgreSQL store's `_translate`):
     │   └── DatabaseUnavailable    it could not be reached or did not answer: retry
     │       └── StoreTimeout       no answer within the call's time bound
     ├── Lost                   this attempt no longer owns its item (not retryable)
+    │   └── SelfStopped        its self-stop deadline has passed: nothing it writes is kept
     └── HandlerTimeout         a handler ran past its kind's timeout
 
 So `except StoreError` (retry a write) never swallows `Lost` or a missing schema.
@@ -56,6 +57,12 @@ class Lost(TrioWorkerError):
     """This attempt no longer owns its work item: its lease ran out and the item was
     taken back (or given to another attempt). Nothing the attempt wrote in a fenced
     transaction was kept, and the Worker writes nothing for it either."""
+
+
+class SelfStopped(Lost):
+    """The attempt's self-stop deadline has passed (no heartbeat succeeded for half a
+    lease): nothing it writes is kept, so its fenced transaction neither opens nor
+    commits (it rolls back). The item belongs to lease recovery now."""
 
 
 class HandlerTimeout(TrioWorkerError):

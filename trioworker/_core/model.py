@@ -81,7 +81,9 @@ class Recovered:
     scope: str | None
     attempt: int
     stalls: int
-    status: Status  # Queued again, or Failed as stalled, or Cancelled
+    #: Queued again, or Failed as stalled, or Cancelled; Succeeded when the attempt had
+    #: committed its success in its own transaction (no stall counted).
+    status: Status
     reason: str | None
     #: The Worker whose attempt stopped heartbeating (from the attempt's history).
     worker_id: str | None = None
@@ -113,6 +115,9 @@ class ItemState:
     error: str | None
     traceback: str | None = None  # the last failed attempt's (its tail)
     trace_context: Mapping[str, str] | None = None  # as enqueued (WorkItem's)
+    #: When its attempt committed its success in its own fenced transaction
+    #: (`tx.complete()`): Running still, holding its scope, until the Worker finishes it.
+    completed_at: dt.datetime | None = None
 
 
 @attrs.frozen

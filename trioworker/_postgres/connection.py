@@ -184,8 +184,16 @@ class Connections:
 
     @asynccontextmanager
     async def transaction(
-        self,
+        self, *, refuse_commit: Callable[[], BaseException | None] | None = None
     ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:  # pragma: no mutate block
+        """A transaction on a pooled connection: committed when the block exits cleanly,
+        rolled back (in the background) if it raises.
+
+        `refuse_commit` is asked as the very last thing before the COMMIT is sent, on
+        the asyncio side with no checkpoint in between: an exception it returns makes
+        it a ROLLBACK instead, and is raised from the block's exit.
+        """
+
         async def begin() -> psycopg.AsyncConnection[Any]:
             # A pooled connection whose backend was terminated fails at once; nothing
             # was done on it yet, so the transaction begins again on a fresh one.
@@ -202,13 +210,20 @@ class Connections:
                 return conn
             raise AssertionError("unreachable")  # pragma: no cover
 
-        async def finish(conn: psycopg.AsyncConnection[Any], statement: LiteralString) -> None:
+        async def finish(
+            conn: psycopg.AsyncConnection[Any],
+            statement: LiteralString,
+            refuse: Callable[[], BaseException | None] | None = None,
+        ) -> BaseException | None:
+            refused = None
             try:
-                await conn.execute(statement)
+                refused = None if refuse is None else refuse()
+                await conn.execute(statement if refused is None else "ROLLBACK")
             finally:
                 if conn.pgconn.transaction_status != TransactionStatus.IDLE:
                     await conn.close()
                 await self._pool.putconn(conn)
+            return refused
 
         with trio.fail_after(self.call_timeout):
             try:
@@ -219,7 +234,11 @@ class Connections:
         try:
             yield conn
             ended = True  # COMMIT returns the connection to the pool, whatever happens
-            await self.call("commit", lambda c: finish(c, "COMMIT"), conn=conn)
+            refused = await self.call(
+                "commit", lambda c: finish(c, "COMMIT", refuse_commit), conn=conn
+            )
+            if refused is not None:
+                raise refused
         finally:
             if not ended:
                 # In the background: a handler being cancelled (a self-stop, say) must not
@@ -389,7 +408,7 @@ async def _discarding_on_failure(
         raise
 
 
-async def _quietly(aw: Awaitable[None]) -> None:  # pragma: no mutate block
+async def _quietly(aw: Awaitable[object]) -> None:  # pragma: no mutate block
     try:
         await aw
     except psycopg.Error as exc:

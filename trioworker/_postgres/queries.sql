@@ -59,17 +59,20 @@ FROM work_claim_v2(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s,
 SELECT work_seconds_until_due_v2(%(kinds)s, %(scopes)s, %(unscoped)s) AS seconds;
 
 -- name: heartbeat
+-- An attempt that committed its success in its own transaction (completed_at) still
+-- renews its lease while its handler runs on; a cancel asked of it is moot (its
+-- success is durable), so it is not reported.
 UPDATE work_items
 SET lease_expires_at = now() + make_interval(secs => %(lease)s),
     heartbeat_at = now()
 WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'Running'
-RETURNING cancel_requested;
+RETURNING cancel_requested AND completed_at IS NULL AS cancel_requested;
 
 -- name: heartbeat_many
 -- One statement renews every lease a Worker holds. A row another transaction holds
 -- (its attempt's fenced transaction, an operator's) is passed over, never waited for;
 -- `lost` reads the rows as the statement's snapshot saw them: an attempt that no longer
--- owns a Running item.
+-- owns a Running item. A cancel asked of a completed attempt is moot, as in `heartbeat`.
 WITH asked AS (
     SELECT a.id, a.attempt
     FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a (id, attempt)
@@ -81,7 +84,7 @@ WITH asked AS (
     UPDATE work_items AS w
     SET lease_expires_at = now() + make_interval(secs => %(lease)s), heartbeat_at = now()
     FROM locked WHERE w.id = locked.id
-    RETURNING w.id, w.attempt, w.cancel_requested
+    RETURNING w.id, w.attempt, w.cancel_requested AND w.completed_at IS NULL AS cancel_requested
 )
 SELECT a.id, a.attempt, r.cancel_requested,
        r.id IS NULL AND NOT EXISTS (
@@ -97,31 +100,47 @@ SELECT id FROM work_items
 WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'Running'
 FOR NO KEY UPDATE;
 
+-- name: complete_in_transaction
+-- A fenced transaction's last statement when the handler called `tx.complete()`: the
+-- attempt's success, noted in the handler's own commit (durable), on its row locked by
+-- lock_attempt. The row stays Running, holding its scope's slot and its kind's, until
+-- the Worker finishes it (`finish`, Succeeded) once the handler has returned, or lease
+-- recovery does (migrations/0007.completed.sql). statement_timestamp(), not now(): the
+-- transaction began before the handler's own statements.
+UPDATE work_items SET completed_at = COALESCE(completed_at, statement_timestamp())
+WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'Running'
+RETURNING id;
+
 -- name: finish
 -- Succeeded, Failed or Cancelled, for many attempts at once; the ids written. With
--- wait false, rows another transaction holds are passed over.
-SELECT id FROM work_finish_v1(%(ids)s, %(attempts)s, %(status)s, %(reason)s, %(error)s,
+-- wait false, rows another transaction holds are passed over. An attempt that
+-- committed its success in its own transaction is only ever finished Succeeded.
+SELECT id FROM work_finish_v2(%(ids)s, %(attempts)s, %(status)s, %(reason)s, %(error)s,
                            %(wait)s, %(traceback)s) AS id;
 
 -- name: requeue
 -- Release, or retry after an error: back to Queued, or superseded by a Queued item
 -- with the same dedup key ('Running': such an item is being enqueued; try again).
+-- An attempt that committed its success in its own transaction is passed over.
 SELECT id, status
-FROM work_requeue_v1(%(ids)s, %(attempts)s, %(cause)s, %(delay)s, %(error)s, %(traceback)s);
+FROM work_requeue_v2(%(ids)s, %(attempts)s, %(cause)s, %(delay)s, %(error)s, %(traceback)s);
 
 -- name: recover_expired_leases
 -- With the Worker of each stalled attempt: `held` reads the Running rows as they were
--- when the statement began (its snapshot), before the function took them back.
+-- when the statement began (its snapshot), before the function took them back. An
+-- attempt that committed its success in its own transaction ends Succeeded, no stall.
 WITH held AS (
     SELECT id, attempt, worker_id FROM work_items
     WHERE status = 'Running' AND lease_expires_at < now()
 )
 SELECT r.id, r.kind, r.scope, r.attempt, r.stalls, r.status, r.reason, held.worker_id
-FROM work_recover_v1(%(max_stalls)s, %(batch)s) AS r
+FROM work_recover_v2(%(max_stalls)s, %(batch)s) AS r
 LEFT JOIN held ON held.id = r.id AND held.attempt = r.attempt;
 
 -- name: request_cancel
-SELECT work_request_cancel_v1(%(id)s) AS status;
+-- NULL for an item already finished, or whose attempt committed its success in its own
+-- transaction (work_request_cancel_v2).
+SELECT work_request_cancel_v2(%(id)s) AS status;
 
 -- name: settle_noted_scopes
 SELECT work_settle_noted_v1(%(limit)s) AS settled;
@@ -246,7 +265,7 @@ ORDER BY r.scope_slot, r.id;
 SELECT id, kind, scope, payload::text AS payload, priority, status, attempt, stalls,
        failures, worker_id, requested_at, run_after, started_at, finished_at, heartbeat_at,
        lease_expires_at, dedup_key, cancel_requested, reason, error, traceback,
-       trace_context::text AS trace_context
+       trace_context::text AS trace_context, completed_at
 FROM work_items WHERE id = %(id)s;
 
 -- name: attempts

@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 
 from trioworker._core.errors import (
     Lost,
+    SelfStopped,
     StoreError,
 )
 from trioworker._core.limits import Limit, LimitChange, Rate, limit_target, validate_limit
@@ -128,7 +129,8 @@ class PostgresFencedTransaction(PostgresTransaction):
 
     It began by locking the item's row and checking that this attempt (id, attempt)
     still owns it, Running; the lock holds until the commit, so nothing can take the
-    item meanwhile, and the handler's writes commit only while the attempt owns it.
+    item meanwhile, and the handler's writes commit only while the attempt owns it (and
+    before its self-stop deadline, when the store was given one).
     """
 
     def __init__(
@@ -137,13 +139,15 @@ class PostgresFencedTransaction(PostgresTransaction):
         super().__init__(conns, conn)
         self.item_id = id
         self.attempt = attempt
-        #: Whether the item is finished as Succeeded when this transaction commits.
+        #: Whether the commit notes the attempt's success (`complete()` was called).
         self.completes = False
 
     def complete(self) -> None:
-        """Finish the item as Succeeded in this transaction, so the handler's writes and
-        the Succeeded commit together (exactly once for its database effects). The
-        Worker then writes nothing more for the attempt."""
+        """Commit the attempt's success with this transaction, so the handler's writes
+        and its success commit together (exactly once for its database effects): once
+        committed, no attempt runs the item again. The item stays Running, holding its
+        scope's slot (and its kind's), until the Worker finishes it Succeeded after the
+        handler has returned (or lease recovery does)."""
         self.completes = True
 
 
@@ -257,22 +261,24 @@ class PostgresStore:
         self, id: int, attempt: int, *, until: Callable[[], float] | None = None
     ) -> AsyncIterator[PostgresFencedTransaction]:  # pragma: no mutate block
         """A transaction that commits only while attempt (`id`, `attempt`) owns its
-        Running item; raises Lost, writing nothing, when it does not. Handlers reach it
-        through `Context.transaction()`."""
-        async with self._conns.transaction() as conn:
+        Running item (else Lost, writing nothing) and only while `trio.current_time()`
+        is before `until()`, the attempt's self-stop deadline (else SelfStopped: past it
+        at the start, nothing is opened; past it at the end, the transaction rolls back,
+        checked as the last thing before the COMMIT). Handlers reach it through
+        `Context.transaction()`."""
+        refuse = None if until is None else functools.partial(_past, until, id, attempt)
+        if refuse is not None and (stopped := refuse()) is not None:
+            raise stopped
+        async with self._conns.transaction(refuse_commit=refuse) as conn:
             tx = PostgresFencedTransaction(self._conns, conn, id, attempt)
-            if not await tx.execute(self._sql["lock_attempt"], {"id": id, "attempt": attempt}):
+            params = {"id": id, "attempt": attempt}
+            if not await tx.execute(self._sql["lock_attempt"], params):
                 raise Lost(f"item {id} attempt {attempt} no longer owns the item; nothing written")
             yield tx
             if tx.completes:
-                params = {
-                    "ids": [id], "attempts": [attempt], "status": Status.SUCCEEDED.value,
-                    "reason": None, "error": None, "wait": True, "traceback": None,
-                }  # fmt: skip
-                if not await tx.execute(self._sql["finish"], params):  # pragma: no cover
-                    raise Lost(f"item {id} attempt {attempt} could not be finished")
-            if until is not None and trio.current_time() >= until():
-                raise Lost(f"item {id} attempt {attempt} is past its self-stop deadline")
+                noted = await tx.execute(self._sql["complete_in_transaction"], params)
+                if not noted:  # pragma: no cover - the row is locked since lock_attempt
+                    raise Lost(f"item {id} attempt {attempt} could not be completed")
 
     # -- claim and the fenced writes ---------------------------------------------
 
@@ -480,7 +486,9 @@ class PostgresStore:
     async def recover_expired_leases(
         self, max_stalls: int, *, batch: int = 100
     ) -> list[Recovered]:  # pragma: no mutate block
-        """Requeue items whose lease expired (a stall); fail those at max_stalls."""
+        """Requeue items whose lease expired (a stall); fail those at max_stalls. One
+        whose attempt committed its success in its own transaction ends Succeeded,
+        with no stall counted."""
         recovered: list[Recovered] = []
         while True:
             rows = await self._rows(
@@ -770,6 +778,19 @@ class PostgresStore:
     def __repr__(self) -> str:
         where = "" if self.schema is None else f", schema={self.schema!r}"
         return f"PostgresStore({redact_dsn(self.dsn)!r}{where})"
+
+
+def _past(
+    until: Callable[[], float], id: int, attempt: int
+) -> SelfStopped | None:  # pragma: no mutate block
+    """SelfStopped if attempt (`id`, `attempt`)'s self-stop deadline, `until()` on
+    Trio's clock, has passed; None while it has not."""
+    if trio.current_time() < until():
+        return None
+    return SelfStopped(
+        f"item {id} attempt {attempt}: its self-stop deadline has passed; nothing written"
+        " (the item belongs to lease recovery)"
+    )
 
 
 def _connection_of(tx: Transaction | None) -> psycopg.AsyncConnection[Any] | None:

@@ -67,9 +67,22 @@ class FencedTransaction(Transaction, Protocol):
 
     item_id: int
     attempt: int
+    #: Whether the commit notes the attempt's success (`complete()` was called).
     completes: bool
 
-    def complete(self) -> None: ...
+    def complete(self) -> None:
+        """Commit the attempt's success with this transaction: durable once committed,
+        while the item stays Running, holding its scope, until the Worker finishes it
+        after the handler has returned."""
+        ...
+
+
+class OpenFenced(Protocol):
+    """`WorkerStore.fenced_transaction`, as a Context holds it to open its attempt's."""
+
+    def __call__(
+        self, id: int, attempt: int, *, until: Callable[[], float] | None = None
+    ) -> AbstractAsyncContextManager[FencedTransaction]: ...
 
 
 class Client(Protocol):
@@ -227,7 +240,13 @@ class WorkerStore(Protocol):
 
     def fenced_transaction(
         self, id: int, attempt: int, *, until: Callable[[], float] | None = None
-    ) -> AbstractAsyncContextManager[FencedTransaction]: ...
+    ) -> AbstractAsyncContextManager[FencedTransaction]:
+        """A transaction that commits only while attempt (`id`, `attempt`) owns its
+        Running item (else Lost), and only while `trio.current_time() < until()`, the
+        attempt's self-stop deadline (else SelfStopped: it does not open, or it rolls
+        back instead of committing; the check is the last thing before the COMMIT).
+        `until` is a callable because the deadline moves as heartbeats succeed."""
+        ...
 
     async def recover_expired_leases(
         self, max_stalls: int, *, batch: int = ...

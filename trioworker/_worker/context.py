@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import trio
@@ -14,13 +14,10 @@ from trioworker._core.model import WorkItem
 from trioworker._worker.logging import item_logger
 
 if TYPE_CHECKING:
-    from trioworker._store.api import Client, FencedTransaction
+    from trioworker._store.api import Client, FencedTransaction, OpenFenced
     from trioworker._worker.attempt import Attempt
 
 T = TypeVar("T")
-
-#: Opens an attempt's fenced transaction: `open(id, attempt, until=deadline_of)`.
-OpenFenced = Callable[..., AbstractAsyncContextManager["FencedTransaction"]]
 
 
 class Shared:

@@ -127,7 +127,9 @@ class Executor:
         self.in_flight = 0
         self._idle: trio.Event | None = None
         self.stops = StopWatch(on_earliest_stop)
-        self.heartbeats = Heartbeats(store, settings, self.running, self._moved, self._observe)
+        self.heartbeats = Heartbeats(
+            store, settings, self.running, self._moved, self.stops.together, self._observe
+        )
         self.completions = CompletionBatcher(store, self._completed)
         self._shared = Shared(
             worker_id,
@@ -146,9 +148,10 @@ class Executor:
     def shut_down(self) -> None:
         """The shutdown grace period is over: stop every attempt (they are released)."""
         self._shutting_down = True
-        for attempt in list(self.running):
-            attempt.stop(CancelReason.SHUTDOWN)
-            self._moved(attempt)
+        with self.stops.together():
+            for attempt in list(self.running):
+                attempt.stop(CancelReason.SHUTDOWN)
+                self._moved(attempt)
 
     async def idle(self) -> None:
         """Return once no attempt is in flight (none runs, none is writing)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection
+from contextlib import AbstractContextManager
 
 import trio
 
@@ -27,7 +28,8 @@ log = logging.getLogger("trioworker.executor")
 
 class Heartbeats:
     """`run()` in the Worker's nursery renews the leases of `attempts` (the running
-    ones, a set the executor keeps), calling `moved(attempt)` after each change."""
+    ones, a set the executor keeps), calling `moved(attempt)` after each change, all of
+    one beat inside `together()`."""
 
     def __init__(
         self,
@@ -35,12 +37,14 @@ class Heartbeats:
         settings: Settings,
         attempts: Collection[Attempt],
         moved: Callable[[Attempt], None],
+        together: Callable[[], AbstractContextManager[None]],
         observe: Callable[[str, str, float | None], None],
     ) -> None:
         self._store = store
         self._settings = settings
         self._attempts = attempts
         self._moved = moved
+        self._together = together
         self._observe = observe
         #: Heartbeat statements sent.
         self.beats = 0
@@ -68,7 +72,8 @@ class Heartbeats:
                 failure = str(exc)
             else:
                 self._observe("heartbeat_rtt", "", trio.current_time() - sent_at)
-                self._apply(held, answers, sent_at + self._settings.self_stop_after)
+                with self._together():
+                    self._apply(held, answers, sent_at + self._settings.self_stop_after)
                 return
         first = min(a.deadline for a in held) - trio.current_time()
         log.warning(

@@ -13,8 +13,9 @@ interpreter is wedged and `watch` cannot run.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import trio
 
@@ -28,6 +29,7 @@ class StopWatch:
         self._bounds: collections.Counter[float] = collections.Counter()
         self._on_earliest = on_earliest
         self._sooner = trio.Event()
+        self._holding = False
         #: The earliest bound of a running handler, on Trio's clock (inf: none).
         self.earliest = math.inf
 
@@ -56,8 +58,18 @@ class StopWatch:
         del self._bounds[bound]
         return True
 
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """Many changes at once (a heartbeat's): the earliest is told once, after."""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+            self._set(min(self._bounds, default=math.inf))
+
     def _set(self, earliest: float) -> None:
-        if earliest == self.earliest:
+        if self._holding or earliest == self.earliest:
             return
         if earliest < self.earliest:
             self._sooner.set()  # `watch` sleeps until the later one

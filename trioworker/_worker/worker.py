@@ -307,6 +307,14 @@ class Worker:
                 whose = (
                     f"attempt {r.attempt} on Worker {r.worker_id}; recovered by {self.worker_id}"
                 )
+                if r.status is Status.SUCCEEDED:  # its success was committed: no stall
+                    log.info(
+                        "lease expired after the attempt committed its success in its"
+                        " transaction: finished as Succeeded, no stall (%s)",
+                        whose,
+                        extra=fields,
+                    )
+                    continue
                 self.observe("stall_recovered", r.kind)
                 if r.status is Status.FAILED:
                     log.error(

@@ -20,7 +20,7 @@ from typing import Any, Literal, LiteralString
 import attrs
 import trio
 
-from trioworker._core.errors import DatabaseUnavailable, Lost
+from trioworker._core.errors import DatabaseUnavailable, Lost, SelfStopped
 from trioworker._core.limits import Limit, Rate, limit_target, validate_limit
 from trioworker._core.model import (
     FINISHED,
@@ -133,6 +133,9 @@ class _Row:
     error: str | None = None
     traceback: str | None = None
     trace_context: dict[str, str] | None = None
+    #: When the attempt committed its success in its own fenced transaction: the row
+    #: stays Running (its scope and kind slots taken) until it is finished Succeeded.
+    completed_at: dt.datetime | None = None
 
     @property
     def key(self) -> tuple[int, dt.datetime, int]:
@@ -223,9 +226,14 @@ class MemoryStore:
                 return row
         return None
 
-    def _fenced(self, id: int, attempt: int) -> _Row | None:
+    def _fenced(self, id: int, attempt: int, *, completed: bool = True) -> _Row | None:
+        """The attempt's Running row (None: it is not the attempt's). With `completed`
+        false, not one whose attempt committed its success in its own transaction:
+        only finishing it Succeeded applies to that (work_finish_v2)."""
         row = self._rows.get(id)
         if row is None or row.attempt != attempt or row.status is not Status.RUNNING:
+            return None
+        if not completed and row.completed_at is not None:
             return None
         return row
 
@@ -474,7 +482,9 @@ class MemoryStore:
             return Heartbeat.LOST
         row.lease_expires_at = self.now() + dt.timedelta(seconds=lease)
         row.heartbeat_at = self.now()
-        return Heartbeat.CANCEL_REQUESTED if row.cancel_requested else Heartbeat.OK
+        if row.cancel_requested and row.completed_at is None:  # else its success is kept
+            return Heartbeat.CANCEL_REQUESTED
+        return Heartbeat.OK
 
     async def heartbeat_many(
         self, attempts: Sequence[tuple[int, int]], lease: float
@@ -489,9 +499,9 @@ class MemoryStore:
                 continue
             row.lease_expires_at = self.now() + dt.timedelta(seconds=lease)
             row.heartbeat_at = self.now()
-            answers[id, attempt] = (
-                Heartbeat.CANCEL_REQUESTED if row.cancel_requested else Heartbeat.OK
-            )
+            # A cancel asked of a completed item is moot: its success is durable.
+            cancel = row.cancel_requested and row.completed_at is None
+            answers[id, attempt] = Heartbeat.CANCEL_REQUESTED if cancel else Heartbeat.OK
         return answers
 
     async def complete(self, id: int, attempt: int) -> bool:
@@ -521,7 +531,7 @@ class MemoryStore:
         traceback: str | None = None,
     ) -> bool:
         await self._enter("fail")
-        row = self._fenced(id, attempt)
+        row = self._fenced(id, attempt, completed=False)
         if row is not None:
             row.error = error
             row.traceback = traceback
@@ -532,7 +542,7 @@ class MemoryStore:
 
     async def cancel_attempt(self, id: int, attempt: int) -> bool:
         await self._enter("cancel")
-        row = self._fenced(id, attempt)
+        row = self._fenced(id, attempt, completed=False)
         if row is not None:
             self._finish(row, Status.CANCELLED, "cancel requested")
             self._note(row, "cancelled")
@@ -540,7 +550,7 @@ class MemoryStore:
 
     async def release(self, id: int, attempt: int) -> bool:
         await self._enter("release")
-        row = self._fenced(id, attempt)
+        row = self._fenced(id, attempt, completed=False)
         if row is not None:
             self._note(row, "released")
             self._requeue(row)
@@ -550,7 +560,7 @@ class MemoryStore:
         self, id: int, attempt: int, delay: float, error: str, traceback: str | None = None
     ) -> bool:
         await self._enter("retry_later")
-        row = self._fenced(id, attempt)
+        row = self._fenced(id, attempt, completed=False)
         if row is not None:
             self._note(row, "retried", error, traceback)
             row.run_after = self.now() + dt.timedelta(seconds=delay)
@@ -576,15 +586,20 @@ class MemoryStore:
         recovered = []
         for row in expired:
             stalled_on = row.worker_id
-            self._note(row, "stalled", "lease expired")
-            row.stalls += 1
-            if row.stalls >= max_stalls:
-                self._finish(row, Status.FAILED, "stalled")
-            elif row.cancel_requested:
-                self._finish(row, Status.CANCELLED, "cancel requested")
+            if row.completed_at is not None:
+                # Its success was committed: finished as such, no stall; its Worker
+                # stays on the row, which its history reads as `succeeded`.
+                self._finish(row, Status.SUCCEEDED)
             else:
-                self._requeue(row)
-            row.worker_id = None
+                self._note(row, "stalled", "lease expired")
+                row.stalls += 1
+                if row.stalls >= max_stalls:
+                    self._finish(row, Status.FAILED, "stalled")
+                elif row.cancel_requested:
+                    self._finish(row, Status.CANCELLED, "cancel requested")
+                else:
+                    self._requeue(row)
+                row.worker_id = None
             recovered.append(
                 Recovered(
                     id=row.id,
@@ -604,7 +619,11 @@ class MemoryStore:
         self, id: int, attempt: int, *, until: Callable[[], float] | None = None
     ) -> AsyncIterator[MemoryFencedTransaction]:
         """Fenced like PostgreSQL's: Lost unless the attempt owns its Running item, at
-        the start and again at the commit."""
+        the start and again at the commit; SelfStopped once `trio.current_time()` has
+        reached `until()`, at the start (nothing opened) and as the last thing before
+        the commit (nothing applied). A completing commit notes the attempt's success
+        (`completed_at`); the row stays Running until it is finished."""
+        _refuse_past(until, id, attempt)
         await self._enter("fenced_transaction")
         if until is not None and trio.current_time() >= until():
             raise Lost(f"item {id} attempt {attempt} is past its self-stop deadline")
@@ -616,11 +635,10 @@ class MemoryStore:
         row = self._fenced(id, attempt)
         if row is None:  # pragma: no cover - PostgreSQL's row lock makes this impossible
             raise Lost(f"item {id} attempt {attempt} lost its item before the commit")
-        if until is not None and trio.current_time() >= until():
-            raise Lost(f"item {id} attempt {attempt} is past its self-stop deadline")
+        _refuse_past(until, id, attempt)
         if tx.completes:
-            self._finish(row, Status.SUCCEEDED)
-            self._record("complete", id, attempt, row)
+            row.completed_at = row.completed_at or self.now()
+            self._record("complete_in_transaction", id, attempt, row)
 
     async def settle_noted_scopes(self, *, batch: int = 100) -> int:
         """Nothing to settle: the in-memory claim reads the lines themselves."""
@@ -669,10 +687,10 @@ class MemoryStore:
             row.cancel_requested = True
             self._finish(row, Status.CANCELLED, "cancelled before it ran")
             return CancelOutcome.CANCELLED
-        if row.status is Status.RUNNING:
+        if row.status is Status.RUNNING and row.completed_at is None:
             row.cancel_requested = True
             return CancelOutcome.REQUESTED
-        return CancelOutcome.ALREADY_FINISHED
+        return CancelOutcome.ALREADY_FINISHED  # its success committed, if still Running
 
     async def delete_finished(
         self,
@@ -1002,6 +1020,15 @@ class MemoryStore:
             ItemState(**{k: copy.deepcopy(v) for k, v in attrs.asdict(r, recurse=False).items()})
             for r in sorted(self._rows.values(), key=lambda r: r.id)
         ]
+
+
+def _refuse_past(until: Callable[[], float] | None, id: int, attempt: int) -> None:
+    """Raise SelfStopped once the attempt's self-stop deadline `until()` has passed."""
+    if until is not None and trio.current_time() >= until():
+        raise SelfStopped(
+            f"item {id} attempt {attempt}: its self-stop deadline has passed; nothing written"
+            " (the item belongs to lease recovery)"
+        )
 
 
 def _pause_key(kind: str | None, scope: str | None) -> tuple[str, str]:
