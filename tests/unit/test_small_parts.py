@@ -87,6 +87,25 @@ def test_settings_defaults_follow_the_rule() -> None:
 
 
 @pytest.mark.parametrize(
+    ("kwargs", "margin"),
+    [
+        ({}, 1.0),  # 60 - 30 - 15 leaves 15 s: capped at a second
+        ({"lease": 4, "heartbeat": 1, "stop_grace": 1}, 0.5),  # half of the 1 s left
+        ({"lease": 8, "heartbeat": 1, "stop_grace": 2}, 1.0),  # half of 2 s
+        ({"lease": 10, "heartbeat": 1, "stop_grace": 4.9}, 0.05),
+    ],
+)
+def test_the_kill_margin_is_half_of_what_the_lease_leaves_at_most_a_second(
+    kwargs: dict[str, float], margin: float
+) -> None:
+    """The supervisor kills at half the lease + grace + margin: after the grace, before
+    the lease ends."""
+    s = Settings(**kwargs)  # type: ignore[arg-type]
+    assert s.kill_margin == pytest.approx(margin)
+    assert 0 < s.kill_margin and s.self_stop_after + s.stop_grace + s.kill_margin < s.lease
+
+
+@pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"lease": 10, "heartbeat": 5}, "shorter than half the lease"),

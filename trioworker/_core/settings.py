@@ -59,3 +59,17 @@ class Settings:
     def self_stop_after(self) -> float:
         """An attempt cancels its own handler this long after its last good heartbeat."""
         return self.lease / 2
+
+    @property
+    def kill_margin(self) -> float:
+        """How long after a cancelled handler's stop grace the Worker's supervisor kills
+        the process (docs/reliability.md, "The fail-stop from outside").
+
+        The Worker's own fail-stop comes first whenever its event loop runs; the
+        supervisor is the backstop for an interpreter that cannot act (C code holding the
+        GIL, a blocked log write), so it waits this much longer: half of what the lease
+        leaves after the self-stop and the grace, at most a second. That is always more
+        than 0 (half the lease + grace < lease), and the process is dead by half the
+        lease + grace + margin, still before the lease ends.
+        """
+        return min(1.0, (self.lease - self.self_stop_after - self.stop_grace) / 2)
