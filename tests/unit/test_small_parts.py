@@ -102,7 +102,7 @@ def test_the_kill_margin_is_half_of_what_the_lease_leaves_at_most_a_second(
     the lease ends."""
     s = Settings(**kwargs)  # type: ignore[arg-type]
     assert s.kill_margin == pytest.approx(margin)
-    assert 0 < s.kill_margin and s.self_stop_after + s.stop_grace + s.kill_margin < s.lease
+    assert s.kill_margin > 0 and s.self_stop_after + s.stop_grace + s.kill_margin < s.lease
 
 
 @pytest.mark.parametrize(

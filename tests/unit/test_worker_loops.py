@@ -11,7 +11,6 @@ import math
 import os
 import re
 import socket
-import threading
 import time
 from typing import Any
 
@@ -39,6 +38,7 @@ from trioworker import (
     WorkItem,
 )
 from trioworker._core.model import Fired, WorkerInfo
+from trioworker._worker.watchdog import WatchdogLink
 
 WORKER = "trioworker.worker"
 
@@ -708,74 +708,42 @@ async def test_recording_the_stop_is_bounded_by_the_poll_interval(
     assert trio.current_time() == 4.0
 
 
-# -- the watchdog thread ------------------------------------------------------------
+# -- the watchdog link ----------------------------------------------------------------
 
 
-class FakeWatchdog:
-    """Stands in for the watchdog thread: records what the loop tells it."""
+class FakeLink(WatchdogLink):
+    """Stands in for the pipe to the supervisor: records what the loop publishes."""
 
-    made: list[FakeWatchdog] = []  # noqa: RUF012  (a test's registry of instances)
+    def __init__(self) -> None:  # no pipe
+        self.published: list[tuple[float, float, float]] = []  # (kill_at, monotonic, trio)
 
-    def __init__(self, stop_grace: float, fail_stop: Any) -> None:
-        self.args = (stop_grace, fail_stop)
-        self.ticks: list[float] = []
-        self.deadlines: list[tuple[float, float, float]] = []  # (published, monotonic, trio)
-        self.started = self.stopped = False
-        FakeWatchdog.made.append(self)
-
-    def start(self) -> None:
-        self.started = True
-
-    def stop(self) -> None:
-        self.stopped = True
-
-    def tick(self) -> None:
-        self.ticks.append(trio.current_time())
-
-    def set_deadline(self, earliest: float) -> None:
-        self.deadlines.append((earliest, time.monotonic(), trio.current_time()))
+    def publish(self, kill_at: float) -> None:
+        self.published.append((kill_at, time.monotonic(), trio.current_time()))
 
 
-@pytest.fixture
-def fake_watchdog(monkeypatch: pytest.MonkeyPatch) -> type[FakeWatchdog]:
-    FakeWatchdog.made = []
-    monkeypatch.setattr("trioworker._worker.worker.Watchdog", FakeWatchdog)
-    return FakeWatchdog
-
-
-async def test_the_loop_ticks_the_watchdog_and_publishes_deadlines_in_its_time(
-    autojump_clock: trio.testing.MockClock, fake_watchdog: type[FakeWatchdog]
+async def test_the_loop_publishes_its_kill_bound_when_the_earliest_deadline_moves(
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """watchdog=True: started and stopped with the Worker, ticked every 0.2 s, and told
-    each self-stop deadline change in `time.monotonic()` terms (inf: none running)."""
-    store, registry, failstops = ScriptedStore(), Registry(), Failstops()
-    registry.handler("A")(sleeping(15))
-    await store.enqueue("A")
-    async with running(store, registry, fail_stop=failstops, watchdog=True):
-        await trio.sleep(20)
-    (watchdog,) = fake_watchdog.made
-    assert watchdog.args == (15.0, failstops)
-    assert watchdog.started and watchdog.stopped
-    assert watchdog.ticks[:6] == [pytest.approx(0.2 * n) for n in range(6)]
-    assert len(watchdog.ticks) >= 100
-    published = [(at, earliest - mono) for earliest, mono, at in watchdog.deadlines]
-    assert [at for at, _ in published] == [0.0, 10.0, 15.0]
-    assert published[0][1] == pytest.approx(30.0, abs=0.5)
-    assert published[1][1] == pytest.approx(30.0, abs=0.5)
-    assert published[2][1] == math.inf
-
-
-async def test_without_a_watchdog_no_thread_is_started(
-    autojump_clock: trio.testing.MockClock, fake_watchdog: type[FakeWatchdog]
-) -> None:
-    """The default: no watchdog (the CLI turns it on)."""
+    """Each change of the earliest self-stop deadline is published once, as a
+    `time.monotonic()` instant: deadline + stop grace + kill margin (inf: none running).
+    Two attempts claimed together share a deadline; one ending while the other runs on
+    changes nothing."""
     store, registry = ScriptedStore(), Registry()
     registry.handler("A")(sleeping(15))
+    registry.handler("B")(sleeping(5))
     await store.enqueue("A")
-    async with running(store, registry):
+    await store.enqueue("B")
+    link = FakeLink()
+    settings = Settings(concurrency=2)
+    async with running(store, registry, settings, watchdog=link):
         await trio.sleep(20)
-    assert fake_watchdog.made == []
-    assert not any(t.name == "trioworker-watchdog" for t in threading.enumerate())
+    published = [(at, kill_at - mono) for kill_at, mono, at in link.published]
+    assert [at for at, _ in published] == [0.0, 10.0, 15.0]  # claimed, heartbeat, A ends
+    after = settings.self_stop_after + settings.stop_grace + settings.kill_margin
+    assert after == 46.0
+    assert published[0][1] == pytest.approx(after, abs=0.5)
+    assert published[1][1] == pytest.approx(after, abs=0.5)
+    assert published[2][1] == math.inf
 
 
 @pytest.mark.parametrize(

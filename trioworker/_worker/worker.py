@@ -16,6 +16,7 @@ import collections
 import contextlib
 import functools
 import logging
+import math
 import os
 import socket
 import time
@@ -32,7 +33,7 @@ from trioworker._core.settings import Settings
 from trioworker._store.api import Store
 from trioworker._worker.batching import CompletionBatcher
 from trioworker._worker.executor import EventSink, Executor, FailStop, Tracer
-from trioworker._worker.watchdog import TICK_EVERY, Watchdog
+from trioworker._worker.watchdog import WatchdogLink
 
 log = logging.getLogger("trioworker.worker")
 
@@ -68,13 +69,15 @@ class Worker:
         scopes: Sequence[str] | None = None,
         unscoped: bool | None = None,
         fail_stop: FailStop,
-        watchdog: bool = False,
+        watchdog: WatchdogLink | None = None,
         metrics: EventSink | None = None,
         tracer: Tracer | None = None,
     ) -> None:
         """`scopes`: serve only these scopes (None: all). `unscoped`: take unscoped
         items too (default: yes when serving all scopes, no when serving a list).
         `fail_stop` is called when a handler will not stop; it must end the process.
+        `watchdog` is told by when the process must be dead (its supervisor kills it
+        then, however stuck its interpreter is: trioworker/_worker/watchdog.py).
         `tracer` traces each attempt (`trioworker.otel.OtelTracer`, say).
         """
         self.store = store
@@ -99,7 +102,9 @@ class Worker:
             on_deadline=self._publish_deadline,  # a no-op without a watchdog
             complete=self._complete,
         )
-        self._watchdog = Watchdog(self.settings.stop_grace, fail_stop) if watchdog else None
+        self._watchdog = watchdog
+        #: The earliest self-stop deadline last published (Trio's clock).
+        self._published = math.inf
         self._wake = trio.Event()
         self._settle_wake = trio.Event()
         self._stopping = trio.Event()
@@ -164,30 +169,22 @@ class Worker:
             self.settings.poll,
         )
         await self.claim_id()
-        if self._watchdog is not None:
-            self._watchdog.start()
-        try:
-            async with trio.open_nursery() as background:
-                await background.start(
-                    functools.partial(self.store.listen, self._on_notify, on_settle=self._on_settle)
-                )
-                background.start_soon(self._presence_loop)
-                background.start_soon(self._recovery_loop)
-                background.start_soon(self._settle_loop)
-                if self.registry.schedules:
-                    background.start_soon(self._schedule_loop)
-                background.start_soon(self._completions.run)
-                if self._watchdog is not None:
-                    background.start_soon(self._tick_watchdog, self._watchdog)
-                async with trio.open_nursery() as items:
-                    task_status.started()
-                    log.info("worker %s ready", self.worker_id)
-                    await self._claim_loop(items)
-                    await self._drain()
-                background.cancel_scope.cancel()
-        finally:
-            if self._watchdog is not None:
-                self._watchdog.stop()
+        async with trio.open_nursery() as background:
+            await background.start(
+                functools.partial(self.store.listen, self._on_notify, on_settle=self._on_settle)
+            )
+            background.start_soon(self._presence_loop)
+            background.start_soon(self._recovery_loop)
+            background.start_soon(self._settle_loop)
+            if self.registry.schedules:
+                background.start_soon(self._schedule_loop)
+            background.start_soon(self._completions.run)
+            async with trio.open_nursery() as items:
+                task_status.started()
+                log.info("worker %s ready", self.worker_id)
+                await self._claim_loop(items)
+                await self._drain()
+            background.cancel_scope.cancel()
         log.info("worker %s stopped", self.worker_id)
 
     def _describe_scopes(self) -> str:
@@ -465,11 +462,13 @@ class Worker:
                         log.warning("could not record that this Worker stopped: %s", exc)
 
     def _publish_deadline(self) -> None:
-        if self._watchdog is not None:
-            earliest = self.executor.earliest_deadline()
-            self._watchdog.set_deadline(time.monotonic() + (earliest - trio.current_time()))
-
-    async def _tick_watchdog(self, watchdog: Watchdog) -> None:
-        while True:
-            watchdog.tick()
-            await trio.sleep(TICK_EVERY)
+        """Tell the watchdog by when the process must be dead, when that changes: the
+        earliest self-stop deadline + the stop grace + the kill margin, as a
+        `time.monotonic()` instant."""
+        if self._watchdog is None:
+            return
+        earliest = self.executor.earliest_deadline()
+        if earliest != self._published:
+            self._published = earliest
+            kill_after = self.settings.stop_grace + self.settings.kill_margin
+            self._watchdog.publish(time.monotonic() + (earliest - trio.current_time()) + kill_after)
