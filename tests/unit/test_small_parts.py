@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import subprocess
 
 import pytest
 
@@ -13,6 +15,7 @@ from trioworker._postgres.migrate import migrations_dir
 from trioworker._postgres.queries import WRITTEN as QUERIES
 from trioworker._postgres.queries import parse
 from trioworker._postgres.store import LIMIT_REFUSALS, RUNNING_SLOT_INDEXES
+from trioworker._store.reads import process_gone
 
 NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 
@@ -103,6 +106,17 @@ def test_the_kill_margin_is_half_of_what_the_lease_leaves_at_most_a_second(
     s = Settings(**kwargs)  # type: ignore[arg-type]
     assert s.kill_margin == pytest.approx(margin)
     assert s.kill_margin > 0 and s.self_stop_after + s.stop_grace + s.kill_margin < s.lease
+
+
+def test_a_process_that_has_ended_is_gone_before_it_is_reaped() -> None:
+    """An ended process not reaped yet (a Worker whose supervisor was SIGKILLed, until
+    init reaps it) holds no Worker id; this live one does."""
+    child = subprocess.Popen(["true"])
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, still a zombie
+    assert process_gone(child.pid)
+    child.wait()
+    assert process_gone(child.pid)
+    assert not process_gone(os.getpid())
 
 
 @pytest.mark.parametrize(
