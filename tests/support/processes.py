@@ -105,14 +105,21 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
 
 
 def worker_pids(supervisor: int) -> list[int]:
-    """The Worker processes of a `run` supervisor (it forks them from its main thread)."""
+    """The Worker processes of a `run` supervisor: its children (it forks them from its
+    main thread) that run with a watchdog pipe. Others come and go: psycopg's import
+    runs `ldconfig -p`."""
     try:
-        return [
-            int(p)
-            for p in Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
-        ]
+        children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
     except FileNotFoundError:  # it has exited
         return []
+    return [int(pid) for pid in children if b"\0--watchdog-fd\0" in _cmdline(int(pid))]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:  # it has exited
+        return b""
 
 
 def ended(pid: int) -> bool:
