@@ -209,10 +209,12 @@ async def supervise(workers: Sequence[tuple[str, list[str]]], log_thread: LogThr
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         watched = [start_worker(worker_id, command) for worker_id, command in workers]
         log_thread.start()  # only now: a preexec_fn must not run beside another thread
-        log.info(
-            "supervising %s",
-            ", ".join(f"Worker {w.worker_id} (pid {w.process.pid})" for w in watched),
-        )
+        if len(watched) > 1:  # one Worker's output is as if it ran alone
+            log.info(
+                "supervising %d Worker processes: %s",
+                len(watched),
+                ", ".join(f"{w.worker_id} (pid {w.process.pid})" for w in watched),
+            )
 
         stopping = False
 
