@@ -218,14 +218,11 @@ class Demo:
         spans = media.read_spans(self.observer)
         snap.spans = len(spans)
         snap.open_spans = sum(1 for s in spans if s.end is None)
-        snap.attempts = Counter(self._worker_of(s.pid) for s in spans)
+        snap.attempts = Counter(s.worker or str(s.pid) for s in spans)
         snap.overlaps = [
             f"{a.scope}: {a.kind} #{a.id} and {b.kind} #{b.id}" for a, b in media.overlaps(spans)
         ]
         return snap
-
-    def _worker_of(self, pid: int) -> str:
-        return next((n for n, p in self.procs.items() if p.pid == pid), str(pid))
 
     def render(self, snap: Snapshot, phase: str) -> Group:
         configs = Table(

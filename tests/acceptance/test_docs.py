@@ -62,6 +62,7 @@ from tests.support.docblocks import (
     pip_install,
     read_page,
 )
+from tests.support.processes import worker_pids
 
 ROOT = Path(__file__).parents[2]
 GUIDE = ROOT / "docs" / "guide"
@@ -101,6 +102,10 @@ class Background:
 
     def output(self) -> str:
         return self.log_path.read_text()
+
+    def pids(self) -> list[int]:
+        """`run` and its Workers (which advertise their own pids)."""
+        return [self.proc.pid, *worker_pids(self.proc.pid)]
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -235,10 +240,10 @@ class PageRun:
         log = self.logs / f"{self.page.name}-worker-{len(self.background) + 1}.log"
         worker = Background(command, self.project, self.env, log)
         self.background.append(worker)
-        advertised = "SELECT 1 FROM work_workers WHERE pid = %s AND stopped_at IS NULL"
+        advertised = "SELECT 1 FROM work_workers WHERE pid = ANY(%s) AND stopped_at IS NULL"
         deadline = time.monotonic() + PATIENCE
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while not conn.execute(advertised, [worker.proc.pid]).fetchone():
+            while not conn.execute(advertised, [worker.pids()]).fetchone():
                 assert worker.proc.poll() is None, (
                     f"{block.where}: `{command}` exited {worker.proc.returncode}:\n"
                     + worker.output()
@@ -246,14 +251,16 @@ class PageRun:
                 assert time.monotonic() < deadline, f"{block.where}: the Worker never started"
                 time.sleep(0.05)
 
+    def pids(self) -> list[int]:
+        return [pid for worker in self.background for pid in worker.pids()]
+
     def settle(self, where: str) -> None:
         """Wait until the page's Workers have nothing left to do that they could do."""
         if not self.background:
             return
-        pids = [b.proc.pid for b in self.background]
         deadline = time.monotonic() + PATIENCE
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            while (row := conn.execute(BUSY, [pids]).fetchone()) and row[0]:
+            while (row := conn.execute(BUSY, [self.pids()]).fetchone()) and row[0]:
                 for worker in self.background:
                     assert worker.proc.poll() is None, (
                         f"{where}: the Worker `{worker.command}` exited"

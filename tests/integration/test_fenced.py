@@ -14,7 +14,7 @@ import psycopg
 import pytest
 import trio
 
-from tests.support.processes import ROOT, wait_for
+from tests.support.processes import ROOT, wait_for, worker_pids
 from trioworker import (
     Context,
     DatabaseUnavailable,
@@ -182,8 +182,9 @@ def test_a_worker_killed_right_after_the_commit_leaves_the_item_succeeded_once(
             wait_for(
                 lambda: (
                     pg.execute(
-                        "SELECT count(*) FROM work_workers WHERE stopped_at IS NULL AND pid = %s",
-                        [again.pid],
+                        "SELECT count(*) FROM work_workers"
+                        " WHERE stopped_at IS NULL AND pid = ANY(%s)",
+                        [worker_pids(again.pid)],
                     ).fetchone()
                     == (1,)
                 ),

@@ -67,12 +67,12 @@ def test_three_workers_enqueue_each_due_time_once_and_one_catch_up_after_a_pause
         procs[1] = start(dsn, *FAST, name="w1-again", app=APP)
         between_ticks(first, 5)
         for proc in procs:
-            proc.signal(signal.SIGSTOP)
+            proc.pause()  # the supervisor and its Worker
         (stopped_at,) = pg.execute("SELECT now()").fetchone() or ()
         time.sleep(5)
         (resumed_at,) = pg.execute("SELECT now()").fetchone() or ()
         for proc in procs:
-            proc.signal(signal.SIGCONT)
+            proc.resume()
         time.sleep(3)
         for proc in procs:
             proc.signal(signal.SIGTERM)

@@ -11,7 +11,7 @@ import psycopg
 
 from tests.integration.test_worker import FAST
 from tests.support.processes import observed, wait_for, workers
-from trioworker._cli.supervisor import exit_code
+from trioworker._cli.supervisor import exit_code, final_status, worker_ids
 
 Conn = psycopg.Connection[Any]
 
@@ -112,3 +112,13 @@ def test_the_supervisor_exit_code_is_the_gravest_of_its_workers() -> None:
     assert exit_code([1, 130]) == 130
     assert exit_code([0, 1]) == 1
     assert exit_code([2, 0]) == 1
+
+
+def test_one_worker_keeps_its_id_and_the_supervisor_ends_as_it_did() -> None:
+    """One Worker runs under the id given and its supervisor ends with its status, or by
+    the signal that killed it; N Workers are ID-1 .. ID-N and a signal among theirs is 1."""
+    assert worker_ids("w", 1) == ["w"]
+    assert worker_ids("w", 3) == ["w-1", "w-2", "w-3"]
+    assert [final_status([c]) for c in (0, 1, 70, 130, -9)] == [0, 1, 70, 130, -9]
+    assert final_status([0, -9]) == 1
+    assert final_status([-9, 70]) == 70

@@ -18,7 +18,6 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,11 +25,10 @@ from typing import Any
 
 import attrs
 import psycopg
-import trio
 
 from examples import media
-from tests.support.fault_proxy import FaultProxy
-from tests.support.processes import ROOT
+from tests.support.fault_proxy import ProxyThread
+from tests.support.processes import ROOT, kill_workers, worker_pids
 from trioworker import migrate
 from trioworker.testing import PrivateCluster
 
@@ -155,43 +153,6 @@ class Counts:
         )
 
 
-class ProxyThread:
-    """A FaultProxy running in a Trio loop of its own, controlled from this thread."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.proxy = FaultProxy(host, port)
-        self._ready = threading.Event()
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._stop: trio.Event | None = None
-        self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("the fault proxy did not start")
-
-    async def _main(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        self._stop = trio.Event()
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.proxy.run)
-            self._ready.set()
-            await self._stop.wait()
-            nursery.cancel_scope.cancel()
-
-    def _call(self, fn: Callable[[], None]) -> None:
-        trio.from_thread.run_sync(fn, trio_token=self._token)
-
-    def blackhole(self) -> None:
-        self._call(self.proxy.blackhole)
-
-    def heal(self) -> None:
-        self._call(self.proxy.heal)
-
-    def close(self) -> None:
-        assert self._stop is not None
-        self._call(self._stop.set)
-        self._thread.join(10)
-
-
 @attrs.define
 class WorkerSpec:
     name: str
@@ -223,16 +184,21 @@ class WorkerProcess:
                 stderr=subprocess.STDOUT,
             )  # fmt: skip
         self.killed = False
+        #: Its Worker's pid (the supervisor's child, which the handlers record).
+        self.worker_pids: set[int] = set()
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
+    def note_workers(self) -> None:
+        """Remember its Worker's pid while it runs: once it has died, /proc forgets."""
+        self.worker_pids.update(worker_pids(self.proc.pid))
+
+    def pids(self) -> set[int]:
+        return {self.proc.pid, *self.worker_pids}
 
     def kill(self) -> float:
-        """SIGKILL; returns when it is dead, with the time it was seen dead."""
+        """SIGKILL its Worker (the supervisor follows); returns when both are dead, with
+        the time they were seen dead."""
         self.killed = True
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
+        self.worker_pids.update(kill_workers(self.proc))
         return time.monotonic()
 
     def output(self) -> str:
@@ -391,6 +357,10 @@ class ChaosRun:
     def now(self) -> float:
         return time.monotonic() - self.began
 
+    def died(self, proc: WorkerProcess, at: float) -> None:
+        """Its Worker was seen dead at `at`: its attempts without an end ended then."""
+        self.died_at.update(dict.fromkeys(proc.pids(), at))
+
     def start(self, spec: WorkerSpec) -> WorkerProcess:
         self.generation[spec.name] += 1
         dsn = self.proxy.proxy.dsn(self.dsn) if spec.via_proxy else self.dsn
@@ -436,7 +406,7 @@ class ChaosRun:
         if what in ("kill", "kill2"):
             candidates = [n for n in self.live if not (n == "cut" and self.heal_at)]
             for name in self.rng.sample(candidates, 2 if what == "kill2" else 1):
-                self.died_at[self.live[name].pid] = self.live[name].kill()
+                self.died(self.live[name], self.live[name].kill())
                 self.counts.kills += 1
                 time.sleep(0.3)
                 self.live[name] = self.start(self.live[name].spec)
@@ -456,8 +426,10 @@ class ChaosRun:
         """A Worker that died on its own is a finding: count it, start another."""
         for name, proc in list(self.live.items()):
             code = proc.proc.poll()
-            if code is not None:
-                self.died_at[proc.pid] = time.monotonic()
+            if code is None:
+                proc.note_workers()
+            else:
+                self.died(proc, time.monotonic())
                 self.counts.unexpected_exits.append(f"{proc.name} exited {code}")
                 self.live[name] = self.start(proc.spec)
 
@@ -482,7 +454,7 @@ class ChaosRun:
             try:
                 code = proc.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.died_at[proc.pid] = proc.kill()
+                self.died(proc, proc.kill())
                 code = -9
             if code == -signal.SIGTERM:
                 # Killed by our SIGTERM before it had installed its signal handling (a

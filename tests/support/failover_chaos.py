@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 import psycopg
 
-from tests.support.processes import ROOT
+from tests.support.processes import ROOT, kill_workers, pause, resume
 
 APP = "tests.apps.failover:registry"
 #: The application_name of the harness's own connections (feeding, checking).
@@ -179,19 +179,20 @@ class ChaosRun:
         raise AssertionError(f"not every Worker of {names} started within {timeout:g}s")
 
     def kill(self, name: str) -> None:
-        """SIGKILL a Worker (its runs end as it dies) and start it again."""
+        """SIGKILL a Worker (its runs end as it dies; its supervisor follows) and start it
+        again."""
         proc = self.procs[name]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-        self.died_at[proc.pid] = time.monotonic()
+        killed = kill_workers(proc)
+        self.died_at.update(dict.fromkeys([proc.pid, *killed], time.monotonic()))
         self.start(self.specs[name])
 
     def pause(self, name: str) -> None:
-        """SIGSTOP a Worker: it claims nothing (and holds nothing new) until resumed."""
-        self.procs[name].send_signal(signal.SIGSTOP)
+        """SIGSTOP a Worker and its supervisor: it claims nothing (and holds nothing new)
+        until resumed."""
+        pause(self.procs[name].pid)
 
     def resume(self, name: str) -> None:
-        self.procs[name].send_signal(signal.SIGCONT)
+        resume(self.procs[name].pid)
 
     def feed(
         self,

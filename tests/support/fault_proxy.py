@@ -3,9 +3,13 @@
 `blackhole()` stops forwarding in both directions and holds new connections unanswered,
 as a network partition does: nothing is closed or reset, bytes wait in the kernel.
 `heal()` lets them flow again. `reset()` closes every connection at once.
+`ProxyThread` runs one in a thread of its own, for tests that are not async.
 """
 
 from __future__ import annotations
+
+import threading
+from collections.abc import Callable
 
 import trio
 
@@ -82,3 +86,40 @@ class FaultProxy:
         params = psycopg.conninfo.conninfo_to_dict(base_dsn)
         params.update(host="127.0.0.1", port=str(self.port))
         return psycopg.conninfo.make_conninfo(**params)
+
+
+class ProxyThread:
+    """A FaultProxy running in a Trio loop of its own, controlled from this thread."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.proxy = FaultProxy(host, port)
+        self._ready = threading.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the fault proxy did not start")
+
+    async def _main(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+        self._stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.proxy.run)
+            self._ready.set()
+            await self._stop.wait()
+            nursery.cancel_scope.cancel()
+
+    def _call(self, fn: Callable[[], None]) -> None:
+        trio.from_thread.run_sync(fn, trio_token=self._token)
+
+    def blackhole(self) -> None:
+        self._call(self.proxy.blackhole)
+
+    def heal(self) -> None:
+        self._call(self.proxy.heal)
+
+    def close(self) -> None:
+        assert self._stop is not None
+        self._call(self._stop.set)
+        self._thread.join(10)

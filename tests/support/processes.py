@@ -1,4 +1,10 @@
-"""Worker processes for tests: `python -m trioworker run`, as users run it."""
+"""Worker processes for tests: `python -m trioworker run`, as users run it.
+
+`run` is a supervisor and its Worker is a child of it (trioworker/_cli/supervisor.py):
+the pid a handler records, or a Worker advertises, is the child's. `worker_pids` finds
+the children; `pause`/`resume` stop and continue the pair together; `kill_workers`
+SIGKILLs the Workers, which the supervisor follows.
+"""
 
 from __future__ import annotations
 
@@ -50,6 +56,17 @@ class WorkerProcess:
     def signal(self, signum: int) -> None:
         self.proc.send_signal(signum)
 
+    def worker_pid(self, timeout: float = 30) -> int:
+        """The pid of its one Worker (the child the supervisor starts)."""
+        pids: list[int] = wait_for(lambda: worker_pids(self.proc.pid), timeout, "its Worker")
+        return pids[0]
+
+    def pause(self) -> None:
+        pause(self.proc.pid)
+
+    def resume(self) -> None:
+        resume(self.proc.pid)
+
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout=timeout)
 
@@ -85,6 +102,59 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     finally:
         for worker in started:
             worker.stop()
+
+
+def worker_pids(supervisor: int) -> list[int]:
+    """The Worker processes of a `run` supervisor: its children (it forks them from its
+    main thread) that run with a watchdog pipe. Others come and go: psycopg's import
+    runs `ldconfig -p`."""
+    try:
+        children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    except FileNotFoundError:  # it has exited
+        return []
+    return [int(pid) for pid in children if b"\0--watchdog-fd\0" in _cmdline(int(pid))]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:  # it has exited
+        return b""
+
+
+def ended(pid: int) -> bool:
+    """Whether process `pid` has ended: gone, or a zombie not reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+
+
+def pause(supervisor: int) -> None:
+    """SIGSTOP a `run` supervisor and its Workers: the pair pauses together."""
+    os.kill(supervisor, signal.SIGSTOP)
+    for pid in worker_pids(supervisor):
+        os.kill(pid, signal.SIGSTOP)
+
+
+def resume(supervisor: int) -> None:
+    """SIGCONT the Workers first, then their supervisor."""
+    for pid in worker_pids(supervisor):
+        os.kill(pid, signal.SIGCONT)
+    os.kill(supervisor, signal.SIGCONT)
+
+
+def kill_workers(proc: subprocess.Popen[Any], timeout: float = 30) -> list[int]:
+    """SIGKILL a `run` process's Workers (itself, if it has none yet), as a crash or
+    the OOM killer would; it follows them. Returns once all are dead, with their pids."""
+    pids = worker_pids(proc.pid)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    if not pids:
+        proc.kill()
+    proc.wait(timeout=timeout)
+    return pids
 
 
 def observed(tmp_path: Path) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Fakes for the executor and Worker unit tests: a scriptable in-memory store, a
-recording tracer and event sink, a stand-in for the watchdog thread. All on Trio's
-clock; none touches PostgreSQL or the wall clock."""
+recording tracer and event sink. All on Trio's clock; none touches PostgreSQL or the
+wall clock."""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import subprocess
 
 import pytest
 
@@ -13,6 +15,7 @@ from trioworker._postgres.migrate import migrations_dir
 from trioworker._postgres.queries import WRITTEN as QUERIES
 from trioworker._postgres.queries import parse
 from trioworker._postgres.store import LIMIT_REFUSALS, RUNNING_SLOT_INDEXES
+from trioworker._store.reads import process_gone
 
 NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 
@@ -84,6 +87,36 @@ def test_settings_defaults_follow_the_rule() -> None:
     s = Settings()
     assert (s.lease, s.heartbeat, s.self_stop_after, s.poll, s.max_stalls) == (60, 10, 30, 5, 3)
     assert (s.stop_grace, s.recovery_every) == (15, 15)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "margin"),
+    [
+        ({}, 1.0),  # 60 - 30 - 15 leaves 15 s: capped at a second
+        ({"lease": 4, "heartbeat": 1, "stop_grace": 1}, 0.5),  # half of the 1 s left
+        ({"lease": 8, "heartbeat": 1, "stop_grace": 2}, 1.0),  # half of 2 s
+        ({"lease": 10, "heartbeat": 1, "stop_grace": 4.9}, 0.05),
+    ],
+)
+def test_the_kill_margin_is_half_of_what_the_lease_leaves_at_most_a_second(
+    kwargs: dict[str, float], margin: float
+) -> None:
+    """The supervisor kills at half the lease + grace + margin: after the grace, before
+    the lease ends."""
+    s = Settings(**kwargs)  # type: ignore[arg-type]
+    assert s.kill_margin == pytest.approx(margin)
+    assert s.kill_margin > 0 and s.self_stop_after + s.stop_grace + s.kill_margin < s.lease
+
+
+def test_a_process_that_has_ended_is_gone_before_it_is_reaped() -> None:
+    """An ended process not reaped yet (a Worker whose supervisor was SIGKILLed, until
+    init reaps it) holds no Worker id; this live one does."""
+    child = subprocess.Popen(["true"])
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, still a zombie
+    assert process_gone(child.pid)
+    child.wait()
+    assert process_gone(child.pid)
+    assert not process_gone(os.getpid())
 
 
 @pytest.mark.parametrize(

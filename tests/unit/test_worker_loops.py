@@ -39,6 +39,7 @@ from trioworker import (
     WorkItem,
 )
 from trioworker._core.model import Fired, WorkerInfo
+from trioworker._worker.watchdog import WatchdogLink
 
 WORKER = "trioworker.worker"
 
@@ -731,47 +732,42 @@ async def test_recording_the_stop_is_bounded_by_the_poll_interval(
     assert trio.current_time() == 4.0
 
 
-# -- the watchdog thread ------------------------------------------------------------
+# -- the watchdog link ----------------------------------------------------------------
 
 
-class FakeWatchdog:
-    """Stands in for the supervisor's end of the pipe: records what the loop tells it,
-    with the monotonic and the Trio time of each."""
+class FakeLink(WatchdogLink):
+    """Stands in for the pipe to the supervisor: records what the loop publishes."""
 
-    def __init__(self) -> None:
+    def __init__(self) -> None:  # no pipe
         self.published: list[tuple[float, float, float]] = []  # (kill_at, monotonic, trio)
 
     def publish(self, kill_at: float) -> None:
         self.published.append((kill_at, time.monotonic(), trio.current_time()))
 
 
-async def test_the_watchdog_outside_is_told_each_bound_in_monotonic_time(
+async def test_the_loop_publishes_its_kill_bound_when_the_earliest_deadline_moves(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """With a watchdog, it is told when to end the process from outside: each time the
-    earliest bound of a running handler changes (its self-stop deadline + the stop
-    grace 15 s + the kill margin 1 s), in `time.monotonic()` terms; inf once none runs.
-    Between changes it is told nothing."""
-    store, registry, watchdog = ScriptedStore(), Registry(), FakeWatchdog()
+    """Each change of the earliest self-stop deadline is published once, as a
+    `time.monotonic()` instant: deadline + stop grace + kill margin (inf: none running).
+    Two attempts claimed together share a deadline; one ending while the other runs on
+    changes nothing."""
+    store, registry = ScriptedStore(), Registry()
     registry.handler("A")(sleeping(15))
+    registry.handler("B")(sleeping(5))
     await store.enqueue("A")
-    async with running(store, registry, watchdog=watchdog):
+    await store.enqueue("B")
+    link = FakeLink()
+    settings = Settings(concurrency=2)
+    async with running(store, registry, settings, watchdog=link):
         await trio.sleep(20)
-    assert Settings().kill_margin == 1.0
-    told = [(at, kill_at - mono) for kill_at, mono, at in watchdog.published]
-    assert [at for at, _ in told] == [0.0, 10.0, 15.0]
-    assert told[0][1] == pytest.approx(30.0 + 15.0 + 1.0, abs=0.5)  # claimed at 0
-    assert told[1][1] == pytest.approx(30.0 + 15.0 + 1.0, abs=0.5)  # renewed at 10
-    assert told[2][1] == math.inf
-
-
-def test_the_kill_margin_ends_the_process_before_the_lease_does() -> None:
-    """Half the lease + the stop grace + the margin stays under the lease: at most a
-    second, half of what is left."""
-    assert Settings().kill_margin == 1.0  # lease 60, grace 15: 15 left
-    tight = Settings(lease=8.0, heartbeat=1.0, stop_grace=3.5)
-    assert tight.kill_margin == 0.25
-    assert tight.self_stop_after + tight.stop_grace + tight.kill_margin < tight.lease
+    published = [(at, kill_at - mono) for kill_at, mono, at in link.published]
+    assert [at for at, _ in published] == [0.0, 10.0, 15.0]  # claimed, heartbeat, A ends
+    after = settings.self_stop_after + settings.stop_grace + settings.kill_margin
+    assert after == 46.0
+    assert published[0][1] == pytest.approx(after, abs=0.5)
+    assert published[1][1] == pytest.approx(after, abs=0.5)
+    assert published[2][1] == math.inf
 
 
 @pytest.mark.parametrize(

@@ -9,15 +9,16 @@ import json
 import logging
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Collection
 from functools import partial
-from typing import Any, NoReturn
+from typing import Any
 
 import trio
 
-from trioworker._cli.exits import EXIT_ERROR, EXIT_FAIL_STOP, EXIT_INTERRUPTED, EXIT_OK
+from trioworker._cli.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
 from trioworker._cli.input import UsageError, read_items, read_lines, read_payload
 from trioworker._core.errors import ConfigurationError, DatabaseUnavailable, InvalidWorkItem
 from trioworker._core.model import FINISHED, Enqueued, Status
@@ -31,18 +32,10 @@ from trioworker._postgres.migrate import check_schema, migrate
 from trioworker._postgres.queries import queries_in
 from trioworker._postgres.store import PostgresStore, open_store
 from trioworker._worker.executor import Tracer
+from trioworker._worker.watchdog import WatchdogLink
 from trioworker._worker.worker import Worker, default_worker_id
 
 log = logging.getLogger("trioworker")
-
-
-def fail_stop(message: str) -> NoReturn:
-    """End the process now, so the operating system ends the handler's side effects."""
-    log.critical("fail-stop: %s", message)
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    sys.stderr.flush()
-    os._exit(EXIT_FAIL_STOP)
 
 
 def load_registry(spec: str) -> Registry:
@@ -394,17 +387,34 @@ def otel_tracer() -> Tracer:
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    """`run`: a supervisor of one or N Workers; with --watchdog-fd, one of its Workers."""
     check_run_arguments(args)
     args.worker_id = args.worker_id or default_worker_id()
     registry = load_registry(args.app)
-    if args.processes > 1:
+    if args.watchdog_fd is None:
         return run_supervised(args, registry)
+    return run_worker(args, settings, registry, watchdog_link(args.watchdog_fd))
+
+
+def watchdog_link(fd: int) -> WatchdogLink:
+    """The Worker's end of the pipe its supervisor gave it."""
+    try:
+        is_pipe = stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except OSError:
+        is_pipe = False
+    if not is_pipe:
+        raise UsageError(f"--watchdog-fd {fd} is no pipe: it is for the supervisor's own use")
+    return WatchdogLink(fd)
+
+
+def run_worker(
+    args: argparse.Namespace, settings: Settings, registry: Registry, link: WatchdogLink
+) -> int:
+    """One Worker, started by the supervisor (which has migrated, if asked): it tells
+    the supervisor its bound over `link`, and fail-stops through it."""
     tracer = otel_tracer() if args.otel else None  # after --app, which may set one up
     if args.retain is not None:
         registry.retention(args.retain)
-    if args.migrate:
-        for migration in migrate(args.dsn, registry, schema=args.schema):
-            log.info("applied migration %s", migration)
     wait_for_schema(args.dsn, args.schema, args.startup_timeout, registry)
     interrupted = trio.Event()
 
@@ -428,8 +438,8 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
                 worker_id=args.worker_id,
                 scopes=args.scope,
                 unscoped=args.unscoped,
-                fail_stop=fail_stop,
-                watchdog=None,  # the supervisor's link (issue 31)
+                fail_stop=link.fail_stop,
+                watchdog=link,
                 metrics=metrics,
                 tracer=tracer,
             )
@@ -448,19 +458,19 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def run_supervised(args: argparse.Namespace, registry: Registry) -> int:
-    """`run --processes N`: migrate once if asked, then N Workers under a supervisor
-    (trioworker/_cli/supervisor.py); each checks the schema and serves as `run` does."""
-    from trioworker._cli.supervisor import child_argv, supervise, worker_ids
+    """`run`: migrate once if asked and wait for the schema, then one or N Workers under
+    this process, their supervisor (trioworker/_cli/supervisor.py)."""
+    from trioworker._cli.supervisor import child_argv, run_workers, worker_ids
 
     if args.migrate:
         for migration in migrate(args.dsn, registry, schema=args.schema):
             log.info("applied migration %s", migration)
-    commands = []
+    wait_for_schema(args.dsn, args.schema, args.startup_timeout, registry)
+    workers = []
     for index, worker_id in enumerate(worker_ids(args.worker_id, args.processes)):
         port = [] if not args.metrics_port else ["--metrics-port", str(args.metrics_port + index)]
-        commands.append(child_argv(args.argv, worker_id, *port))
-    code: int = trio.run(supervise, commands)
-    return code
+        workers.append((worker_id, child_argv(args.argv, worker_id, *port)))
+    return run_workers(workers)
 
 
 async def on_signals(worker: Worker, scope: trio.CancelScope, interrupted: trio.Event) -> None:

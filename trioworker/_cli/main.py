@@ -292,9 +292,11 @@ def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
                      " polls)")  # fmt: skip
     run.add_argument("--processes", type=number(integer=True, minimum=1, maximum=1024),
                      default=1, metavar="N",
-                     help="run N Worker processes (ids ID-1 .. ID-N) under one supervisor,"
-                     " which passes signals to them all and exits with 70 if any"
-                     " fail-stops (1)")  # fmt: skip
+                     help="run N Worker processes (ids ID-1 .. ID-N) under the supervisor"
+                     " every run has, which passes signals to them all and exits with 70"
+                     " if any fail-stops (1)")  # fmt: skip
+    # A Worker the supervisor started: the write end of its watchdog pipe.
+    run.add_argument("--watchdog-fd", type=int, help=argparse.SUPPRESS)
     run.add_argument("--migrate", action="store_true", help="apply migrations first")
     run.add_argument("--retain", type=duration, metavar="DURATION",
                      help="delete finished items older than this (such as 7d), hourly, as one"

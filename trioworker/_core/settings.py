@@ -62,8 +62,14 @@ class Settings:
 
     @property
     def kill_margin(self) -> float:
-        """How long after a handler's bound (asked to stop + stop grace) the watchdog
-        outside the process ends it, in case the interpreter cannot: enough for the
-        in-process fail-stop to come first, and short enough that the process is dead
-        before the lease expires (half the lease + grace + margin < lease)."""
+        """How long after a cancelled handler's stop grace the Worker's supervisor kills
+        the process (docs/reliability.md, "The fail-stop from outside").
+
+        The Worker's own fail-stop comes first whenever its event loop runs; the
+        supervisor is the backstop for an interpreter that cannot act (C code holding the
+        GIL, a blocked log write), so it waits this much longer: half of what the lease
+        leaves after the self-stop and the grace, at most a second. That is always more
+        than 0 (half the lease + grace < lease), and the process is dead by half the
+        lease + grace + margin, still before the lease ends.
+        """
         return min(1.0, (self.lease - self.self_stop_after - self.stop_grace) / 2)

@@ -3,9 +3,10 @@
 Pause the scope, ask its Running items (one per slot: a scope may run more than one,
 docs/design/limits.md) to stop, and watch them until each has ended with its fenced
 write, or its lease has expired by the database's clock: an attempt cut
-off from the database stops itself at lease/2 after its last good heartbeat and
-fail-stops by lease/2 + stop grace, both before its lease ends (docs/design/quiesce.md
-has the argument and the assumption it rests on). The scope stays paused.
+off from the database stops itself at lease/2 after its last good heartbeat and its
+process is dead by lease/2 + stop grace + kill margin, both before its lease ends
+(docs/design/quiesce.md has the argument and the assumption it rests on). The scope
+stays paused.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -36,14 +37,28 @@ def id_in_use(
 
 def process_gone(pid: int) -> bool:
     """Whether no process `pid` runs on this host (one that runs as another user, or a
-    new process that reused the number, counts as running)."""
+    new process that reused the number, counts as running; one that has ended and
+    waits to be reaped does not: a Worker whose supervisor was SIGKILLed is reaped by
+    init, which some take seconds to do)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:
         return False
-    return pid <= 0
+    return pid <= 0 or _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether process `pid` has ended but is not reaped yet (Linux; elsewhere False)."""
+    if sys.platform != "linux":
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[-1].split()
+    except FileNotFoundError:  # reaped meanwhile
+        return True
+    return fields[:1] in ([b"Z"], [b"X"])
 
 
 def alive_window(advertise_every: float | None) -> float:

@@ -128,7 +128,12 @@ class Executor:
         self._idle: trio.Event | None = None
         self.stops = StopWatch(on_earliest_stop)
         self.heartbeats = Heartbeats(
-            store, settings, self.running, self._moved, self.stops.together, self._observe
+            store,
+            settings,
+            self.running,
+            moved=self._moved,
+            together=self.stops.together,
+            observe=self._observe,
         )
         self.completions = CompletionBatcher(store, self._completed)
         self._shared = Shared(

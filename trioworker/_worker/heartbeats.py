@@ -36,6 +36,7 @@ class Heartbeats:
         store: WorkerStore,
         settings: Settings,
         attempts: Collection[Attempt],
+        *,
         moved: Callable[[Attempt], None],
         together: Callable[[], AbstractContextManager[None]],
         observe: Callable[[str, str, float | None], None],
