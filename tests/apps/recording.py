@@ -40,17 +40,17 @@ def note(event: str, item: WorkItem, ctx: Context, **fields: Any) -> None:
 
 def monotonic_deadline(ctx: Context) -> float:
     """The attempt's self-stop deadline as a `time.monotonic()` instant."""
-    return time.monotonic() + (ctx.cancel_scope.deadline - trio.current_time())
+    return time.monotonic() + (ctx.deadline - trio.current_time())
 
 
 async def heartbeats_stopped(ctx: Context, heartbeat: float) -> float:
     """Once the attempt's self-stop deadline has not moved for 1.5 heartbeats (they no
     longer get through): that deadline, as a `time.monotonic()` instant."""
-    deadline, moved_at = ctx.cancel_scope.deadline, trio.current_time()
+    deadline, moved_at = ctx.deadline, trio.current_time()
     while trio.current_time() < moved_at + 1.5 * heartbeat:
         await trio.sleep(0.05)
-        if ctx.cancel_scope.deadline != deadline:
-            deadline, moved_at = ctx.cancel_scope.deadline, trio.current_time()
+        if ctx.deadline != deadline:
+            deadline, moved_at = ctx.deadline, trio.current_time()
     return monotonic_deadline(ctx)
 
 
@@ -114,8 +114,8 @@ async def flood_log(item: WorkItem, ctx: Context) -> None:
     with trio.CancelScope(shield=True):
         noted = None
         while True:
-            if ctx.cancel_scope.deadline != noted:
-                noted = ctx.cancel_scope.deadline
+            if ctx.deadline != noted:
+                noted = ctx.deadline
                 note("deadline", item, ctx, deadline=monotonic_deadline(ctx))
             await trio.sleep(0.05)
 
