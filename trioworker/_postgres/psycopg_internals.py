@@ -117,12 +117,12 @@ def missing() -> list[str]:
         problems.append("AsyncConnection.notifies() no longer ends on _WaitTimeout")
     if f"self.{LOCK} = " not in inspect.getsource(psycopg.AsyncConnection.__init__):
         problems.append(f"AsyncConnection.__init__ no longer sets self.{LOCK}")
-    for owner, name in (
-        (psycopg.AsyncConnection, "_connect_gen"),
-        (psycopg.conninfo, "conninfo_attempts"),
-        (psycopg.conninfo, "timeout_from_conninfo"),
-        (psycopg.generators, "cancel"),
+    for owner, name, shown in (
+        (psycopg.AsyncConnection, "_connect_gen", "psycopg.AsyncConnection._connect_gen"),
+        (psycopg.conninfo, "conninfo_attempts", "psycopg.conninfo.conninfo_attempts"),
+        (psycopg.conninfo, "timeout_from_conninfo", "psycopg.conninfo.timeout_from_conninfo"),
+        (psycopg.generators, "cancel", "psycopg.generators.cancel"),
     ):
         if not callable(getattr(owner, name, None)):
-            problems.append(f"{owner.__name__}.{name} is gone")
+            problems.append(f"{shown} is gone")
     return problems

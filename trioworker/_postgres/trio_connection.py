@@ -104,21 +104,23 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
         failures: list[tuple[psycopg.Error, str]] = []
         for attempt in attempts:
             where = f"host: {attempt.get('host')!r}, port: {attempt.get('port')!r}"
+            log.debug("connection attempt: %s", where)
             try:
                 with trio.fail_after(timeout):
                     gen = internals.connect_generator(cls, make_conninfo("", **attempt))
                     conn = await wait_conn(gen)
             except trio.TooSlowError:
-                failures.append(
-                    (psycopg.errors.ConnectionTimeout("connection timeout expired"), where)
-                )
+                timed_out = psycopg.errors.ConnectionTimeout("connection timeout expired")
+                failures.append((timed_out, where))
             except psycopg.Error as exc:
                 failures.append((exc, where))
             else:
                 assert isinstance(conn, TrioConnection)
                 await conn.set_autocommit(autocommit)
                 conn.prepare_threshold = prepare_threshold
+                log.debug("connection succeeded: %s", where)
                 return conn
+            log.debug("connection failed: %s: %s", where, failures[-1][0])
         raise _connection_failed(failures)
 
     async def wait(
