@@ -103,8 +103,11 @@ class Pool:
         #: with (when it was made, when it came back).
         self._idle: collections.deque[tuple[Conn, float, float]] = collections.deque()
         self._born: dict[int, float] = {}
-        #: Connections open, lent or being opened.
+        #: Connections open, lent or being opened; of those, being opened; callers
+        #: waiting for one.
         self.size = 0
+        self._opening = 0
+        self._waiting = 0
         self._returned = trio.lowlevel.ParkingLot()
         self._closed = True
 
@@ -130,9 +133,14 @@ class Pool:
             conn = self._take_idle()
             if conn is not None:
                 return conn
-            if self.size < self.max_size:
-                self._grow()
-            await self._returned.park()
+            self._waiting += 1
+            try:
+                # One connection opening for each caller waiting, within max_size.
+                if self.size < self.max_size and self._opening < self._waiting:
+                    self._grow()
+                await self._returned.park()
+            finally:
+                self._waiting -= 1
 
     def putconn(self, conn: Conn) -> None:  # pragma: no mutate block
         """Take back a connection: kept if idle and alive, else closed and forgotten.
@@ -186,6 +194,7 @@ class Pool:
         for up to reconnect_timeout: a caller waiting for it gets it, or, once its own
         time bound is over, the next caller does."""
         self.size += 1
+        self._opening += 1
         self._background.start(self._add_connection, f"connect pool {self.name!r}")
 
     async def _add_connection(self) -> None:  # pragma: no mutate block
@@ -196,6 +205,7 @@ class Pool:
                 while conn is None:
                     conn = await self._new_connection(backoff)
         finally:
+            self._opening -= 1
             if conn is None or self._closed:
                 self.size -= 1
                 if conn is not None:

@@ -172,7 +172,11 @@ class TrioConnection(psycopg.AsyncConnection[Row]):
             raise psycopg.errors.CancellationTimeout("cancellation timeout expired")
 
     async def close(self) -> None:
-        self.close_now()
+        """psycopg's close (it never waits), after waking any task waiting on the
+        socket, as Trio requires before a socket it watches is closed."""
+        if not self.closed:
+            with contextlib.suppress(psycopg.Error):
+                trio.lowlevel.notify_closing(self.pgconn.socket)
         await super().close()
 
     def close_now(self) -> None:
