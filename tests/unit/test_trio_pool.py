@@ -74,7 +74,7 @@ def pool() -> Iterator[tuple[Pool, Connector]]:
 async def test_min_size_is_made_at_open_and_configured(
     pool: tuple[Pool, Connector], autojump_clock: trio.testing.MockClock
 ) -> None:
-    p, made = pool
+    p, _ = pool
     p.open()
     await trio.sleep(1)
     assert [c.configured for c in made.made] == [True] and p.size == 1
@@ -84,7 +84,7 @@ async def test_min_size_is_made_at_open_and_configured(
 async def test_at_most_max_size_are_lent_and_a_third_caller_waits(
     pool: tuple[Pool, Connector], autojump_clock: trio.testing.MockClock
 ) -> None:
-    p, made = pool
+    p, _ = pool
     p.open()
     a, b = await p.getconn(), await p.getconn()
     assert a is not b and p.size == 2
@@ -105,7 +105,7 @@ async def test_at_most_max_size_are_lent_and_a_third_caller_waits(
 async def test_a_broken_or_busy_connection_never_goes_back(
     pool: tuple[Pool, Connector], autojump_clock: trio.testing.MockClock
 ) -> None:
-    p, made = pool
+    p, _ = pool
     p.open()
     a = await p.getconn()
     a.close_now()
@@ -124,7 +124,7 @@ async def test_an_idle_connection_whose_backend_spoke_is_not_handed_out(
     pool: tuple[Pool, Connector], autojump_clock: trio.testing.MockClock
 ) -> None:
     """A terminated backend's FATAL (then EOF) makes the idle socket readable."""
-    p, made = pool
+    p, _ = pool
     p.open()
     a = await p.getconn()
     p.putconn(a)
@@ -137,7 +137,7 @@ async def test_an_idle_connection_whose_backend_spoke_is_not_handed_out(
 async def test_failed_connects_are_tried_again_in_the_background(
     pool: tuple[Pool, Connector], autojump_clock: trio.testing.MockClock
 ) -> None:
-    p, made = pool
+    p, _ = pool
     made.failures = 3
     p.open()
     conn = await p.getconn()
@@ -148,7 +148,7 @@ async def test_failed_connects_are_tried_again_in_the_background(
 async def test_a_connection_older_than_max_lifetime_is_replaced(
     pool: tuple[Pool, Connector], autojump_clock: trio.testing.MockClock
 ) -> None:
-    p, made = pool
+    p, _ = pool
     p.max_lifetime = 100
     p.open()
     a = await p.getconn()
@@ -162,7 +162,7 @@ async def test_a_connection_older_than_max_lifetime_is_replaced(
 async def test_closing_closes_the_idle_and_refuses_callers(
     pool: tuple[Pool, Connector], autojump_clock: trio.testing.MockClock
 ) -> None:
-    p, made = pool
+    p, _ = pool
     p.open()
     a, b = await p.getconn(), await p.getconn()
     p.putconn(a)
