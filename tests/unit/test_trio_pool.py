@@ -74,7 +74,7 @@ def pool() -> Iterator[tuple[Pool, Connector]]:
 async def test_min_size_is_made_at_open_and_configured(
     pool: tuple[Pool, Connector], autojump_clock: trio.testing.MockClock
 ) -> None:
-    p, _ = pool
+    p, made = pool
     p.open()
     await trio.sleep(1)
     assert [c.configured for c in made.made] == [True] and p.size == 1
@@ -84,7 +84,7 @@ async def test_min_size_is_made_at_open_and_configured(
 async def test_at_most_max_size_are_lent_and_a_third_caller_waits(
     pool: tuple[Pool, Connector], autojump_clock: trio.testing.MockClock
 ) -> None:
-    p, _ = pool
+    p, made = pool
     p.open()
     a, b = await p.getconn(), await p.getconn()
     assert a is not b and p.size == 2
@@ -137,7 +137,7 @@ async def test_an_idle_connection_whose_backend_spoke_is_not_handed_out(
 async def test_failed_connects_are_tried_again_in_the_background(
     pool: tuple[Pool, Connector], autojump_clock: trio.testing.MockClock
 ) -> None:
-    p, _ = pool
+    p, made = pool
     made.failures = 3
     p.open()
     conn = await p.getconn()
