@@ -18,7 +18,8 @@ SCENARIOS = {
     "e2e": "end-to-end throughput of Worker processes against procrastinate, pgqueuer,"
     " Graphile Worker (with node), pgbench",
     "pickup": "time from enqueue to handler start on an idle Worker",
-    "bridge": "per-call cost of the store's trio-asyncio path against psycopg's sync API",
+    "bridge": "CPU a statement: the store's Trio path beside the trio-asyncio bridge and"
+    " psycopg's sync API",
     "prune": "retention of 1 M finished rows in batches, beside one DELETE, under a prober",
     "clients": "one enqueue through the Trio store, Client and AsyncClient, side by side",
     "schema": "per-call cost of the functions' pinned search_path, and of a schema of its own",

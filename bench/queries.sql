@@ -291,3 +291,15 @@ DELETE FROM floor_jobs WHERE id = ANY(%(ids)s);
 -- name: floor_reset
 -- Both tables of the server's floor emptied (a bench database of its own).
 TRUNCATE work_items, floor_jobs CASCADE;
+
+-- name: bridge_heartbeat
+-- The same statement as trioworker's own `heartbeat`, sent on a plain connection.
+UPDATE work_items
+SET lease_expires_at = now() + make_interval(secs => %(lease)s),
+    heartbeat_at = now()
+WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'Running'
+RETURNING cancel_requested;
+
+-- name: bridge_forty_rows
+-- 40 whole rows of work_items back (as a claim of 40 returns them).
+SELECT * FROM work_items ORDER BY id LIMIT 40;

@@ -12,8 +12,8 @@ client and Worker interfaces, the reads), `_postgres` (the Trio store on Postgre
 line); `trioworker.testing`, `trioworker.dashboard` and `trioworker.otel` are public
 subpackages of their own.
 
-The pure values and decisions are imported here at once; the names that need Trio,
-trio-asyncio and psycopg (about half a second of CPU to import) are imported on first
+The pure values and decisions are imported here at once; the names that need Trio
+and psycopg (about half a second of CPU to import) are imported on first
 use, so that `python -m trioworker --help` and a command's usage error cost almost
 nothing.
 """

@@ -33,8 +33,8 @@ from trioworker._core.validation import MAX_PRIORITY, MAX_RUN_AFTER_DISTANCE, MI
 from trioworker._postgres.schema_name import SCHEMA_ENV, resolve_schema
 from trioworker._worker import logging as _logging
 
-# Each verb imports what it needs when it runs (trioworker._cli.commands: Trio,
-# trio-asyncio and psycopg, about half a second of CPU), so that --help and a usage
+# Each verb imports what it needs when it runs (trioworker._cli.commands: Trio
+# and psycopg, about half a second of CPU), so that --help and a usage
 # error cost almost nothing (tests/integration/test_cli_edges.py holds it).
 
 log = logging.getLogger("trioworker")

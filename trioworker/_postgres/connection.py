@@ -1,6 +1,7 @@
-"""The plumbing of the PostgreSQL store: the pool, the trio-asyncio bridge, each
-call's time bound, the translation of driver errors, the caller's transactions and
-LISTEN. The operations (store.py) say what to run; this says how it is run.
+"""The plumbing of the PostgreSQL store: the pool, each call's time bound, the
+translation of driver errors, the caller's transactions and LISTEN. The operations
+(store.py) say what to run; this says how it is run: on psycopg's async connections
+waited on by Trio (trio_connection.py), from a small Trio pool (pool.py).
 
 Every call is one statement (or one short transaction) on a pooled autocommit
 connection, bounded by `call_timeout`. Driver errors become trioworker errors here and
@@ -9,15 +10,13 @@ nowhere else.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing, asynccontextmanager
 from typing import Any, LiteralString, TypeVar
 
 import psycopg
 import psycopg.errors
-import psycopg_pool
 import trio
 from psycopg import sql
 from psycopg.pq import TransactionStatus
@@ -25,11 +24,12 @@ from psycopg.rows import dict_row
 
 from trioworker._core.errors import SchemaNotReady, StoreError, StoreTimeout
 from trioworker._core.retry import Backoff
-from trioworker._postgres import bridge as _bridge
 from trioworker._postgres import failures
 from trioworker._postgres.dsn import redact, redact_dsn
+from trioworker._postgres.pool import Background, Pool
 from trioworker._postgres.queries import queries_in
 from trioworker._postgres.schema_name import resolve_schema
+from trioworker._postgres.trio_connection import TrioConnection
 from trioworker._store.api import NotifyCallback
 
 log = logging.getLogger("trioworker.store")
@@ -46,6 +46,9 @@ _CONFLICT_RETRIES = 5
 _PROBE_WAIT = 3.0
 #: A transaction's BEGIN tries this many pooled connections before it gives up.
 _BEGIN_TRIES = 3
+#: How long closing the store waits for its background work (a cancel sent to the
+#: server, a ROLLBACK) before cancelling it.
+_CLOSE_GRACE = 1.0
 
 # Connection settings that keep a dead link from holding a call forever; a DSN that
 # sets any of them wins.
@@ -88,43 +91,44 @@ class Connections:
         self.queries = queries_in(self.schema)
         self._connect_kwargs = connect_kwargs(dsn, application_name)
         self._listen_kwargs = connect_kwargs(self.listen_dsn, application_name)
-        self._pool = psycopg_pool.AsyncConnectionPool(
-            dsn,
-            kwargs={**self._connect_kwargs, "autocommit": True},
+        #: What must not hold the caller: cancels of abandoned statements, ROLLBACKs,
+        #: new connections.
+        self._background = Background()
+        self._pool = Pool(
+            self._connect,
             min_size=1,
             max_size=max_connections,
-            open=False,
-            timeout=call_timeout,
             # Give up a reconnect series after a few seconds; the next call starts a
             # new one at once, rather than waiting out a long backoff after an outage.
             reconnect_timeout=5.0,
             name="trioworker",
             configure=_configure,
+            background=self._background,
         )
-        self._loop: asyncio.AbstractEventLoop | None = None
         #: Calls that ran out of time, and the queue's own writes run again after a
         #: deadlock or serialization failure.
         self.timeouts = 0
         self.conflict_retries = 0
 
-    async def run(self, coro: Coroutine[Any, Any, T]) -> T:  # pragma: no mutate block
-        if self._loop is None:
-            raise RuntimeError("the store is not open")
-        return await _bridge.run(coro, self._loop)
+    async def _connect(
+        self, dsn: str | None = None, kwargs: dict[str, Any] | None = None
+    ) -> TrioConnection[Any]:  # pragma: no mutate block
+        """A new autocommit connection (to `dsn`, default the pool's), whose abandoned
+        statements are cancelled in the store's background."""
+        conn = await TrioConnection.connect(
+            dsn or self.dsn, **(kwargs or self._connect_kwargs), autocommit=True
+        )
+        conn.on_abandon = self._background.start
+        return conn
 
     async def open(self) -> None:  # pragma: no mutate block
-        """Open the pool on this task's trio-asyncio loop; any task may then use it."""
-        self._loop = _bridge.current_loop()
-        await self.run(self._pool.open(wait=False))
+        """Open the pool (its first connection is made in the background); any Trio
+        task of this run may then use it."""
+        self._pool.open()
 
     async def close(self) -> None:  # pragma: no mutate block
-        with trio.move_on_after(self.call_timeout):
-            await self.run(self._pool.close(timeout=self.call_timeout))
-
-    def in_background(self, coro: Coroutine[Any, Any, None]) -> None:  # pragma: no mutate block
-        """Start `coro` on the store's asyncio loop without waiting for it."""
-        assert self._loop is not None
-        self._loop.create_task(coro).add_done_callback(_bridge.consume_result)
+        await self._pool.close()
+        await self._background.aclose(min(_CLOSE_GRACE, self.call_timeout))
 
     async def call(
         self,
@@ -144,8 +148,8 @@ class Connections:
             for retry in range(_CONFLICT_RETRIES + 1):
                 try:
                     if conn is not None:
-                        return await self.run(_discarding_on_failure(conn, op))
-                    return await self.run(self._with_pooled_connection(op))
+                        return await _discarding_on_failure(conn, op)
+                    return await self._with_pooled_connection(op)
                 except failures.CONFLICTS as exc:
                     if conn is not None or retry == _CONFLICT_RETRIES:
                         raise self.translate(name, exc) from None
@@ -160,12 +164,11 @@ class Connections:
         raise StoreTimeout(f"{name}: no answer from PostgreSQL within {limit:g}s")
 
     async def _with_pooled_connection(self, op: Op[T]) -> T:  # pragma: no mutate block
-        # asyncio side
         conn = await self._pool.getconn()
         try:
             return await _discarding_on_failure(conn, op)
         finally:
-            await self._pool.putconn(conn)
+            self._pool.putconn(conn)
 
     def translate(self, name: str, exc: psycopg.Error) -> StoreError | SchemaNotReady:
         return failures.translate(name, exc, self.dsn, self.schema)
@@ -189,12 +192,12 @@ class Connections:
         """A transaction on a pooled connection: committed when the block exits cleanly,
         rolled back (in the background) if it raises.
 
-        `refuse_commit` is asked as the very last thing before the COMMIT is sent, on
-        the asyncio side with no checkpoint in between: an exception it returns makes
-        it a ROLLBACK instead, and is raised from the block's exit.
+        `refuse_commit` is asked as the very last thing before the COMMIT is sent, with
+        no checkpoint in between: an exception it returns makes it a ROLLBACK instead,
+        and is raised from the block's exit.
         """
 
-        async def begin() -> psycopg.AsyncConnection[Any]:
+        async def begin() -> TrioConnection[Any]:
             # A pooled connection whose backend was terminated fails at once; nothing
             # was done on it yet, so the transaction begins again on a fresh one.
             for fresh in range(_BEGIN_TRIES, 0, -1):
@@ -203,7 +206,7 @@ class Connections:
                     await conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
                 except BaseException as exc:
                     await conn.close()
-                    await self._pool.putconn(conn)
+                    self._pool.putconn(conn)
                     if fresh > 1 and isinstance(exc, psycopg.OperationalError):
                         continue
                     raise
@@ -211,7 +214,7 @@ class Connections:
             raise AssertionError("unreachable")  # pragma: no cover
 
         async def finish(
-            conn: psycopg.AsyncConnection[Any],
+            conn: TrioConnection[Any],
             statement: LiteralString,
             refuse: Callable[[], BaseException | None] | None = None,
         ) -> BaseException | None:
@@ -222,12 +225,16 @@ class Connections:
             finally:
                 if conn.pgconn.transaction_status != TransactionStatus.IDLE:
                     await conn.close()
-                await self._pool.putconn(conn)
+                self._pool.putconn(conn)
             return refused
+
+        async def roll_back(conn: TrioConnection[Any]) -> None:
+            with trio.move_on_after(self.call_timeout):
+                await _quietly(finish(conn, "ROLLBACK"))
 
         with trio.fail_after(self.call_timeout):
             try:
-                conn = await self.run(begin())
+                conn = await begin()
             except psycopg.Error as exc:
                 raise self.translate("transaction", exc) from None
         ended = False
@@ -235,7 +242,7 @@ class Connections:
             yield conn
             ended = True  # COMMIT returns the connection to the pool, whatever happens
             refused = await self.call(
-                "commit", lambda c: finish(c, "COMMIT", refuse_commit), conn=conn
+                "commit", lambda _: finish(conn, "COMMIT", refuse_commit), conn=conn
             )
             if refused is not None:
                 raise refused
@@ -244,7 +251,11 @@ class Connections:
                 # In the background: a handler being cancelled (a self-stop, say) must not
                 # wait on a dead link for its ROLLBACK, which would outlast its stop grace.
                 # The connection goes back to the pool (or is discarded) once it is done.
-                self.in_background(_quietly(finish(conn, "ROLLBACK")))
+                # One closed already (its statement was abandoned) is discarded at once.
+                if conn.closed:
+                    self._pool.putconn(conn)
+                else:
+                    self._background.start(lambda: roll_back(conn), "roll back")
 
     async def listen(
         self,
@@ -272,12 +283,8 @@ class Connections:
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
                 with trio.fail_after(self.call_timeout):
-                    conn = await self.run(
-                        psycopg.AsyncConnection.connect(
-                            self.listen_dsn, **self._listen_kwargs, autocommit=True
-                        )
-                    )
-                    channels = await self.run(self._listen(conn, settle=on_settle is not None))
+                    conn = await self._connect(self.listen_dsn, self._listen_kwargs)
+                    channels = await self._listen(conn, settle=on_settle is not None)
                 reconnected = started
                 if not started:  # the Worker is ready once LISTEN is in place
                     started = True
@@ -289,7 +296,7 @@ class Connections:
                         " a direct DSN for LISTEN (--listen-dsn) to be woken at once",
                         redact_dsn(self.listen_dsn),
                     )
-                    await self.run(conn.close())
+                    await conn.close()
                     await trio.sleep_forever()
                 backoff.reset()
                 if reconnected:
@@ -298,9 +305,9 @@ class Connections:
                     if on_settle is not None:
                         on_settle(None)
                 while True:
-                    await self.run(_relay(conn, channels, on_notify, on_settle, check_every))
+                    await _relay(conn, channels, on_notify, on_settle, check_every)
                     with trio.fail_after(self.call_timeout):
-                        await self.run(conn.execute("SELECT 1"))
+                        await conn.execute("SELECT 1")
             except (psycopg.Error, StoreError, trio.TooSlowError, OSError) as exc:
                 delay = backoff.next()
                 log.warning(
@@ -312,15 +319,13 @@ class Connections:
                 await trio.sleep(delay)
             finally:
                 if conn is not None:
-                    with trio.CancelScope(shield=True):
-                        await self.run(conn.close())
+                    await conn.close()  # never waits
 
     async def _listen(
         self, conn: psycopg.AsyncConnection[Any], *, settle: bool
     ) -> tuple[str, str]:  # pragma: no mutate block
         """LISTEN on the schema's channels (for new work; and for scopes to settle);
         their names, (new work, settle)."""
-        # asyncio side
         cur = await conn.execute(self.queries["channels"])
         row = await cur.fetchone()
         assert row is not None
@@ -338,14 +343,14 @@ class Connections:
         on_settle: NotifyCallback | None,
     ) -> bool:  # pragma: no mutate block
         """Whether a NOTIFY sent on a pooled connection reaches the LISTENing `conn`."""
-        await self.run(conn.execute(self.queries["listen_probe"]))
+        await conn.execute(self.queries["listen_probe"])
         await self.rows("notify_probe", self.queries["notify_probe"], {})
         arrived = False
         wait = min(self.call_timeout, _PROBE_WAIT)
         with trio.move_on_after(wait + 1.0):
-            arrived = await self.run(_probe_arrives(conn, channels, on_notify, on_settle, wait))
+            arrived = await _probe_arrives(conn, channels, on_notify, on_settle, wait)
         if arrived:
-            await self.run(conn.execute(self.queries["unlisten_probe"]))
+            await conn.execute(self.queries["unlisten_probe"])
         return arrived
 
     def __repr__(self) -> str:
@@ -359,12 +364,14 @@ async def _probe_arrives(
     on_settle: NotifyCallback | None,
     seconds: float,
 ) -> bool:  # pragma: no mutate block
-    # asyncio side: whether the probe arrives within `seconds`; notifications about
-    # work that come before it are relayed as usual
-    async for notify in conn.notifies(timeout=seconds):
-        if notify.channel == PROBE_CHANNEL:
-            return True
-        _dispatch(notify, channels, on_notify, on_settle)
+    # Whether the probe arrives within `seconds`; notifications about work that come
+    # before it are relayed as usual. (Closed here, not when collected: notifies()
+    # holds the connection's lock until it ends.)
+    async with aclosing(conn.notifies(timeout=seconds)) as notifies:
+        async for notify in notifies:
+            if notify.channel == PROBE_CHANNEL:
+                return True
+            _dispatch(notify, channels, on_notify, on_settle)
     return False
 
 
@@ -375,9 +382,10 @@ async def _relay(
     on_settle: NotifyCallback | None,
     quiet_period: float,
 ) -> None:  # pragma: no mutate block
-    # asyncio side: returns after `quiet_period` seconds without a notification
-    async for notify in conn.notifies(timeout=quiet_period):
-        _dispatch(notify, channels, on_notify, on_settle)
+    # Returns after `quiet_period` seconds without a notification.
+    async with aclosing(conn.notifies(timeout=quiet_period)) as notifies:
+        async for notify in notifies:
+            _dispatch(notify, channels, on_notify, on_settle)
 
 
 def _dispatch(
@@ -397,9 +405,10 @@ def _dispatch(
 async def _discarding_on_failure(
     conn: psycopg.AsyncConnection[Any], op: Op[T]
 ) -> T:  # pragma: no mutate block
-    # asyncio side: a connection that was cancelled mid-statement, whose link failed,
-    # or whose server turned read-only, is closed so the pool discards it rather than
-    # handing it out again.
+    # A connection that was cancelled mid-statement, whose link failed, or whose
+    # server turned read-only, is closed so the pool discards it rather than handing
+    # it out again. (A statement cancelled in flight has closed it already, and is
+    # being cancelled on the server: TrioConnection.wait.)
     try:
         return await op(conn)
     except BaseException as exc:
@@ -432,7 +441,7 @@ ISOLATION_SET: LiteralString = "SET default_transaction_isolation = 'read commit
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:  # pragma: no mutate block
-    # asyncio side: the queue's functions read fresh snapshots after taking their
+    # The queue's functions read fresh snapshots after taking their
     # locks, which needs READ COMMITTED. Transactions ask for it in their BEGIN; a
     # single statement runs at the server's default, PostgreSQL's own READ COMMITTED
     # unless changed. Only then is it set for the session, which a transaction pooler

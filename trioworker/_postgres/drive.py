@@ -1,10 +1,11 @@
 """Drivers: run an operation (operations.py) on a psycopg connection.
 
-`run_async` runs one on an asyncio connection (the Trio store, through the bridge,
-and `AsyncClient`), `run_sync` on a sync one (`Client`). Each sends the statements an
-operation yields, in order, on the one connection it is given, and sends back their
-rows as dicts: in the caller's transaction when the connection is in one, else each
-statement commits on its own (autocommit), as the Trio store's calls always have.
+`run_async` runs one on an async connection (the Trio store's, waited on by Trio,
+and `AsyncClient`'s asyncio one), `run_sync` on a sync one (`Client`). Each sends the
+statements an operation yields, in order, on the one connection it is given, and sends
+back their rows as dicts: in the caller's transaction when the connection is in one,
+else each statement commits on its own (autocommit), as the Trio store's calls always
+have.
 """
 
 from __future__ import annotations

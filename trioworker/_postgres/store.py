@@ -1,4 +1,4 @@
-"""The store on PostgreSQL: psycopg's async API, run under Trio through trio-asyncio.
+"""The store on PostgreSQL: psycopg's async API, waited on by Trio (connection.py).
 
 Every call is one statement (or one short transaction) on a pooled autocommit
 connection, bounded by `call_timeout`. Driver errors become trioworker errors here and
@@ -45,10 +45,10 @@ from trioworker._core.model import (
     WorkItem,
 )
 from trioworker._core.schedule import Schedule, first_due, plan, schedule_request
-from trioworker._postgres import bridge as _bridge
 from trioworker._postgres import drive, operations
 from trioworker._postgres.connection import Connections
 from trioworker._postgres.dsn import redact_dsn
+from trioworker._postgres.trio_connection import require_trio
 from trioworker._store.api import NotifyCallback, Transaction
 from trioworker._store.reads import (
     ALIVE_BEATS,
@@ -190,7 +190,7 @@ class PostgresStore:
     # -- enqueue ----------------------------------------------------------------
 
     async def open(self) -> None:  # pragma: no mutate block
-        """Open the pool on this task's trio-asyncio loop; any task may then use it."""
+        """Open the pool; any Trio task of this run may then use it."""
         await self._conns.open()
 
     async def close(self) -> None:  # pragma: no mutate block
@@ -813,24 +813,23 @@ async def open_store(
     schema: str | None = None,
     listen_dsn: str | None = None,
 ) -> AsyncIterator[PostgresStore]:  # pragma: no mutate block
-    """Open a PostgresStore (and a trio-asyncio loop, if none is running here)."""
-    _bridge.require_trio("open_store")
-    async with _bridge.ensure_loop():
-        store = PostgresStore(
-            dsn,
-            max_connections=max_connections,
-            call_timeout=call_timeout,
-            known_kinds=known_kinds,
-            application_name=application_name,
-            schema=schema,
-            listen_dsn=listen_dsn,
-        )
-        await store.open()
-        try:
-            yield store
-        finally:
-            with trio.CancelScope(shield=True):
-                await store.close()
+    """Open a PostgresStore (in a Trio task: it needs no asyncio loop)."""
+    require_trio("open_store")
+    store = PostgresStore(
+        dsn,
+        max_connections=max_connections,
+        call_timeout=call_timeout,
+        known_kinds=known_kinds,
+        application_name=application_name,
+        schema=schema,
+        listen_dsn=listen_dsn,
+    )
+    await store.open()
+    try:
+        yield store
+    finally:
+        with trio.CancelScope(shield=True):
+            await store.close()
 
 
 def _limit_params(change: LimitChange) -> dict[str, Any]:  # pragma: no mutate block
