@@ -153,9 +153,9 @@ async def beat(item, ctx):
     await trio.sleep(0.8)  # a heartbeat or two
 
 class Counting(trioworker.PostgresStore):
-    async def heartbeat(self, *args):
+    async def heartbeat_many(self, *args):
         seen.append("heartbeat")
-        return await super().heartbeat(*args)
+        return await super().heartbeat_many(*args)
 
 async def main():
     settings = Settings(lease=2, heartbeat=0.3, poll=0.2, stop_grace=0.5)
