@@ -157,3 +157,32 @@ def test_importing_it_does_not_import_trio_asyncio() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False"]
+
+
+async def test_a_handler_calls_an_asyncio_library_through_its_context() -> None:
+    """`ctx.run_asyncio` in a real Worker: a handler's asyncio-only client reaches a
+    server and its answer is the handler's; the Worker opens the loop for it."""
+    from tests.unit._fakes import running
+    from trioworker import Context, Registry, Status, WorkItem
+    from trioworker.testing import MemoryStore
+
+    store, registry = MemoryStore(), Registry()
+    answers: list[bytes] = []
+
+    @registry.handler("Ask")
+    async def ask_it(item: WorkItem, ctx: Context) -> None:
+        answers.append(await ctx.run_asyncio(ask, item.payload["port"], b"hello"))
+
+    async with trio.open_nursery() as nursery:
+        serve = functools.partial(trio.serve_tcp, echo_once, 0, host="127.0.0.1")
+        [listener] = await nursery.start(serve)
+        port = listener.socket.getsockname()[1]
+        async with running(store, registry) as worker:
+            item = await store.enqueue("Ask", payload={"port": port})
+            with trio.fail_after(10):
+                while (state := await store.get_item(item.id)) and not state.status.is_terminal:
+                    await trio.sleep(0.01)
+            assert worker.executor._shared.asyncio_loop is not None
+        nursery.cancel_scope.cancel()
+    assert answers == [b"echo: hello"]
+    assert state.status is Status.SUCCEEDED

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -15,6 +15,7 @@ from trioworker._worker.logging import item_logger
 
 if TYPE_CHECKING:
     from trioworker._store.api import Client, FencedTransaction, OpenFenced
+    from trioworker._worker.asyncio_loop import AsyncioLoop
     from trioworker._worker.attempt import Attempt
 
 T = TypeVar("T")
@@ -23,7 +24,7 @@ T = TypeVar("T")
 class Shared:
     """What every attempt of one Worker shares: built once, not per item."""
 
-    __slots__ = ("limiter", "log", "open_fenced", "store", "worker_id")
+    __slots__ = ("asyncio_loop", "limiter", "log", "open_fenced", "store", "worker_id")
 
     def __init__(
         self,
@@ -38,6 +39,8 @@ class Shared:
         self.store = store
         self.open_fenced = open_fenced
         self.log = log
+        #: Where `Context.run_asyncio` runs asyncio code (the Worker sets it as it starts).
+        self.asyncio_loop: AsyncioLoop | None = None
 
 
 class Context:
@@ -115,6 +118,16 @@ class Context:
     def completed_in_transaction(self) -> bool:
         """Whether the handler completed its item inside `transaction()` (committed)."""
         return self._attempt.completed
+
+    async def run_asyncio(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run the asyncio coroutine function `fn(*args)` (an asyncio-only library's
+        call) on the Worker's asyncio loop, opened on first use; its result, or its
+        exception. A cancel of the attempt cancels the asyncio task and returns once
+        it has ended (docs/guide/handlers.md, "Calling asyncio libraries")."""
+        loop = self._shared.asyncio_loop
+        if loop is None:
+            raise RuntimeError("ctx.run_asyncio needs a running Worker (Worker.run)")
+        return await loop.run(fn, *args)
 
     async def run_in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking file work in a thread, within the Worker's file limiter.

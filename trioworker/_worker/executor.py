@@ -39,6 +39,7 @@ from trioworker._core.registry import Registration, Registry
 from trioworker._core.retry import Backoff
 from trioworker._core.settings import Settings
 from trioworker._store.api import Store, client_view
+from trioworker._worker.asyncio_loop import AsyncioLoop
 from trioworker._worker.attempt import Attempt, Slot
 from trioworker._worker.batching import CompletionBatcher
 from trioworker._worker.context import Context, Shared
@@ -149,6 +150,12 @@ class Executor:
     @property
     def limiter(self) -> trio.CapacityLimiter:
         return self._shared.limiter
+
+    def serve_asyncio(self, nursery: trio.Nursery) -> AsyncioLoop:
+        """Give handlers an asyncio loop (`Context.run_asyncio`), opened in `nursery`
+        when a handler first needs it."""
+        self._shared.asyncio_loop = loop = AsyncioLoop(nursery)
+        return loop
 
     def shut_down(self) -> None:
         """The shutdown grace period is over: stop every attempt (they are released)."""

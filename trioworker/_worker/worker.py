@@ -185,12 +185,14 @@ class Worker:
             background.start_soon(executor.heartbeats.run)
             background.start_soon(executor.completions.run)
             background.start_soon(executor.watch_stops)
+            asyncio_loop = executor.serve_asyncio(background)
             async with trio.open_nursery() as items:
                 task_status.started()
                 log.info("worker %s ready", self.worker_id)
                 await self._claim_loop(items)
                 await self._drain()
             await executor.idle()  # completions handed over are answered (or given up)
+            asyncio_loop.close()
             background.cancel_scope.cancel()
         log.info("worker %s stopped", self.worker_id)
 
