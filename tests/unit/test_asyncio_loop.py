@@ -180,7 +180,7 @@ async def test_a_handler_calls_an_asyncio_library_through_its_context() -> None:
         async with running(store, registry) as worker:
             item = await store.enqueue("Ask", payload={"port": port})
             with trio.fail_after(10):
-                while (state := await store.get_item(item.id)) and not state.status.is_terminal:
+                while (state := await store.get_item(item.id)) and not state.status.is_terminal:  # noqa: ASYNC110
                     await trio.sleep(0.01)
             assert worker.executor._shared.asyncio_loop is not None
         nursery.cancel_scope.cancel()

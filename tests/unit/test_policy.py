@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import traceback
 from typing import Any
 
@@ -441,3 +442,44 @@ def test_a_traceback_too_large_or_strange_to_format_is_told_apart() -> None:
     trace = describe_traceback(raised(diamond))
     assert trace.startswith("Traceback (most recent call last):\n")
     assert trace.endswith("ExceptionGroup: twice (2 sub-exceptions)\n")
+
+
+class EndlessGroup(ExceptionGroup):  # type: ignore[type-arg]
+    @property
+    def exceptions(self) -> Any:  # type: ignore[override]
+        return (ValueError(str(n)) for n in itertools.count())
+
+
+def test_chains_are_walked_once_each_and_what_they_hold_counts() -> None:
+    """A context cycle is walked once (formattable); a cause holding a group that lists
+    itself is not; nor an endless group, whose walk stops at the limit."""
+    first, second = ValueError("first"), ValueError("second")
+    first.__context__, second.__context__ = second, first
+    assert formattable(first)
+    caused = ValueError("caused")
+    caused.__cause__ = ListsItself("g", [ValueError("x")])
+    assert not formattable(caused)
+    assert not formattable(EndlessGroup("g", [ValueError("x")]))
+
+
+def nested_raise() -> None:
+    def inner() -> None:
+        raise ValueError("deep")
+
+    inner()
+
+
+def test_the_fallback_keeps_every_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(error: BaseException) -> list[str]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("trioworker._core.policy.traceback.format_exception", broken)
+    try:
+        nested_raise()
+    except ValueError as exc:
+        error = exc
+    frames = traceback.format_tb(error.__traceback__)
+    assert len(frames) == 3
+    assert describe_traceback(error) == (
+        "Traceback (most recent call last):\n" + "".join(frames) + "ValueError: deep\n"
+    )

@@ -117,9 +117,7 @@ def describe_error(error: BaseException) -> str:
     data (this is sync code, so nothing it catches can be Trio's cancellation)."""
     name = _type_name(error)
     try:
-        # A str subclass's own methods are never called; a long text is cut before
-        # it is escaped (one character more than fits, so `storable` marks the cut).
-        text = str.__str__(str(error))[: ERROR_LIMIT + 1]
+        text = str.__str__(str(error))  # a str subclass's own methods are not called
     except BaseException as exc:  # part of what the handler raised
         text = f"<str() of the error raised {_type_name(exc)}>"
     return storable(f"{name}: {text}" if text else name, ERROR_LIMIT)
@@ -170,10 +168,10 @@ def describe_traceback(error: BaseException, limit: int = TRACEBACK_LIMIT) -> st
     (`formattable`) or raises anyway (an exception whose `__notes__` raises
     KeyboardInterrupt, say), the frames alone and `describe_error`."""
     try:
-        if not formattable(error):
-            raise ValueError("not formattable")
-        text = "".join(traceback.format_exception(error))
+        text = "".join(traceback.format_exception(error)) if formattable(error) else None
     except BaseException:  # part of what the handler raised
+        text = None
+    if text is None:
         try:
             frames = "".join(traceback.format_tb(error.__traceback__))
         except BaseException:  # a traceback object is the runtime's

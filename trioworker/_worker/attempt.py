@@ -32,9 +32,8 @@ class Attempt:
         "_reason",
         "bound",
         "completed",
-        "database_error",
+        "database_errors",
         "deadline",
-        "ended",
         "item",
         "scope",
         "slot",
@@ -55,16 +54,15 @@ class Attempt:
         self.timeout: trio.CancelScope | None = None
         #: When someone first asked the attempt to stop (inf: nobody has).
         self.stop_at = math.inf
-        #: When its handler must have ended (the StopWatch's key for it).
-        self.bound = math.inf
-        #: Whether its handler is over.
-        self.ended = False
+        #: When its handler must have ended: the StopWatch's key for it while the
+        #: handler runs (the executor sets it), inf once it has ended.
+        self.bound: float
         #: Whether its handler completed the item in its fenced transaction (committed):
         #: its success is durable, and the write after it finishes the item Succeeded.
         self.completed = False
-        #: The lost database link its fenced transaction raised, if one did: the
-        #: Worker's problem, not the handler's.
-        self.database_error: BaseException | None = None
+        #: The lost database links its fenced transactions raised: the Worker's
+        #: problem, not the handler's.
+        self.database_errors: list[BaseException] = []
         self._reason: CancelReason | None = None
 
     @property
@@ -76,14 +74,13 @@ class Attempt:
     def reason(self) -> CancelReason | None:
         """Why the handler was stopped; the self-stop beats any reason recorded before
         it, once the deadline has passed. The kind's timeout names itself: its scope's
-        `cancel_called`."""
+        `cancel_called`), and wins over a reason recorded at or after its deadline."""
         if self.self_stopped:
             return CancelReason.SELF_STOP
-        if self._reason is not None:
-            return self._reason
-        if self.timeout is not None and self.timeout.cancel_called:
+        timeout = self.timeout
+        if timeout is not None and timeout.cancel_called and timeout.deadline <= self.stop_at:
             return CancelReason.TIMEOUT
-        return None
+        return self._reason
 
     @property
     def stop_requested(self) -> bool:
@@ -95,22 +92,19 @@ class Attempt:
         """Whether a heartbeat may renew its lease: its handler runs, its deadline has
         not passed and no heartbeat found it lost (after a cancel request, a timeout or
         at shutdown the lease is still held, until the write that follows)."""
-        return not self.ended and self._reason is not CancelReason.LOST and not self.self_stopped
+        return self._reason is not CancelReason.LOST and not self.self_stopped
 
     def renew(self, deadline: float) -> None:
         """A heartbeat renewed the lease: the deadline moves to `deadline`, unless it
         has passed already (a self-stop is for good) or is later than that."""
-        if deadline > self.deadline and not self.self_stopped:
-            self.deadline = deadline
+        if not self.self_stopped:
+            self.deadline = max(self.deadline, deadline)
             if self.scope is not None:
-                self.scope.deadline = deadline
+                self.scope.deadline = self.deadline
 
     def stop(self, reason: CancelReason) -> None:
-        """Record why, then cancel the handler (first reason wins; the timeout counts
-        as recorded once its scope was cancelled)."""
+        """Record why, then cancel the handler (the first reason wins)."""
         if self._reason is None:
-            if self.timeout is not None and self.timeout.cancel_called:
-                reason = CancelReason.TIMEOUT
             self._reason = reason
             self.stop_at = trio.current_time()
         if self.scope is not None:
@@ -148,9 +142,7 @@ class Slots:
     def unused(self, slots: Sequence[Slot]) -> None:
         """Give back slots a claim found no work for (that wakes nobody)."""
         for slot in slots:
-            if slot._slots is not None:
-                slot._slots = None
-                self._limiter.release_on_behalf_of(slot)
+            self._limiter.release_on_behalf_of(slot)
 
     def _give_back(self, slot: Slot) -> None:
         self._limiter.release_on_behalf_of(slot)

@@ -35,20 +35,10 @@ class CompletionBatcher:
         self._done = done
         self._pending: list[Attempt] = []
         self._wake = trio.Event()
-        self._drained: trio.Event | None = None
-        #: Completions submitted and not yet answered.
-        self.outstanding = 0
 
     def submit(self, attempt: Attempt) -> None:
         self._pending.append(attempt)
-        self.outstanding += 1
         self._wake.set()
-
-    async def flushed(self) -> None:
-        """Return once every completion submitted so far has been answered."""
-        while self.outstanding:
-            self._drained = drained = trio.Event()
-            await drained.wait()
 
     async def run(self) -> None:
         backoff = Backoff(initial=0.2, maximum=2.0)
@@ -58,7 +48,8 @@ class CompletionBatcher:
             if not self._pending:
                 self._wake = trio.Event()
             batch = [a for a in batch if self._still_due(a)]
-            if not batch:
+            if not batch:  # all given up: the next completion starts a new series
+                backoff.reset()
                 continue
             try:
                 applied = await self._store.complete_batch(
@@ -79,17 +70,11 @@ class CompletionBatcher:
             backoff.reset()
             for attempt in batch:
                 applies = attempt.item.id in applied
-                self._answer(attempt, COMPLETE if applies else AttemptOutcome.FENCED_OUT)
+                self._done(attempt, COMPLETE if applies else AttemptOutcome.FENCED_OUT)
 
     def _still_due(self, attempt: Attempt) -> bool:
         """Whether the attempt may still write; if not, it is answered WRITE_FAILED."""
         if not attempt.self_stopped:
             return True
-        self._answer(attempt, AttemptOutcome.WRITE_FAILED)
+        self._done(attempt, AttemptOutcome.WRITE_FAILED)
         return False
-
-    def _answer(self, attempt: Attempt, outcome: AttemptOutcome) -> None:
-        self.outstanding -= 1
-        self._done(attempt, outcome)
-        if not self.outstanding and self._drained is not None:
-            self._drained.set()

@@ -170,7 +170,7 @@ class Context:
             ) as tx:
                 yield tx
         except DatabaseUnavailable as exc:
-            attempt.database_error = exc
+            attempt.database_errors.append(exc)
             raise
         if tx.completes:
             attempt.completed = True

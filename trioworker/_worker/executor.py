@@ -145,7 +145,8 @@ class Executor:
             store.fenced_transaction,
             log,
         )
-        self._shutting_down = False
+        #: Why every attempt that starts from now on is stopped at once (the shutdown).
+        self._stop_all: CancelReason | None = None
 
     @property
     def limiter(self) -> trio.CapacityLimiter:
@@ -159,7 +160,7 @@ class Executor:
 
     def shut_down(self) -> None:
         """The shutdown grace period is over: stop every attempt (they are released)."""
-        self._shutting_down = True
+        self._stop_all = CancelReason.SHUTDOWN
         with self.stops.together():
             for attempt in list(self.running):
                 attempt.stop(CancelReason.SHUTDOWN)
@@ -200,8 +201,8 @@ class Executor:
         """The handler in its nursery, then the decision and its write (a completion
         is handed to the batcher, whose answer ends the attempt)."""
         item = attempt.item
-        if self._shutting_down:
-            attempt.stop(CancelReason.SHUTDOWN)
+        if self._stop_all is not None:
+            attempt.stop(self._stop_all)
         self.running.add(attempt)
         attempt.bound = attempt.must_end_by(self.settings.stop_grace)
         self.stops.add(attempt.bound)
@@ -269,8 +270,8 @@ class Executor:
         reason = attempt.reason
         if reason is not None and only_cancelled(error):
             error = None  # its own cancellation, as asked: no error of the handler's
-        lost = attempt.database_error
-        outcome = Outcome(error=error, database_lost=lost is not None and holds(error, lost))
+        lost = any(holds(error, link) for link in attempt.database_errors)
+        outcome = Outcome(error=error, database_lost=lost)
         if reason is CancelReason.TIMEOUT:  # a handler failure, retried by the kind's policy
             assert registration.timeout is not None
             reason, outcome = None, Outcome(error=HandlerTimeout(registration.timeout))
@@ -286,14 +287,13 @@ class Executor:
 
     def _end(self, attempt: Attempt) -> None:
         """The handler is over: no more heartbeats, no fail-stop bound."""
-        attempt.ended = True
         self.running.discard(attempt)
         self.stops.discard(attempt.bound)
         attempt.bound = math.inf
 
     def _moved(self, attempt: Attempt) -> None:
         """The attempt's deadline moved, or it was asked to stop: its bound follows."""
-        if attempt.ended or attempt.bound == math.inf:
+        if attempt.bound == math.inf:  # its handler is over (a heartbeat came after)
             return
         bound = attempt.must_end_by(self.settings.stop_grace)
         if bound != attempt.bound:
@@ -311,8 +311,10 @@ class Executor:
             if attempt.completed:
                 outcome = AttemptOutcome.SUCCEEDED_IN_TRANSACTION
             self._observe(outcome.value, attempt.item.kind)
+        elif outcome is AttemptOutcome.FENCED_OUT:
+            self._fenced_out(attempt, "complete")
         else:
-            self._unwritten(attempt, "complete", outcome)
+            self._too_late(attempt, "complete")
         attempt.trace.end(outcome, None)
         attempt.slot.release()
         self._done()
@@ -368,13 +370,11 @@ class Executor:
         outcome: Outcome,
         decision: Decision,
     ) -> None:
-        if reason is None and decision.action is Action.COMPLETE and outcome.error is None:
-            return  # the common case: nothing to say
-        completed = attempt.completed
-        kind = attempt.item.kind
-        ilog = self._item_log(attempt.item)
+        """Say how the attempt ended, where there is something to say (nothing when it
+        just completes)."""
+        kind, completed = attempt.item.kind, attempt.completed
         if reason is CancelReason.SELF_STOP:
-            ilog.warning(
+            self._item_log(attempt.item).warning(
                 "self-stopped: no heartbeat succeeded for %.1fs (half the lease);"
                 " writing nothing, lease recovery will %s",
                 self.settings.self_stop_after,
@@ -383,28 +383,30 @@ class Executor:
             attempt.trace.event(AttemptOutcome.SELF_STOPPED.value)
             self._observe(AttemptOutcome.SELF_STOPPED.value, kind)
         elif reason is CancelReason.LOST:
-            ilog.warning("lost: another attempt owns the item now; writing nothing")
+            self._item_log(attempt.item).warning(
+                "lost: another attempt owns the item now; writing nothing"
+            )
             self._observe(AttemptOutcome.LOST.value, kind)
         elif completed:
             pass  # Succeeded in its transaction; what it raised after is told below
         elif reason is not None:
-            ilog.info("stopped (%s)", reason.value)
+            self._item_log(attempt.item).info("stopped (%s)", reason.value)
         elif outcome.database_lost and outcome.error is not None:
-            ilog.warning(
+            self._item_log(attempt.item).warning(
                 "lost PostgreSQL in the attempt's transaction (%s); writing nothing,"
                 " lease recovery will requeue it as a stall",
                 describe_error(outcome.error),
             )
             self._observe(AttemptOutcome.DATABASE_LOST.value, kind)
         elif decision.action is Action.RETRY:
-            ilog.warning(
+            self._item_log(attempt.item).warning(
                 "handler failed (%s); retrying in %.1fs",
                 decision.error,
                 decision.delay,
                 extra={"traceback": decision.traceback},
             )
         elif decision.action is Action.FAIL:
-            ilog.error(
+            self._item_log(attempt.item).error(
                 "handler failed for good: %s (%s)",
                 decision.reason,
                 decision.error,
@@ -412,7 +414,7 @@ class Executor:
             )
         if outcome.error is not None and (reason is not None or completed):
             after = "the cancel" if reason is not None else "completing its item"
-            ilog.info(
+            self._item_log(attempt.item).info(
                 "after %s the handler raised %s; ignored", after, describe_error(outcome.error)
             )
 
@@ -456,23 +458,22 @@ class Executor:
                 done = AttemptOutcome.of(decision.action)
                 self._observe(done.value, item.kind)
                 return done
-            self._unwritten(attempt, decision.action.value, AttemptOutcome.FENCED_OUT)
+            self._fenced_out(attempt, decision.action.value)
             return AttemptOutcome.FENCED_OUT
-        self._unwritten(attempt, decision.action.value, AttemptOutcome.WRITE_FAILED)
+        self._too_late(attempt, decision.action.value)
         return AttemptOutcome.WRITE_FAILED
 
-    def _unwritten(self, attempt: Attempt, action: str, outcome: AttemptOutcome) -> None:
-        """Say why an attempt's write was not made: fenced out, or its deadline came."""
-        ilog = self._item_log(attempt.item)
-        if outcome is AttemptOutcome.FENCED_OUT:
-            ilog.warning("%s was fenced out: the attempt had lost the item", action)
-            self._observe(AttemptOutcome.LOST.value, attempt.item.kind)
-        else:
-            ilog.error(
-                "could not record %s before the self-stop deadline; lease recovery will"
-                " take the item",
-                action,
-            )
+    def _fenced_out(self, attempt: Attempt, action: str) -> None:
+        self._item_log(attempt.item).warning(
+            "%s was fenced out: the attempt had lost the item", action
+        )
+        self._observe(AttemptOutcome.LOST.value, attempt.item.kind)
+
+    def _too_late(self, attempt: Attempt, action: str) -> None:
+        self._item_log(attempt.item).error(
+            "could not record %s before the self-stop deadline; lease recovery will take the item",
+            action,
+        )
 
     async def _apply(self, item: WorkItem, decision: Decision) -> bool:
         store, id, attempt = self.store, item.id, item.attempt

@@ -47,8 +47,6 @@ class Heartbeats:
         self._moved = moved
         self._together = together
         self._observe = observe
-        #: Heartbeat statements sent.
-        self.beats = 0
 
     async def run(self) -> None:
         interval = self._settings.heartbeat
@@ -64,7 +62,6 @@ class Heartbeats:
         interval, lease = self._settings.heartbeat, self._settings.lease
         keys = list(dict.fromkeys((a.item.id, a.item.attempt) for a in held))
         sent_at = trio.current_time()
-        self.beats += 1
         failure = f"no answer within {interval:g}s"
         with trio.move_on_after(interval):
             try:
@@ -94,8 +91,7 @@ class Heartbeats:
             answer = answers.get((attempt.item.id, attempt.item.attempt))
             if answer is None:  # its row is locked (its own transaction, an operator)
                 attempt.trace.event("heartbeat_failed", "its row is held by a transaction")
-                continue
-            if answer is Heartbeat.LOST:
+            elif answer is Heartbeat.LOST:
                 attempt.stop(CancelReason.LOST)
             else:
                 attempt.renew(deadline)

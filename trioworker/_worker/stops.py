@@ -29,51 +29,50 @@ class StopWatch:
         self._bounds: collections.Counter[float] = collections.Counter()
         self._on_earliest = on_earliest
         self._sooner = trio.Event()
-        self._holding = False
+        self._held = 0  # inside together(): told once, after
         #: The earliest bound of a running handler, on Trio's clock (inf: none).
         self.earliest = math.inf
 
     def add(self, bound: float) -> None:
         self._bounds[bound] += 1
-        if bound < self.earliest:
-            self._set(bound)
+        self._settle()
 
     def discard(self, bound: float) -> None:
-        if self._drop(bound) and bound == self.earliest:
-            self._set(min(self._bounds, default=math.inf))
+        self._drop(bound)
+        self._settle()
 
     def move(self, old: float, new: float) -> None:
-        """One handler's bound moved from `old` to `new` (told once, if it changes
-        the earliest)."""
+        """One handler's bound moved from `old` to `new`."""
         self._bounds[new] += 1
-        if (self._drop(old) and old == self.earliest) or new < self.earliest:
-            self._set(min(self._bounds))
+        self._drop(old)
+        self._settle()
 
-    def _drop(self, bound: float) -> bool:
-        """One handler fewer at `bound`; whether it was the last there."""
+    def _drop(self, bound: float) -> None:
+        """One handler fewer at `bound`."""
         left = self._bounds[bound] - 1
         if left:
             self._bounds[bound] = left
-            return False
-        del self._bounds[bound]
-        return True
+        else:
+            del self._bounds[bound]
 
     @contextlib.contextmanager
     def together(self) -> Iterator[None]:
         """Many changes at once (a heartbeat's): the earliest is told once, after."""
-        self._holding = True
+        self._held += 1
         try:
             yield
         finally:
-            self._holding = False
-            self._set(min(self._bounds, default=math.inf))
+            self._held -= 1
+            self._settle()
 
-    def _set(self, earliest: float) -> None:
-        if self._holding or earliest == self.earliest:
+    def _settle(self) -> None:
+        """Tell whoever needs it when the earliest bound has changed (not in the middle
+        of `together`): `watch`, to sleep until it, and `on_earliest`."""
+        earliest = min(self._bounds, default=math.inf)
+        if self._held or earliest == self.earliest:
             return
-        if earliest < self.earliest:
-            self._sooner.set()  # `watch` sleeps until the later one
         self.earliest = earliest
+        self._sooner.set()
         if self._on_earliest is not None:
             self._on_earliest(earliest)
 

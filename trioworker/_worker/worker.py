@@ -26,7 +26,7 @@ import attrs
 import trio
 
 from trioworker._core.errors import ConfigurationError, StoreError
-from trioworker._core.model import Status, WorkerInfo
+from trioworker._core.model import Recovered, Status, WorkerInfo
 from trioworker._core.registry import Registry
 from trioworker._core.retry import Backoff
 from trioworker._core.settings import Settings
@@ -232,9 +232,9 @@ class Worker:
                 log.info("PostgreSQL answers again; claiming")
                 backoff.reset()
             self._slots.unused(slots[len(claimed) :])
-            for item, slot in zip(claimed, slots, strict=False):
+            for index, item in enumerate(claimed):  # never more than asked for
                 self.observe("claimed", item.kind)
-                items.start_soon(run, item, sent_at, slot)
+                items.start_soon(run, item, sent_at, slots[index])
             if not claimed:
                 await self._idle(await self._until_next_due())
 
@@ -297,53 +297,55 @@ class Worker:
                     scope,
                 )
             for r in recovered:
-                fields = {
-                    "item_id": r.id,
-                    "attempt": r.attempt,
-                    "kind": r.kind,
-                    "scope": r.scope,
-                    "worker_id": self.worker_id,
-                    "stalled_worker_id": r.worker_id,
-                }
-                # Both Workers: the one whose attempt stopped heartbeating, and this one.
-                whose = (
-                    f"attempt {r.attempt} on Worker {r.worker_id}; recovered by {self.worker_id}"
-                )
-                if r.status is Status.SUCCEEDED:  # its success was committed: no stall
-                    log.info(
-                        "lease expired after the attempt committed its success in its"
-                        " transaction: finished as Succeeded, no stall (%s)",
-                        whose,
-                        extra=fields,
-                    )
-                    continue
-                self.observe("stall_recovered", r.kind)
-                if r.status is Status.FAILED:
-                    log.error(
-                        "lease expired; stall %d of %d: failed as stalled (%s)",
-                        r.stalls,
-                        self.settings.max_stalls,
-                        whose,
-                        extra=fields,
-                    )
-                elif r.status is Status.QUEUED:
-                    log.warning(
-                        "lease expired; stall %d of %d: requeued (%s)",
-                        r.stalls,
-                        self.settings.max_stalls,
-                        whose,
-                        extra=fields,
-                    )
-                else:
-                    log.warning(
-                        "lease expired; stall %d: %s (%s; %s)",
-                        r.stalls,
-                        r.status.value,
-                        r.reason,
-                        whose,
-                        extra=fields,
-                    )
+                self._log_recovered(r)
             await trio.sleep(self.settings.recovery_every)
+
+    def _log_recovered(self, r: Recovered) -> None:
+        """Say what lease recovery did with an item; count its stall."""
+        fields = {
+            "item_id": r.id,
+            "attempt": r.attempt,
+            "kind": r.kind,
+            "scope": r.scope,
+            "worker_id": self.worker_id,
+            "stalled_worker_id": r.worker_id,
+        }
+        # Both Workers: the one whose attempt stopped heartbeating, and this one.
+        whose = f"attempt {r.attempt} on Worker {r.worker_id}; recovered by {self.worker_id}"
+        if r.status is Status.SUCCEEDED:  # its success was committed: no stall
+            log.info(
+                "lease expired after the attempt committed its success in its"
+                " transaction: finished as Succeeded, no stall (%s)",
+                whose,
+                extra=fields,
+            )
+            return
+        self.observe("stall_recovered", r.kind)
+        if r.status is Status.FAILED:
+            log.error(
+                "lease expired; stall %d of %d: failed as stalled (%s)",
+                r.stalls,
+                self.settings.max_stalls,
+                whose,
+                extra=fields,
+            )
+        elif r.status is Status.QUEUED:
+            log.warning(
+                "lease expired; stall %d of %d: requeued (%s)",
+                r.stalls,
+                self.settings.max_stalls,
+                whose,
+                extra=fields,
+            )
+        else:
+            log.warning(
+                "lease expired; stall %d: %s (%s; %s)",
+                r.stalls,
+                r.status.value,
+                r.reason,
+                whose,
+                extra=fields,
+            )
 
     async def _settle_loop(self) -> None:
         """Settle the scopes changes made by hand left unsettled: at once when one is
