@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +16,7 @@ import trio
 from examples import media
 from examples.media import _files
 from examples.media._db import MediaDb
+from tests.support.contexts import a_context
 from trioworker import (
     Context,
     ItemState,
@@ -191,11 +191,7 @@ async def test_a_write_of_an_attempt_that_lost_its_item_writes_nothing(
     library.add_token("c1", -60)
 
     def context(item: WorkItem) -> Context:
-        log = logging.LoggerAdapter(logging.getLogger("test"))
-        return Context(
-            "w", trio.CancelScope(), trio.CapacityLimiter(1), log, store, item,
-            open_fenced=store.fenced_transaction,
-        )  # fmt: skip
+        return a_context(store, item)[0]
 
     stale = WorkItem(claimed.id, claimed.kind, None, {}, attempt=claimed.attempt - 1)
     with pytest.raises(Lost):

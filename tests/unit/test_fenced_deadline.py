@@ -4,17 +4,13 @@ clock; tests/integration/test_fenced.py holds PostgreSQL to the same."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import trio
 import trio.testing
 
-from tests.unit._fakes import Tracer, a_slot
-from trioworker import Context, Lost, SelfStopped, Status, WorkItem
+from tests.support.contexts import a_context
+from trioworker import Lost, SelfStopped, Status, WorkItem
 from trioworker._core.policy import Action, Outcome, RetryPolicy, decide
-from trioworker._worker.attempt import Attempt
-from trioworker._worker.context import Shared
 from trioworker.testing import MemoryStore
 
 
@@ -73,15 +69,6 @@ async def test_a_deadline_moved_on_meanwhile_lets_it_commit(
     assert [w.op for w in store.writes] == ["complete_in_transaction"]
 
 
-def context(store: MemoryStore, item: WorkItem, deadline: float) -> tuple[Context, Attempt]:
-    """A handler's context for `item`, its attempt's deadline at `deadline`."""
-    shared = Shared(
-        "w", trio.CapacityLimiter(1), store, store.fenced_transaction, logging.getLogger("test")
-    )
-    attempt = Attempt(item, deadline, a_slot(), Tracer().start(item))
-    return Context(shared, attempt), attempt
-
-
 async def test_a_handlers_transaction_commits_only_before_its_attempts_self_stop(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -91,7 +78,7 @@ async def test_a_handlers_transaction_commits_only_before_its_attempts_self_stop
     (a heartbeat succeeded), the same commit is made."""
     store = MemoryStore()
     item = await claimed(store)
-    ctx, attempt = context(store, item, deadline=trio.current_time() + 30.0)
+    ctx, attempt = a_context(store, item, deadline=trio.current_time() + 30.0)
     with pytest.raises(SelfStopped) as raised:
         async with ctx.transaction() as tx:
             tx.complete()
@@ -100,7 +87,7 @@ async def test_a_handlers_transaction_commits_only_before_its_attempts_self_stop
     assert store.items()[0].completed_at is None
     no_write = decide(None, Outcome(error=raised.value), failures_before=0, policy=RetryPolicy())
     assert no_write.action is Action.NOTHING
-    ctx, attempt = context(store, item, deadline=trio.current_time() + 5.0)
+    ctx, attempt = a_context(store, item, deadline=trio.current_time() + 5.0)
     async with ctx.transaction() as tx:
         tx.complete()
         attempt.renew(trio.current_time() + 30.0)
