@@ -475,7 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = argv  # `run --processes N` starts its Workers with it
     args.dsn_given = args.dsn is not None or DSN_ENV in os.environ
     raw_dsn = args.dsn if args.dsn is not None else os.environ.get(DSN_ENV, "")
-    from trioworker._postgres.dsn import describe_defaults, resolve_dsn, secrets
+    from trioworker._postgres.dsn import secrets
 
     listen_dsn = getattr(args, "listen_dsn", None) or ""
     _logging.configure(
@@ -483,6 +483,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.log_level != "DEBUG":  # yoyo tells every step it applies
         logging.getLogger("yoyo").setLevel(logging.WARNING)
+    try:
+        return _run_reporting_one_error(args, raw_dsn)
+    except BrokenPipeError:  # `status --json | head`: the reader has all it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _run_reporting_one_error(args: argparse.Namespace, raw_dsn: str) -> int:
+    """Run the verb; a usage or operating error it raises, alone or as the one error of
+    a Trio nursery's group, is the one line it ends with."""
+    from trioworker._postgres.dsn import describe_defaults, resolve_dsn
+
     try:
         args.dsn = resolve_dsn(args.dsn)
         try:
@@ -492,16 +507,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.dsn and args.command not in NO_DATABASE:
             log.info("no DSN given (--dsn or $%s): %s", DSN_ENV, describe_defaults())
         return run_command(args)
-    except UsageError as exc:
-        return report(f"{exc}", raw_dsn, args.log_format, EXIT_USAGE)
+    except BaseExceptionGroup as group:
+        error = _sole(group)
+        if not isinstance(error, (TrioWorkerError, ValueError)):
+            raise
+        return _report_error(error, raw_dsn, args.log_format)
     except (TrioWorkerError, ValueError) as exc:
-        return report(f"{exc}", raw_dsn, args.log_format, EXIT_ERROR)
-    except BrokenPipeError:  # `status --json | head`: the reader has all it wanted
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return EXIT_OK
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        return _report_error(exc, raw_dsn, args.log_format)
+
+
+def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception `group` holds through groups of one, or `group` itself."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
+
+
+def _report_error(error: BaseException, dsn: str, log_format: str) -> int:
+    code = EXIT_USAGE if isinstance(error, UsageError) else EXIT_ERROR
+    return report(f"{error}", dsn, log_format, code)
 
 
 def report(message: str, dsn: str, log_format: str, code: int) -> int:
