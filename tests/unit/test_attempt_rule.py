@@ -266,3 +266,37 @@ async def test_no_deadline_is_moved_once_it_has_passed(
     assert store.times["heartbeat"] == [2.0, 4.0, 6.0]
     assert seen == [(6.5, 6.5), (8.5, 6.5)]
     assert [w.op for w in store.writes if w.applied] == ["heartbeat"]  # at 6 s, too late
+
+
+async def test_a_claim_answered_after_the_deadline_starts_no_handler(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The claim is sent at 0 s and answered at 9 s, after its items' self-stop deadline
+    (6 s) and their stop grace (11 s is their bound, so a handler started then would be
+    overdue at once on the real clock): no handler starts, nothing is written, the
+    Worker does not fail-stop, it says why and the next claim runs its items."""
+    caplog.set_level(logging.INFO)
+    store, registry, tracer, failstops = ScriptedStore(), Registry(), Tracer(), Failstops()
+    started: list[float] = []
+
+    @registry.handler("A")
+    async def a(item: WorkItem, ctx: Context) -> None:
+        started.append(trio.current_time())
+
+    await store.enqueue("A")
+    store.script["claim"] = [9.0]
+    async with running(store, registry, CUT, tracer=tracer, fail_stop=failstops) as worker:
+        await trio.sleep(10)
+        await store.enqueue("A")
+        await trio.sleep(2)
+        assert worker.statistics().events["self_stopped"] == 1
+    assert failstops.calls == []
+    assert len(started) == 1 and started[0] >= 10
+    assert tracer.outcomes() == ["self_stopped", "complete"]
+    first, second = store.items()
+    assert (first.status, first.attempt) == (Status.RUNNING, 1)
+    assert second.status is Status.SUCCEEDED
+    assert [m for m in messages(caplog, EXECUTOR) if "before its handler started" in m] == [
+        "self-stopped before its handler started: the claim was answered more than 6.0s"
+        " (half the lease) after it was sent; writing nothing, lease recovery will requeue it"
+    ]

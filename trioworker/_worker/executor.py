@@ -201,6 +201,29 @@ class Executor:
         """The handler in its nursery, then the decision and its write (a completion
         is handed to the batcher, whose answer ends the attempt)."""
         item = attempt.item
+        if trio.current_time() < attempt.deadline:
+            decision, outcome, reason = await self._handle(attempt, registration)
+        else:
+            # The claim's answer came after the attempt's self-stop deadline (a link
+            # that stalled, then healed): its handler never starts, nothing is written.
+            decision, outcome, reason = self._decide(attempt, registration, None)
+        if item.scope is None:
+            attempt.slot.release()  # its handler is over: the next claim may overlap the write
+        if decision.action is Action.COMPLETE:
+            self.completions.submit(attempt)
+            return decision
+        if decision.action is Action.NOTHING:
+            written = nothing_written(reason, outcome)
+        else:
+            written = await self._write(attempt, decision)
+        attempt.trace.end(written, outcome.error)
+        return decision
+
+    async def _handle(
+        self, attempt: Attempt, registration: Registration
+    ) -> tuple[Decision, Outcome, CancelReason | None]:
+        """Run the handler in the attempt's nursery, held to its bound, and decide."""
+        item = attempt.item
         if self._stop_all is not None:
             attempt.stop(self._stop_all)
         self.running.add(attempt)
@@ -229,21 +252,11 @@ class Executor:
             # The Worker's own cancellation, told by its own scope's state (never by
             # what the handler raised), goes on up here, before anything is decided.
             await self._unless_worker_cancelled(attempt, error)
-            decision, outcome, reason = self._decide(attempt, registration, error)
+            decided = self._decide(attempt, registration, error)
         finally:
             self._end(attempt)
         self._observe("handler_duration", item.kind, trio.current_time() - started)
-        if item.scope is None:
-            attempt.slot.release()  # its handler is over: the next claim may overlap the write
-        if decision.action is Action.COMPLETE:
-            self.completions.submit(attempt)
-            return decision
-        if decision.action is Action.NOTHING:
-            written = nothing_written(reason, outcome)
-        else:
-            written = await self._write(attempt, decision)
-        attempt.trace.end(written, outcome.error)
-        return decision
+        return decided
 
     async def _unless_worker_cancelled(self, attempt: Attempt, error: BaseException | None) -> None:
         """Raise Trio's Cancelled if the Worker itself is being cancelled (a checkpoint
@@ -374,12 +387,20 @@ class Executor:
         just completes)."""
         kind, completed = attempt.item.kind, attempt.completed
         if reason is CancelReason.SELF_STOP:
-            self._item_log(attempt.item).warning(
-                "self-stopped: no heartbeat succeeded for %.1fs (half the lease);"
-                " writing nothing, lease recovery will %s",
-                self.settings.self_stop_after,
-                "finish it as Succeeded" if completed else "requeue it",
-            )
+            if attempt.scope is None:
+                self._item_log(attempt.item).warning(
+                    "self-stopped before its handler started: the claim was answered more"
+                    " than %.1fs (half the lease) after it was sent; writing nothing,"
+                    " lease recovery will requeue it",
+                    self.settings.self_stop_after,
+                )
+            else:
+                self._item_log(attempt.item).warning(
+                    "self-stopped: no heartbeat succeeded for %.1fs (half the lease);"
+                    " writing nothing, lease recovery will %s",
+                    self.settings.self_stop_after,
+                    "finish it as Succeeded" if completed else "requeue it",
+                )
             attempt.trace.event(AttemptOutcome.SELF_STOPPED.value)
             self._observe(AttemptOutcome.SELF_STOPPED.value, kind)
         elif reason is CancelReason.LOST:
