@@ -16,8 +16,10 @@ round by round:
   cancelled (before: in Trio, delivering a cancellation costs more than a task);
 - `Worker`: the real Worker (`trioworker.testing.worker`, `--concurrency 128` as in
   `bench e2e`) over a store whose claims and completions answer at once from memory:
-  everything a Worker does for an item but the SQL and the bridge to psycopg; with a
-  no-op handler, and with one that checkpoints once (then the attempt's watcher runs).
+  everything a Worker does for an item but the SQL; with a no-op handler, and with one
+  that checkpoints once. Since issue 31 the Worker has no watcher task an attempt (one
+  heartbeat task and one stop watch for the Worker): the watcher series stay as the
+  shape it had before. `python -m bench.profile_floor` says where its CPU goes.
 
 The series above run one attempt after another. A Worker runs many at once, each in a
 task of its own, so three more spawn a task an item, 128 to a scheduler pass, as the

@@ -300,3 +300,24 @@ async def test_a_claim_answered_after_the_deadline_starts_no_handler(
         "self-stopped before its handler started: the claim was answered more than 6.0s"
         " (half the lease) after it was sent; writing nothing, lease recovery will requeue it"
     ]
+
+
+async def test_a_claim_answered_at_the_deadline_itself_starts_no_handler(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The deadline is the first instant the attempt is self-stopped: a claim answered
+    exactly then starts no handler either (one that never awaits would run whole)."""
+    store, registry = ScriptedStore(), Registry()
+    started: list[float] = []
+
+    @registry.handler("A")
+    async def a(item: WorkItem, ctx: Context) -> None:
+        started.append(trio.current_time())
+
+    await store.enqueue("A")
+    store.script["claim"] = [CUT.self_stop_after]
+    async with running(store, registry, CUT) as worker:
+        await trio.sleep(CUT.self_stop_after + 1)
+        assert worker.statistics().events["self_stopped"] == 1
+    assert started == []
+    assert store.items()[0].status is Status.RUNNING
