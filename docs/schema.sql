@@ -186,6 +186,8 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_claim_v1(p_worker text, p_lease double precision, p_limit integer, p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
  RETURNS SETOF work_items
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
     SELECT * FROM work_claim_v2(p_worker, p_lease, p_limit, p_kinds, p_scopes, p_unscoped)
 $function$;
@@ -193,9 +195,11 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_claim_v2(p_worker text, p_lease double precision, p_limit integer, p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
  RETURNS SETOF work_items
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -355,6 +359,8 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_clear_limit_v1(p_kind text, p_scope text)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 BEGIN
     DELETE FROM work_limits
@@ -363,10 +369,31 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_delete_finished_v1(p_statuses text[], p_after timestamp with time zone, p_older_than double precision, p_batch integer)
+ RETURNS SETOF timestamp with time zone
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+    WITH doomed AS (
+        SELECT id FROM work_items
+        WHERE status IN ('Succeeded', 'Failed', 'Cancelled') AND status = ANY(p_statuses)
+          AND finished_at >= p_after
+          AND finished_at < now() - make_interval(secs => p_older_than)
+        ORDER BY finished_at
+        LIMIT p_batch
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM work_items AS w USING doomed WHERE w.id = doomed.id
+    RETURNING w.finished_at
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_failover_hold_v1(p_lease double precision)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET jit TO 'off'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 DECLARE
     current_timeline bigint := work_timeline();
@@ -399,9 +426,11 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_finish_v1(p_ids bigint[], p_attempts integer[], p_status text, p_reason text DEFAULT NULL::text, p_error text DEFAULT NULL::text, p_wait boolean DEFAULT true, p_traceback text DEFAULT NULL::text)
  RETURNS SETOF bigint
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -462,9 +491,11 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_finish_v2(p_ids bigint[], p_attempts integer[], p_status text, p_reason text DEFAULT NULL::text, p_error text DEFAULT NULL::text, p_wait boolean DEFAULT true, p_traceback text DEFAULT NULL::text)
  RETURNS SETOF bigint
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -610,7 +641,9 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_items_confirm_place()
  RETURNS trigger
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 DECLARE
     r record;
@@ -768,6 +801,8 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_limits_settle()
  RETURNS trigger
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 DECLARE
     s text;
@@ -846,9 +881,11 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_pause_v1(p_kind text, p_scope text)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -940,9 +977,11 @@ RETURN ((SELECT count(*) AS count FROM (SELECT 1 AS "?column?" FROM work_rate_sl
 CREATE OR REPLACE FUNCTION public.work_recover_v1(p_max_stalls integer, p_batch integer)
  RETURNS TABLE(id bigint, kind text, scope text, attempt integer, stalls integer, status text, reason text)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -985,9 +1024,11 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_recover_v2(p_max_stalls integer, p_batch integer)
  RETURNS TABLE(id bigint, kind text, scope text, attempt integer, stalls integer, status text, reason text)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1044,14 +1085,18 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_repair_v1(p_limit integer)
  RETURNS TABLE(scope text, promoted integer)
  LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
 AS $function$ SELECT * FROM work_repair_v2(p_limit) $function$;
 
 CREATE OR REPLACE FUNCTION public.work_repair_v2(p_limit integer)
  RETURNS TABLE(scope text, promoted integer)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1110,9 +1155,11 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_request_cancel_v1(p_id bigint)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -1137,9 +1184,11 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_request_cancel_v2(p_id bigint)
  RETURNS text
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -1236,9 +1285,11 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_requeue_v1(p_ids bigint[], p_attempts integer[], p_cause text, p_delay double precision DEFAULT 0, p_error text DEFAULT NULL::text, p_traceback text DEFAULT NULL::text)
  RETURNS TABLE(id bigint, status text)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1275,9 +1326,11 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_requeue_v2(p_ids bigint[], p_attempts integer[], p_cause text, p_delay double precision DEFAULT 0, p_error text DEFAULT NULL::text, p_traceback text DEFAULT NULL::text)
  RETURNS TABLE(id bigint, status text)
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -1314,9 +1367,11 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_resume_v1(p_kind text, p_scope text)
  RETURNS boolean
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -1338,9 +1393,11 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_retry_v1(p_ids bigint[])
  RETURNS SETOF bigint
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();
@@ -1369,6 +1426,27 @@ BEGIN
     END LOOP;
     PERFORM work_settle_scopes(scopes);
     PERFORM work_internal_end(was);
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_retry_v2(p_ids bigint[])
+ RETURNS SETOF bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+DECLARE
+    retried bigint[] := ARRAY(SELECT r.id FROM work_retry_v1(p_ids) AS r (id));
+BEGIN
+    WITH marked AS (
+        UPDATE work_items
+        SET attempt = attempt + 1, reason = 'retried by an operator after attempt ' || attempt
+        WHERE id = ANY(retried) AND status = 'Queued'
+        RETURNING id, attempt
+    )
+    INSERT INTO work_attempts (item_id, attempt, worker_id, started_at, outcome)
+    SELECT id, attempt, NULL, NULL, 'operator-retry' FROM marked;
+    RETURN QUERY SELECT unnest(retried);
 END
 $function$;
 
@@ -1474,9 +1552,43 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_secure_transitions()
+ RETURNS integer
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    home text := current_schema();
+    path text := CASE WHEN current_schema() = 'public' THEN 'public, pg_temp'
+                      ELSE format('%I, pg_catalog, pg_temp', current_schema()) END;
+    f regprocedure;
+    n integer := 0;
+BEGIN
+    FOR f IN
+        SELECT p.oid FROM pg_catalog.pg_proc AS p
+        JOIN pg_catalog.pg_namespace AS ns ON ns.oid = p.pronamespace
+        WHERE ns.nspname = home
+          AND (p.proname ~ ('^work_(claim|failover_hold|finish|requeue|recover|settle_noted'
+                            '|repair|request_cancel|retry|pause|resume|set_limit|clear_limit'
+                            '|delete_finished)_v[0-9]+$')
+               OR p.proname IN ('work_items_confirm_place', 'work_limits_settle'))
+          AND NOT (p.prosecdef
+                   AND 'search_path=' || path = ANY (COALESCE(p.proconfig, '{}'))
+                   AND NOT pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE'))
+        ORDER BY p.oid
+    LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = %s', f, path);
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_set_limit_v1(p_kind text, p_scope text, p_running integer DEFAULT NULL::integer, p_rate integer DEFAULT NULL::integer, p_per double precision DEFAULT NULL::double precision)
  RETURNS SETOF work_limits
  LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 DECLARE
     now_running integer;
@@ -1616,9 +1728,11 @@ $function$;
 CREATE OR REPLACE FUNCTION public.work_settle_noted_v1(p_limit integer)
  RETURNS integer
  LANGUAGE plpgsql
+ SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
  SET jit TO 'off'
  SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
 AS $function$
 DECLARE
     was text := work_internal_begin();

@@ -240,12 +240,12 @@ def test_cancel_outcomes(status: str | None, found: Rows | None, outcome: Cancel
     assert sent[1:] == ([] if found is None else [Query("status_of", {"id": 7})])
 
 
-def test_retry_sends_each_id_once_in_order_and_marks_the_retried_in_one_transaction() -> None:
+def test_retry_sends_each_id_once_in_order_in_one_statement_that_marks_them() -> None:
     op = operations.retry([3, 1, 3])
-    assert op.name == "retry" and op.atomic
-    result, sent = run(op, [{"id": 1}], [])
+    assert op.name == "retry" and not op.atomic
+    result, sent = run(op, [{"id": 1}])
     assert result == [1]
-    assert sent == [Query("retry_items", {"ids": [1, 3]}), Query("mark_retried", {"ids": [1]})]
+    assert sent == [Query("retry_items", {"ids": [1, 3]})]
 
 
 def test_only_an_operation_of_several_writes_asks_for_a_transaction() -> None:

@@ -236,15 +236,10 @@ def retry(ids: Sequence[int]) -> Operation[list[int]]:
     """Failed or Cancelled items back to Queued with a fresh attempt budget (their
     history kept), due now; the ids retried. Others (not finished, succeeded, or whose
     dedup key a Queued item holds) are left as they are. Each retry is noted in the
-    item's history (`operator-retry`, an attempt number of its own)."""
+    item's history (`operator-retry`, an attempt number of its own), by the same
+    statement."""
     params = {"ids": sorted(set(ids))}
-    return Operation("retry", lambda: _retry_steps(params), atomic=True)
-
-
-def _retry_steps(params: Mapping[str, Any]) -> Steps[list[int]]:
-    retried = yield from _column("retry_items", params, "id")
-    yield Query("mark_retried", {"ids": retried})
-    return retried
+    return Operation("retry", lambda: _column("retry_items", params, "id"))
 
 
 def failed_items(

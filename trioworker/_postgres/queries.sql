@@ -158,20 +158,9 @@ SELECT work_resume_v1(%(kind)s, %(scope)s) AS changed;
 SELECT kind, scope, paused_at FROM work_pauses ORDER BY paused_at;
 
 -- name: retry_items
-SELECT id FROM work_retry_v1(%(ids)s) AS id;
-
--- name: mark_retried
--- An operator's retry in the item's history, in the transaction of the retry: one more
--- attempt number, noted as `operator-retry` (no Worker ran it), and the reason it waits
--- with. Neither column is one the triggers watch.
-WITH marked AS (
-    UPDATE work_items
-    SET attempt = attempt + 1, reason = 'retried by an operator after attempt ' || attempt
-    WHERE id = ANY(%(ids)s) AND status = 'Queued'
-    RETURNING id, attempt
-)
-INSERT INTO work_attempts (item_id, attempt, worker_id, started_at, outcome)
-SELECT id, attempt, NULL, NULL, 'operator-retry' FROM marked;
+-- Each retry noted in the item's history (`operator-retry`, an attempt number of its
+-- own) by the same function (work_retry_v2, migrations/0011.roles.sql).
+SELECT id FROM work_retry_v2(%(ids)s) AS id;
 
 -- name: failed_items
 -- Failed items of a kind (all kinds when NULL) that finished since %(since)s, oldest first.
@@ -220,18 +209,10 @@ SELECT status FROM work_items WHERE id = %(id)s;
 -- from %(after)s on, read from the work_items_finished index in finished_at order (no
 -- scan of the table; the caller passes the last batch's latest finished_at, so rows
 -- of other statuses are walked once in all), rows another transaction holds left
--- alone. Their attempt history goes with them (ON DELETE CASCADE).
-WITH doomed AS (
-    SELECT id FROM work_items
-    WHERE status IN ('Succeeded', 'Failed', 'Cancelled') AND status = ANY(%(statuses)s)
-      AND finished_at >= %(after)s
-      AND finished_at < now() - make_interval(secs => %(older_than)s)
-    ORDER BY finished_at
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
-)
-DELETE FROM work_items AS w USING doomed WHERE w.id = doomed.id
-RETURNING w.finished_at;
+-- alone; the finished_at of each deleted (work_delete_finished_v1,
+-- migrations/0011.roles.sql). Their attempt history goes with them.
+SELECT finished_at
+FROM work_delete_finished_v1(%(statuses)s, %(after)s, %(older_than)s, %(batch)s) AS finished_at;
 
 -- name: count_finished
 -- What delete_finished would delete now, counted (`prune --dry-run`).

@@ -1,0 +1,7 @@
+-- Run by yoyo after every `migrate` that applied anything (a post-apply hook: never
+-- recorded as applied). It makes every version of the queue's transitions SECURITY
+-- DEFINER, pinned to the schema and not PUBLIC's to execute, including those a later
+-- migration added or replaced (migrations/0011.roles.sql says why; docs/roles.md says
+-- who may call which).
+-- In a DO block: yoyo prints the rows of a migration's SELECT.
+DO $$ BEGIN PERFORM work_secure_transitions(); END $$;
