@@ -4,80 +4,49 @@ Set up as an operator would: docs/roles.sql as a superuser, `migrate` as the mig
 docs/grants.sql as the migrator, then the dashboard's script as the superuser. The
 read-only dashboard serves every page through that role; an action attempted through
 it is refused with a message (403), not an error page, and writes nothing. Roles are
-cluster-wide, so the test names its own and drops them afterwards.
+cluster-wide, so the test names its own and drops them afterwards
+(tests/support/roles.py).
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 from selenium.webdriver import Chrome
 from selenium.webdriver.common.by import By
 
 from tests.browser.support import TOKEN, Dashboard, request
 from tests.support.database import Databases
-from tests.support.processes import ROOT
-from trioworker import migrate
+from tests.support.roles import RoleSetup
 
 Conn = psycopg.Connection[Any]
 PAGES = ["/", "/running", "/scopes", "/failures", "/workers", "/schedules", "/pauses"]
 
 
-class Roles:
-    def __init__(self) -> None:
-        suffix = uuid.uuid4().hex[:8]
-        self.names = {
-            "trioworker_migrator": f"tw_migrator_{suffix}",
-            "trioworker_worker": f"tw_worker_{suffix}",
-            "trioworker_dashboard": f"tw_dashboard_{suffix}",
-        }
-        self.db_dsn = ""
-
-    def script(self, path: str) -> str:
-        text = (ROOT / "docs" / path).read_text()
-        for name, ours in self.names.items():
-            text = text.replace(name, ours)
-        return text
-
-    def dsn(self, role: str) -> str:
-        params = psycopg.conninfo.conninfo_to_dict(self.db_dsn)
-        params["user"] = self.names[role]
-        return psycopg.conninfo.make_conninfo(**params)
-
-
 @pytest.fixture
-def roles(databases: Databases) -> Iterator[Roles]:
-    """A database set up with the three roles, migrated, with a few items in it."""
-    roles = Roles()
+def roles(databases: Databases) -> Iterator[RoleSetup]:
+    """A database set up with the roles, migrated, with a few items in it."""
+    roles = RoleSetup()
     try:
         with databases.database(migrated=False) as roles.db_dsn:
-            with psycopg.connect(roles.db_dsn, autocommit=True) as admin:
-                admin.execute(roles.script("roles.sql"))  # type: ignore[call-overload]
-            migrate(roles.dsn("trioworker_migrator"))
-            with psycopg.connect(roles.dsn("trioworker_migrator"), autocommit=True) as owner:
-                owner.execute(roles.script("grants.sql"))  # type: ignore[call-overload]
-            with psycopg.connect(roles.db_dsn, autocommit=True) as admin:
-                admin.execute(roles.script("dashboard/readonly-role.sql"))  # type: ignore[call-overload]
-            with psycopg.connect(roles.dsn("trioworker_worker"), autocommit=True) as worker:
-                worker.execute(
+            roles.set_up()
+            roles.run("dashboard/readonly-role.sql")
+            with psycopg.connect(roles.dsn("trioworker_client"), autocommit=True) as client:
+                client.execute(
                     "INSERT INTO work_items (kind, scope, payload)"
                     " SELECT 'Crawl', 'cfg-' || (n % 3), '{}' FROM generate_series(1, 7) AS n"
                 )
             yield roles
-    finally:  # roles outlive their database: drop them after it
-        with psycopg.connect(databases.admin_dsn, autocommit=True) as admin:
-            for role in reversed(roles.names.values()):
-                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+    finally:
+        roles.drop(databases.admin_dsn)
 
 
 def test_the_read_only_role_serves_the_dashboard_and_cannot_act(
-    roles: Roles, browser: Chrome, start_dashboard: Any
+    roles: RoleSetup, browser: Chrome, start_dashboard: Any
 ) -> None:
     """Every page renders through the read-only role, with the database's numbers; with
     actions allowed, an action through that role answers 403 with a message, writes
