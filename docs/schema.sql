@@ -12,7 +12,8 @@ CREATE TABLE work_attempts (
     error text,
     traceback text,
     CONSTRAINT work_attempts_item_id_fkey FOREIGN KEY (item_id) REFERENCES work_items(id) ON DELETE CASCADE,
-    CONSTRAINT work_attempts_pkey PRIMARY KEY (item_id, attempt)
+    CONSTRAINT work_attempts_pkey PRIMARY KEY (item_id, attempt),
+    CONSTRAINT work_attempts_times_in_range CHECK (((LEAST(started_at, ended_at) >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (GREATEST(started_at, ended_at) <= '9000-01-01 00:00:00+00'::timestamp with time zone)))
 );
 
 
@@ -22,8 +23,10 @@ CREATE TABLE work_failover_guard (
     lease double precision NOT NULL DEFAULT 0,
     held_until timestamp with time zone NOT NULL DEFAULT '-infinity'::timestamp with time zone,
     CONSTRAINT work_failover_guard_lease_check CHECK ((lease >= (0)::double precision)),
+    CONSTRAINT work_failover_guard_lease_sane CHECK ((lease <= (604800)::double precision)),
     CONSTRAINT work_failover_guard_pkey PRIMARY KEY (singleton),
-    CONSTRAINT work_failover_guard_singleton_check CHECK (singleton)
+    CONSTRAINT work_failover_guard_singleton_check CHECK (singleton),
+    CONSTRAINT work_failover_guard_times_in_range CHECK (((held_until = '-infinity'::timestamp with time zone) OR ((held_until >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (held_until <= '9000-01-01 00:00:00+00'::timestamp with time zone))))
 );
 
 
@@ -96,7 +99,8 @@ CREATE TABLE work_limits (
     CONSTRAINT work_limits_pkey PRIMARY KEY (id),
     CONSTRAINT work_limits_rate_sane CHECK ((((rate IS NULL) = (per IS NULL)) AND ((rate >= 1) AND (rate <= 10000)) AND (per > '00:00:00'::interval) AND (per <= '1 day'::interval))),
     CONSTRAINT work_limits_running_sane CHECK (((running >= 1) AND (running <= 10000))),
-    CONSTRAINT work_limits_something CHECK (((running IS NOT NULL) OR (rate IS NOT NULL)))
+    CONSTRAINT work_limits_something CHECK (((running IS NOT NULL) OR (rate IS NOT NULL))),
+    CONSTRAINT work_limits_times_in_range CHECK (((updated_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (updated_at <= '9000-01-01 00:00:00+00'::timestamp with time zone)))
 );
 
 CREATE UNIQUE INDEX work_limits_default ON public.work_limits USING btree ((true)) WHERE ((kind IS NULL) AND (scope IS NULL));
@@ -109,7 +113,8 @@ CREATE TABLE work_pauses (
     scope text,
     paused_at timestamp with time zone NOT NULL DEFAULT now(),
     CONSTRAINT work_pauses_one_target CHECK (((kind IS NULL) <> (scope IS NULL))),
-    CONSTRAINT work_pauses_pkey PRIMARY KEY (id)
+    CONSTRAINT work_pauses_pkey PRIMARY KEY (id),
+    CONSTRAINT work_pauses_times_in_range CHECK (((paused_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (paused_at <= '9000-01-01 00:00:00+00'::timestamp with time zone)))
 );
 
 CREATE UNIQUE INDEX work_pauses_kind ON public.work_pauses USING btree (kind) WHERE (kind IS NOT NULL);
@@ -120,7 +125,8 @@ CREATE TABLE work_rate_slots (
     slot integer NOT NULL,
     started_at timestamp with time zone NOT NULL DEFAULT '-infinity'::timestamp with time zone,
     CONSTRAINT work_rate_slots_limit_id_fkey FOREIGN KEY (limit_id) REFERENCES work_limits(id) ON DELETE CASCADE,
-    CONSTRAINT work_rate_slots_pkey PRIMARY KEY (limit_id, slot)
+    CONSTRAINT work_rate_slots_pkey PRIMARY KEY (limit_id, slot),
+    CONSTRAINT work_rate_slots_times_in_range CHECK (((started_at = '-infinity'::timestamp with time zone) OR ((started_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (started_at <= '9000-01-01 00:00:00+00'::timestamp with time zone))))
 );
 
 CREATE INDEX work_rate_slots_oldest ON public.work_rate_slots USING btree (limit_id, started_at);
@@ -137,7 +143,8 @@ CREATE TABLE work_schedules (
     last_item bigint,
     updated_at timestamp with time zone NOT NULL DEFAULT now(),
     CONSTRAINT work_schedules_payload_depth CHECK ((NOT jsonb_path_exists(payload, 'strict $.**{64}'::jsonpath))),
-    CONSTRAINT work_schedules_pkey PRIMARY KEY (name)
+    CONSTRAINT work_schedules_pkey PRIMARY KEY (name),
+    CONSTRAINT work_schedules_times_in_range CHECK (((LEAST(next_due, last_due, updated_at) >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (GREATEST(next_due, last_due, updated_at) <= '9000-01-01 00:00:00+00'::timestamp with time zone)))
 );
 
 CREATE INDEX work_schedules_next_due ON public.work_schedules USING btree (next_due);
@@ -146,7 +153,8 @@ CREATE TABLE work_unsettled_scopes (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     scope text NOT NULL,
     noted_at timestamp with time zone NOT NULL DEFAULT now(),
-    CONSTRAINT work_unsettled_scopes_pkey PRIMARY KEY (id)
+    CONSTRAINT work_unsettled_scopes_pkey PRIMARY KEY (id),
+    CONSTRAINT work_unsettled_scopes_times_in_range CHECK (((noted_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (noted_at <= '9000-01-01 00:00:00+00'::timestamp with time zone)))
 );
 
 CREATE INDEX work_unsettled_scopes_scope ON public.work_unsettled_scopes USING btree (scope);
@@ -163,7 +171,9 @@ CREATE TABLE work_workers (
     unscoped boolean NOT NULL,
     concurrency integer NOT NULL,
     advertise_every double precision,
-    CONSTRAINT work_workers_pkey PRIMARY KEY (id)
+    CONSTRAINT work_workers_advertise_every_sane CHECK (((advertise_every > (0)::double precision) AND (advertise_every <= (604800)::double precision))),
+    CONSTRAINT work_workers_pkey PRIMARY KEY (id),
+    CONSTRAINT work_workers_times_in_range CHECK (((LEAST(started_at, last_seen, stopped_at) >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (GREATEST(started_at, last_seen, stopped_at) <= '9000-01-01 00:00:00+00'::timestamp with time zone)))
 );
 
 
@@ -647,6 +657,28 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_items_counters_bounded()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF TG_OP = 'UPDATE'
+       AND (NEW.attempt <= 1000000000 OR NEW.attempt - OLD.attempt IN (0, 1))
+       AND (NEW.stalls <= 1000000000 OR NEW.stalls - OLD.stalls IN (0, 1))
+       AND (NEW.failures <= 1000000000 OR NEW.failures - OLD.failures IN (0, 1)) THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'check_violation',
+        CONSTRAINT = 'work_items_counters_bounded',
+        SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+        MESSAGE = 'new row for relation "work_items" violates work_items_counters_bounded:'
+                  ' attempt, stalls and failures are set to at most 1000000000, and grow'
+                  ' past it by one at a time',
+        DETAIL = format('Failing row has id = %s, attempt = %s, stalls = %s, failures = %s.',
+                        NEW.id, NEW.attempt, NEW.stalls, NEW.failures);
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_items_depart()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -1028,6 +1060,24 @@ BEGIN
     END LOOP;
     PERFORM work_settle_scopes(scopes);
     PERFORM work_internal_end(was);
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_refuse_row()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    stored jsonb := to_jsonb(NEW);
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'check_violation', CONSTRAINT = TG_ARGV[0],
+        SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+        MESSAGE = format('new row for relation "%s" violates %s: %s',
+                         TG_TABLE_NAME, TG_ARGV[0], TG_ARGV[1]),
+        DETAIL = format('Failing row has %s.',
+                        (SELECT string_agg(format('%s = %s', c, COALESCE(stored ->> c, 'NULL')),
+                                           ', ')
+                         FROM unnest(TG_ARGV[2:]) AS c));
 END
 $function$;
 
@@ -1733,7 +1783,10 @@ END
 $function$;
 
 CREATE TRIGGER work_items_arrive BEFORE INSERT OR UPDATE OF status, scope, kind, priority, run_after ON public.work_items FOR EACH ROW WHEN ((((new.scope IS NOT NULL) OR new.is_head) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_arrive();
+CREATE TRIGGER work_items_asked_times_in_range BEFORE INSERT OR UPDATE OF requested_at, run_after ON public.work_items FOR EACH ROW WHEN (((LEAST(new.requested_at, new.run_after) < '1900-01-01 00:00:00+00'::timestamp with time zone) OR (GREATEST(new.requested_at, new.run_after) > '9000-01-01 00:00:00+00'::timestamp with time zone))) EXECUTE FUNCTION work_refuse_row('work_items_asked_times_in_range', 'requested_at and run_after are finite times from 1900 to 9000 (UTC)', 'id', 'requested_at', 'run_after');
+CREATE TRIGGER work_items_attempt_times_in_range BEFORE INSERT OR UPDATE OF lease_expires_at, heartbeat_at, started_at, finished_at, completed_at ON public.work_items FOR EACH ROW WHEN (((LEAST(new.lease_expires_at, new.heartbeat_at, new.started_at, new.finished_at, new.completed_at) < '1900-01-01 00:00:00+00'::timestamp with time zone) OR (GREATEST(new.lease_expires_at, new.heartbeat_at, new.started_at, new.finished_at, new.completed_at) > '9000-01-01 00:00:00+00'::timestamp with time zone))) EXECUTE FUNCTION work_refuse_row('work_items_attempt_times_in_range', 'lease_expires_at, heartbeat_at, started_at, finished_at and completed_at are finite times from 1900 to 9000 (UTC)', 'id', 'lease_expires_at', 'heartbeat_at', 'started_at', 'finished_at', 'completed_at');
 CREATE CONSTRAINT TRIGGER work_items_confirm_place AFTER INSERT OR UPDATE OF status, scope, kind, priority, run_after ON public.work_items DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((new.status = 'Queued'::text) AND (new.scope IS NOT NULL) AND (NOT new.is_head) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_confirm_place();
+CREATE TRIGGER work_items_counters_bounded BEFORE INSERT OR UPDATE OF attempt, stalls, failures ON public.work_items FOR EACH ROW WHEN ((GREATEST(new.attempt, new.stalls, new.failures) > 1000000000)) EXECUTE FUNCTION work_items_counters_bounded();
 CREATE TRIGGER work_items_depart_delete AFTER DELETE ON public.work_items FOR EACH ROW WHEN ((((old.status = 'Running'::text) OR old.is_head) AND (old.scope IS NOT NULL) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_depart();
 CREATE TRIGGER work_items_depart_update AFTER UPDATE OF status, scope, kind, priority, run_after ON public.work_items FOR EACH ROW WHEN ((((old.status = 'Running'::text) OR old.is_head) AND (old.scope IS NOT NULL) AND (((((old.status IS DISTINCT FROM new.status) OR (old.scope IS DISTINCT FROM new.scope)) OR (old.kind IS DISTINCT FROM new.kind)) OR (old.priority IS DISTINCT FROM new.priority)) OR (old.run_after IS DISTINCT FROM new.run_after)) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_depart();
 CREATE TRIGGER work_items_notify_unscoped AFTER INSERT ON public.work_items REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION work_items_notify_unscoped();

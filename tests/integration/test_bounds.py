@@ -1,0 +1,385 @@
+"""The schema refuses what a Worker cannot run (issue 32), on real PostgreSQL.
+
+Every time and counter that a claim, lease recovery, `show`, `status` or the dashboard
+relies on is bounded (migrations/0008.bounds.sql): plain SQL that would store a value
+out of bounds is refused by the bound's name; the queue's own transitions carry a
+counter past its bound one at a time, so a row at the bound stops nothing; and the
+migration moves the rows stored before it into bounds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import attrs
+import psycopg
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from tests.support.database import Databases, migrate_until
+from trioworker import Status, migrate, open_store
+from trioworker._core.jsontext import UndecodableValue
+
+Conn = psycopg.Connection[Any]
+
+#: The most plain SQL may set a counter to; the queue's transitions go past it by ones.
+BOUND = 1_000_000_000
+MAX_INT = 2**31 - 1
+LOW = dt.datetime(1900, 1, 1, tzinfo=dt.UTC)
+HIGH = dt.datetime(9000, 1, 1, tzinfo=dt.UTC)
+#: Times PostgreSQL holds that Python's datetime cannot (the last, once a time zone
+#: east of UTC is applied), as the issue's red-team rows stored them.
+UNREADABLE = [
+    "infinity", "-infinity", "0044-03-15 00:00:00+00 BC", "10000-01-01 00:00:00+00",
+    "9999-12-31 23:00:00+00",
+]  # fmt: skip
+#: work_items' times, each with the bound that holds it.
+ITEM_TIMES = {
+    "requested_at": "work_items_asked_times_in_range",
+    "run_after": "work_items_asked_times_in_range",
+    "lease_expires_at": "work_items_attempt_times_in_range",
+    "heartbeat_at": "work_items_attempt_times_in_range",
+    "started_at": "work_items_attempt_times_in_range",
+    "finished_at": "work_items_attempt_times_in_range",
+    "completed_at": "work_items_attempt_times_in_range",
+}
+#: Only a Running row may hold a lease or a noted success (other constraints).
+RUNNING_ONLY = {"lease_expires_at", "completed_at"}
+ONE_TRANSACTION = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+def one(pg: Conn, query: str, params: Any = None) -> Any:
+    row = pg.execute(query, params).fetchone()  # type: ignore[call-overload]
+    assert row is not None
+    return row[0] if len(row) == 1 else row
+
+
+def insert_item(pg: Conn, running: bool = False, **columns: Any) -> int:
+    """An unscoped Quick item with `columns` set; Running (with a lease an hour long,
+    unless given) when asked."""
+    values: dict[str, Any] = {"kind": "Quick"}
+    if running:
+        values |= {"status": "Running", "lease_expires_at": dt.datetime.now(dt.UTC)
+                   + dt.timedelta(hours=1), "attempt": 1}  # fmt: skip
+    values |= columns
+    names = ", ".join(values)
+    marks = ", ".join(["%s"] * len(values))
+    return int(one(pg, f"INSERT INTO work_items ({names}) VALUES ({marks}) RETURNING id",
+                   list(values.values())))  # fmt: skip
+
+
+def refused_by(exc: pytest.ExceptionInfo[psycopg.errors.CheckViolation]) -> str | None:
+    return exc.value.diag.constraint_name
+
+
+@contextmanager
+def rolled_back(pg: Conn) -> Iterator[None]:
+    """One hypothesis example's writes, undone after it."""
+    with pg.transaction(force_rollback=True):
+        yield
+
+
+# -- counters ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("column", "running"), [("attempt", False), ("stalls", True),
+                                                 ("failures", False)])  # fmt: skip
+def test_plain_sql_cannot_store_a_counter_the_queue_cannot_add_to(
+    pg: Conn, column: str, running: bool
+) -> None:
+    """The issue's rows: attempt 2147483647 (every claim of its kind failed on attempt +
+    1), stalls 2147483647 on a Running row (every lease recovery failed on stalls + 1),
+    failures the same: refused, by INSERT and by UPDATE, by the bound's name."""
+    with pytest.raises(psycopg.errors.CheckViolation) as caught:
+        insert_item(pg, running, **{column: MAX_INT})
+    assert refused_by(caught) == "work_items_counters_bounded"
+    item = insert_item(pg, running)
+    with pytest.raises(psycopg.errors.CheckViolation) as caught:
+        pg.execute(f"UPDATE work_items SET {column} = %s WHERE id = %s", [MAX_INT, item])
+    assert refused_by(caught) == "work_items_counters_bounded"
+    assert one(pg, f"SELECT {column} FROM work_items WHERE id = %s", [item]) == 0
+
+
+@ONE_TRANSACTION
+@given(column=st.sampled_from(["attempt", "stalls", "failures"]), value=st.integers(0, MAX_INT))
+@example(column="attempt", value=BOUND)
+@example(column="attempt", value=BOUND + 1)
+@example(column="stalls", value=BOUND + 1)
+@example(column="failures", value=MAX_INT)
+def test_a_counter_is_set_to_at_most_the_bound(pg: Conn, column: str, value: int) -> None:
+    """Any value up to 1,000,000,000 is taken, by INSERT and by UPDATE; any above it is
+    refused by work_items_counters_bounded."""
+    for write in ("insert", "update"):
+        with rolled_back(pg):
+            try:
+                if write == "insert":
+                    insert_item(pg, **{column: value})
+                else:
+                    item = insert_item(pg)
+                    pg.execute(f"UPDATE work_items SET {column} = %s WHERE id = %s", [value, item])
+            except psycopg.errors.CheckViolation as exc:
+                assert (write, value > BOUND) == (write, True), exc
+                assert exc.diag.constraint_name == "work_items_counters_bounded"
+            else:
+                assert (write, value > BOUND) == (write, False)
+
+
+async def test_past_the_bound_a_counter_moves_one_at_a_time_as_the_queue_moves_it(
+    dsn: str, pg: Conn
+) -> None:
+    """Items at the bound stop nothing: a claim takes them with the rest of its batch
+    (attempt + 1), a failure counts (failures + 1), a release and a second claim go on
+    (attempt + 2), lease recovery stalls one (stalls + 1). Past the bound plain SQL may
+    move a counter by one too, but not jump it."""
+    at_bound = insert_item(pg, attempt=BOUND, failures=BOUND)
+    stalled = insert_item(pg, stalls=BOUND)
+    others = [insert_item(pg) for _ in range(3)]
+    async with open_store(dsn) as store:
+        batch = await store.claim_batch("w1", 60, 10, kinds=["Quick"])
+        by_id = {item.id: item for item in batch}
+        assert sorted(by_id) == sorted([at_bound, stalled, *others])
+        assert by_id[at_bound].attempt == BOUND + 1
+        assert await store.release(at_bound, BOUND + 1)
+        [again] = await store.claim_batch("w1", 60, 1, kinds=["Quick"])
+        assert (again.id, again.attempt) == (at_bound, BOUND + 2)
+        assert await store.fail(at_bound, BOUND + 2, "gave up")
+        pg.execute("UPDATE work_items SET lease_expires_at = now() - interval '1 s'"
+                   " WHERE id = %s", [stalled])  # fmt: skip
+        [recovered] = await store.recover_expired_leases(max_stalls=MAX_INT)
+        assert (recovered.id, recovered.stalls, recovered.status) == (
+            stalled, BOUND + 1, Status.QUEUED,
+        )  # fmt: skip
+    row = one(pg, "SELECT attempt, failures, status FROM work_items WHERE id = %s", [at_bound])
+    assert row == (BOUND + 2, BOUND + 1, "Failed")
+    with pytest.raises(psycopg.errors.CheckViolation) as caught:
+        pg.execute("UPDATE work_items SET attempt = attempt + 2 WHERE id = %s", [at_bound])
+    assert refused_by(caught) == "work_items_counters_bounded"
+    pg.execute("UPDATE work_items SET attempt = attempt + 1 WHERE id = %s", [at_bound])
+    pg.execute("UPDATE work_items SET attempt = %s WHERE id = %s", [BOUND, at_bound])
+
+
+# -- times ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("column", ["requested_at", "run_after"])
+def test_plain_sql_cannot_store_a_time_python_cannot_hold(pg: Conn, column: str) -> None:
+    """The issue's rows: requested_at 'infinity' (the claim committed its batch Running,
+    then could not read it), '-infinity', a BC date, the year 10000, and a time that
+    becomes the year 10000 east of UTC; run_after the same. Refused by INSERT and by
+    UPDATE, by the bound's name."""
+    item = insert_item(pg)
+    for value in UNREADABLE:
+        with pytest.raises(psycopg.errors.CheckViolation) as caught:
+            insert_item(pg, **{column: value})
+        assert refused_by(caught) == "work_items_asked_times_in_range", value
+        with pytest.raises(psycopg.errors.CheckViolation) as caught:
+            pg.execute(f"UPDATE work_items SET {column} = %s WHERE id = %s", [value, item])
+        assert refused_by(caught) == "work_items_asked_times_in_range", value
+
+
+@ONE_TRANSACTION
+@given(
+    column=st.sampled_from(sorted(ITEM_TIMES)),
+    when=st.datetimes(dt.datetime(1800, 1, 1), dt.datetime(9999, 12, 30), timezones=st.just(dt.UTC))
+    | st.sampled_from(UNREADABLE),
+)
+@example(column="requested_at", when=LOW)
+@example(column="requested_at", when=LOW - dt.timedelta(microseconds=1))
+@example(column="run_after", when=HIGH)
+@example(column="run_after", when=HIGH + dt.timedelta(microseconds=1))
+@example(column="lease_expires_at", when=HIGH + dt.timedelta(microseconds=1))
+@example(column="heartbeat_at", when=LOW - dt.timedelta(microseconds=1))
+@example(column="completed_at", when="infinity")
+@example(column="finished_at", when="-infinity")
+def test_an_items_time_is_finite_from_1900_to_9000(
+    pg: Conn, column: str, when: dt.datetime | str
+) -> None:
+    """Each of an item's times is taken from 1900-01-01 to 9000-01-01 (UTC), both
+    included, by INSERT and by UPDATE; anything else (a microsecond outside, an
+    infinity, a BC date, the year 10000) is refused by the bound that holds it."""
+    inside = isinstance(when, dt.datetime) and LOW <= when <= HIGH
+    running = column in RUNNING_ONLY
+    for write in ("insert", "update"):
+        with rolled_back(pg):
+            try:
+                if write == "insert":
+                    insert_item(pg, running, **{column: when})
+                else:
+                    item = insert_item(pg, running)
+                    pg.execute(f"UPDATE work_items SET {column} = %s WHERE id = %s", [when, item])
+            except psycopg.errors.CheckViolation as exc:
+                assert not inside, (write, exc)
+                assert exc.diag.constraint_name == ITEM_TIMES[column]
+            else:
+                assert inside, write
+
+
+#: For each other table something decodes: what to set up, a statement that stores
+#: `v` where a time goes (or a number SQL makes an interval of), the bound that holds
+#: it, values it refuses and one it takes. '-infinity' is a rate slot's and a failover
+#: guard's sentinel ("never used", "holds nothing"), which only SQL reads: they keep it.
+NUMBERS = [float("nan"), float("inf"), 604801.0]
+OTHER_TABLES: dict[str, tuple[str | None, str, str, list[Any], Any]] = {
+    "work_attempts": (
+        "INSERT INTO work_items (kind) VALUES ('Quick')",
+        "INSERT INTO work_attempts (item_id, attempt, outcome, ended_at)"
+        " SELECT id, 1, 'failed', %(v)s FROM work_items",
+        "work_attempts_times_in_range", UNREADABLE, "now",
+    ),
+    "work_workers": (
+        None,
+        "INSERT INTO work_workers (id, host, pid, kinds, unscoped, concurrency, last_seen)"
+        " VALUES ('w', 'h', 1, '{Quick}', true, 1, %(v)s)",
+        "work_workers_times_in_range", UNREADABLE, "now",
+    ),
+    "work_workers.advertise_every": (
+        None,
+        "INSERT INTO work_workers (id, host, pid, kinds, unscoped, concurrency, advertise_every)"
+        " VALUES ('w', 'h', 1, '{Quick}', true, 1, %(v)s)",
+        "work_workers_advertise_every_sane", NUMBERS, 10.0,
+    ),
+    "work_schedules": (
+        None,
+        "INSERT INTO work_schedules (name, kind, spec, next_due)"
+        " VALUES ('s', 'Quick', 'every 60', %(v)s)",
+        "work_schedules_times_in_range", UNREADABLE, "now",
+    ),
+    "work_pauses": (
+        None, "INSERT INTO work_pauses (kind, paused_at) VALUES ('Quick', %(v)s)",
+        "work_pauses_times_in_range", UNREADABLE, "now",
+    ),
+    "work_limits": (
+        None, "INSERT INTO work_limits (kind, running, updated_at) VALUES ('Quick', 1, %(v)s)",
+        "work_limits_times_in_range", UNREADABLE, "now",
+    ),
+    "work_unsettled_scopes": (
+        None, "INSERT INTO work_unsettled_scopes (scope, noted_at) VALUES ('s', %(v)s)",
+        "work_unsettled_scopes_times_in_range", UNREADABLE, "now",
+    ),
+    "work_rate_slots": (
+        "SELECT work_set_limit_v1('Quick', NULL, NULL, 5, 60)",
+        "UPDATE work_rate_slots SET started_at = %(v)s",
+        "work_rate_slots_times_in_range", UNREADABLE[:1] + UNREADABLE[2:], "-infinity",
+    ),
+    "work_failover_guard": (
+        None,
+        "INSERT INTO work_failover_guard (timeline, held_until) VALUES (1, %(v)s)"
+        " ON CONFLICT (singleton) DO UPDATE SET held_until = excluded.held_until",
+        "work_failover_guard_times_in_range", UNREADABLE[:1] + UNREADABLE[2:], "-infinity",
+    ),
+    "work_failover_guard.lease": (
+        None,
+        "INSERT INTO work_failover_guard (timeline, lease) VALUES (1, %(v)s)"
+        " ON CONFLICT (singleton) DO UPDATE SET lease = excluded.lease",
+        "work_failover_guard_lease_sane", NUMBERS, 60.0,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("table", sorted(OTHER_TABLES))
+def test_the_other_tables_refuse_what_a_reader_cannot_decode(pg: Conn, table: str) -> None:
+    """Attempt history, Workers, schedules, pauses, limits, rate slots, unsettled scopes
+    and the failover guard (what `show`, `status`, the dashboard and the claim read)
+    refuse a time Python cannot hold, and a NaN, an Infinity or more than a week where
+    SQL makes an interval of a number of seconds, by the bound's name; an ordinary value
+    is taken."""
+    setup, statement, bound, bad, good = OTHER_TABLES[table]
+    if setup is not None:
+        pg.execute(setup)  # type: ignore[arg-type]
+    for value in bad:
+        with pytest.raises(psycopg.errors.CheckViolation) as caught:
+            pg.execute(statement, {"v": value})  # type: ignore[arg-type]
+        assert refused_by(caught) == bound, value
+    pg.execute(statement, {"v": good})  # type: ignore[arg-type]
+
+
+# -- rows stored before the migration ----------------------------------------------------
+
+
+RED_TEAM = """
+INSERT INTO work_items (id, kind, attempt, failures) VALUES (1, 'Quick', 2147483647, 2147483647);
+INSERT INTO work_items (id, kind, requested_at, run_after)
+VALUES (2, 'Quick', 'infinity', '-infinity'), (3, 'Quick', '0044-03-15 BC', 'infinity');
+INSERT INTO work_items (id, kind, status, attempt, stalls, lease_expires_at, heartbeat_at,
+                        started_at)
+VALUES (4, 'Quick', 'Running', 1, 2147483647, 'infinity', '10000-01-01', '-infinity');
+INSERT INTO work_items (id, kind) VALUES (5, 'Quick');
+INSERT INTO work_attempts (item_id, attempt, started_at, ended_at, outcome)
+VALUES (4, 0, '-infinity', 'infinity', 'released');
+INSERT INTO work_workers (id, host, pid, kinds, unscoped, concurrency, last_seen,
+                          advertise_every)
+VALUES ('w', 'h', 1, '{Quick}', true, 1, 'infinity', 'NaN');
+INSERT INTO work_schedules (name, kind, spec, next_due)
+VALUES ('s', 'Other', 'every 60', '-infinity');
+INSERT INTO work_pauses (kind, paused_at) VALUES ('Paused', '0044-03-15 BC');
+SELECT work_set_limit_v1('Limited', NULL, 1, 5, 60);
+UPDATE work_limits SET updated_at = 'infinity';
+UPDATE work_rate_slots SET started_at = 'infinity' WHERE slot = 1;
+INSERT INTO work_unsettled_scopes (scope, noted_at) VALUES ('s', 'infinity');
+UPDATE work_failover_guard SET lease = 'Infinity', held_until = 'infinity'
+"""
+
+
+@pytest.fixture
+def before_bounds(databases: Databases) -> Iterator[str]:
+    """A database migrated up to 0007 (before the bounds), holding the issue's rows and
+    their like in every table."""
+    with databases.database(migrated=False) as dsn, psycopg.connect(dsn, autocommit=True) as pg:
+        migrate_until(dsn, "0007.completed")
+        for statement in RED_TEAM.strip().split(";\n"):
+            pg.execute(statement)  # type: ignore[call-overload]
+        yield dsn
+
+
+async def test_the_migration_moves_the_rows_stored_before_it_into_bounds(
+    before_bounds: str,
+) -> None:
+    """Migration 0008 applies over the issue's rows: a time before 1900 becomes 1900,
+    after 9000 becomes 9000, but an infinite lease or failover hold ends now; a counter
+    over the bound becomes the bound; a NaN advertisement interval is no interval, an
+    infinite guard lease 0. Then the queue runs: a claim takes the item at the bound
+    with the others, lease recovery takes the Running one back, and the reads decode
+    every row."""
+    dsn = before_bounds
+    assert migrate(dsn) == ["0008.bounds"]
+    with psycopg.connect(dsn, autocommit=True) as pg:
+        pg.execute("SET TimeZone = 'UTC'")
+        now = one(pg, "SELECT now()")
+        items = {r[0]: r[1:] for r in pg.execute(
+            "SELECT id, attempt, stalls, failures, requested_at, run_after, lease_expires_at,"
+            " heartbeat_at, started_at FROM work_items")}  # fmt: skip
+        assert items[1][:3] == (BOUND, 0, BOUND)
+        assert items[2][3:5] == (HIGH, LOW)
+        assert items[3][3:5] == (LOW, HIGH)
+        assert items[4][1] == BOUND and items[4][6:8] == (HIGH, LOW)
+        assert now - dt.timedelta(minutes=1) < items[4][5] <= now + dt.timedelta(minutes=1)
+        assert one(pg, "SELECT started_at, ended_at FROM work_attempts") == (LOW, HIGH)
+        assert one(pg, "SELECT last_seen, advertise_every FROM work_workers") == (HIGH, None)
+        assert one(pg, "SELECT next_due FROM work_schedules") == LOW
+        assert one(pg, "SELECT paused_at FROM work_pauses") == LOW
+        assert one(pg, "SELECT updated_at FROM work_limits") == HIGH
+        assert one(pg, "SELECT max(started_at) FROM work_rate_slots") == HIGH
+        assert one(pg, "SELECT noted_at FROM work_unsettled_scopes") == HIGH
+        lease, held_until = one(pg, "SELECT lease, held_until FROM work_failover_guard")
+        assert lease == 0 and held_until <= now + dt.timedelta(minutes=1)
+    async with open_store(dsn) as store:
+        claimed = await store.claim_batch("w1", 60, 10, kinds=["Quick"])
+        assert {i.id: i.attempt for i in claimed} == {1: BOUND + 1, 2: 1, 5: 1}  # 3: not due
+        [recovered] = await store.recover_expired_leases(max_stalls=3)
+        assert (recovered.id, recovered.stalls, recovered.status) == (4, BOUND + 1, Status.FAILED)
+        for id in (1, 2, 3, 4, 5):
+            details = await store.show(id)
+            assert details is not None
+            values = [*attrs.asdict(details.item, recurse=False).values()]
+            values += [v for a in details.attempts for v in attrs.asdict(a).values()]
+            assert not any(isinstance(v, UndecodableValue) for v in values), id
+        status = await store.status()
+        assert (len(status.workers), len(status.pauses), len(status.schedules)) == (1, 1, 1)
