@@ -3,25 +3,32 @@
 Every time and counter that a claim, lease recovery, `show`, `status` or the dashboard
 relies on is bounded (migrations/0008.bounds.sql): plain SQL that would store a value
 out of bounds is refused by the bound's name; the queue's own transitions carry a
-counter past its bound one at a time, so a row at the bound stops nothing; and the
-migration moves the rows stored before it into bounds.
+counter past its bound one at a time, so a row at the bound stops nothing; a row that
+slips past the schema anyway (a superuser's, with the triggers off) fails only its own
+item, and `show` and the dashboard's item page show it; and the migration moves the
+rows stored before it into bounds.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import attrs
 import psycopg
 import pytest
+import trio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.browser.support import dashboards, request
+from tests.integration.test_cli import trioworker
 from tests.support.database import Databases, migrate_until
-from trioworker import Status, migrate, open_store
+from trioworker import Registry, Settings, Status, Worker, WorkItem, migrate, open_store
 from trioworker._core.jsontext import UndecodableValue
 
 Conn = psycopg.Connection[Any]
@@ -85,6 +92,16 @@ def rolled_back(pg: Conn) -> Iterator[None]:
     """One hypothesis example's writes, undone after it."""
     with pg.transaction(force_rollback=True):
         yield
+
+
+def without_triggers(pg: Conn, query: str, params: Any = None) -> int:
+    """Run an INSERT ... RETURNING id as a superuser past the queue's triggers
+    (`session_replication_role = replica`): how a row out of bounds still gets in."""
+    pg.execute("SET session_replication_role = replica")
+    try:
+        return int(one(pg, query, params))
+    finally:
+        pg.execute("RESET session_replication_role")
 
 
 # -- counters ---------------------------------------------------------------------------
@@ -299,6 +316,139 @@ def test_the_other_tables_refuse_what_a_reader_cannot_decode(pg: Conn, table: st
             pg.execute(statement, {"v": value})  # type: ignore[arg-type]
         assert refused_by(caught) == bound, value
     pg.execute(statement, {"v": good})  # type: ignore[arg-type]
+
+
+# -- a row past the schema ---------------------------------------------------------------
+
+
+async def test_a_claimed_row_whose_time_python_cannot_hold_is_read_with_its_batch(
+    dsn: str, pg: Conn
+) -> None:
+    """A row stored past the schema with requested_at 'infinity' is claimed with three
+    others, and the batch is read: that item names requested_at as undecodable (its
+    field None), the others come whole."""
+    poison = without_triggers(
+        pg, "INSERT INTO work_items (kind, requested_at) VALUES ('Quick', 'infinity') RETURNING id"
+    )
+    others = [insert_item(pg) for _ in range(3)]
+    async with open_store(dsn) as store:
+        batch = await store.claim_batch("w1", 60, 10, kinds=["Quick"])
+    by_id = {item.id: item for item in batch}
+    assert sorted(by_id) == sorted([poison, *others])
+    assert by_id[poison].undecodable == (
+        ("requested_at", "cannot be decoded: timestamp too large (after year 10K): 'infinity'"),
+    )
+    assert by_id[poison].requested_at is None
+    assert all(by_id[i].undecodable == () and by_id[i].requested_at for i in others)
+
+
+async def test_a_row_the_worker_cannot_decode_fails_alone_and_its_batch_runs(
+    dsn: str, pg: Conn
+) -> None:
+    """Two rows stored past the schema (requested_at 'infinity', and a BC date) and
+    three ordinary ones, claimed in one batch: the two end Failed at once, through the
+    Worker's one write, with an error naming requested_at and why; the other three run
+    and succeed; the Worker goes on."""
+    poison = [
+        without_triggers(pg, "INSERT INTO work_items (kind, requested_at) VALUES ('Quick', %s)"
+                             " RETURNING id", [when])
+        for when in ("infinity", "0044-03-15 00:00:00+00 BC")
+    ]  # fmt: skip
+    others = [insert_item(pg) for _ in range(3)]
+    registry = Registry()
+    ran: list[int] = []
+
+    @registry.handler("Quick")
+    async def quick(item: WorkItem, ctx: Any) -> None:
+        ran.append(item.id)
+
+    settings = Settings(lease=4, heartbeat=1, poll=0.2, stop_grace=1, recovery_every=0.5,
+                        concurrency=8)  # fmt: skip
+    async with open_store(dsn) as store, trio.open_nursery() as nursery:
+        worker = Worker(store, registry, settings, worker_id="w1", fail_stop=print)
+        await nursery.start(worker.run)
+        with trio.fail_after(30):
+            while True:  # read by plain SQL: the store could not read the poison rows before
+                finished = one(pg, "SELECT count(*) FROM work_items WHERE id = ANY(%s)"
+                               " AND status IN ('Succeeded', 'Failed', 'Cancelled')",
+                               [[*poison, *others]])  # fmt: skip
+                if finished == 5:
+                    break
+                await trio.sleep(0.1)
+        worker.stop()
+    rows = {r[0]: r[1:] for r in pg.execute(
+        "SELECT id, status, reason, error, started_at, stalls FROM work_items WHERE id = ANY(%s)",
+        [[*poison, *others]])}  # fmt: skip
+    assert sorted(ran) == sorted(others)
+    assert {rows[i][0] for i in others} == {"Succeeded"}
+    infinity, bc = rows[poison[0]], rows[poison[1]]
+    assert infinity[0:2] == ("Failed", "requested_at cannot be decoded")
+    assert infinity[2] == ("UndecodableValue: requested_at cannot be decoded: timestamp too"
+                           " large (after year 10K): 'infinity'")  # fmt: skip
+    assert bc[0:2] == ("Failed", "requested_at cannot be decoded")
+    assert (infinity[4], bc[4]) == (0, 0), "failed at once, not stalled"
+    assert bc[2].startswith("UndecodableValue: requested_at cannot be decoded: timestamp too"
+                            " small (before year 1): '0044-03-15")  # fmt: skip
+    assert len({rows[i][3] for i in [*poison, *others]}) == 1, "claimed in one batch"
+
+
+def stored_past_the_schema(pg: Conn) -> int:
+    """A Failed item whose requested_at is 'infinity', run_after '-infinity' and
+    finished_at in the year 10000, with one attempt that ended at 'infinity' (its
+    table's CHECK dropped for it, as only an owner can): its id."""
+    item = without_triggers(
+        pg,
+        "INSERT INTO work_items (kind, status, attempt, failures, requested_at, run_after,"
+        " finished_at, reason) VALUES ('Quick', 'Failed', 1, 1, 'infinity', '-infinity',"
+        " '10000-01-01 00:00:00+00', 'broken') RETURNING id",
+    )
+    pg.execute("ALTER TABLE work_attempts DROP CONSTRAINT IF EXISTS work_attempts_times_in_range")
+    pg.execute(
+        "INSERT INTO work_attempts (item_id, attempt, started_at, ended_at, outcome)"
+        " VALUES (%s, 1, '0044-03-15 00:00:00+00 BC', 'infinity', 'failed')",
+        [item],
+    )
+    return item
+
+
+def test_show_shows_a_row_with_times_python_cannot_hold(dsn: str, pg: Conn) -> None:
+    """`show ID` of such an item answers (exit 0), each such time as its stored text
+    and why; `show --json` gives each as {"undecodable": why, "text": the stored text}."""
+    item = stored_past_the_schema(pg)
+    shown = trioworker("show", str(item), dsn=dsn)
+    assert shown.returncode == 0, shown.stderr
+    assert "infinity (cannot be decoded: timestamp too large" in shown.stdout
+    assert "-infinity (cannot be decoded: timestamp too small" in shown.stdout
+    assert "0044-03-15 00:00:00+00 BC (cannot be decoded" in shown.stdout
+    as_json = trioworker("show", str(item), "--json", dsn=dsn)
+    assert as_json.returncode == 0, as_json.stderr
+    details = json.loads(as_json.stdout)
+    assert details["item"]["requested_at"] == {
+        "undecodable": "cannot be decoded: timestamp too large (after year 10K): 'infinity'",
+        "text": "infinity",
+    }
+    assert details["item"]["finished_at"]["text"] == "10000-01-01 00:00:00+00"
+    assert details["attempts"][0]["ended_at"]["text"] == "infinity"
+    assert details["item"]["status"] == "Failed"
+
+
+def test_the_dashboards_item_page_shows_a_row_with_times_python_cannot_hold(
+    dsn: str, pg: Conn, tmp_path: Path
+) -> None:
+    """The dashboard's page of such an item answers 200 with each such time as its
+    stored text and why, where it answered that the database did not."""
+    item = stored_past_the_schema(pg)
+    with dashboards(tmp_path) as start:
+        board = start(dsn)
+        answer = request(f"{board.url}/items/{item}")
+    assert answer.status == 200, answer.body[-2000:]
+    for text in (
+        "infinity (cannot be decoded: timestamp too large",
+        "-infinity (cannot be",
+        "10000-01-01 00:00:00+00 (cannot be",
+        "0044-03-15 00:00:00+00 BC (cannot be",
+    ):
+        assert text in answer.body, text  # fmt: skip
 
 
 # -- rows stored before the migration ----------------------------------------------------

@@ -46,6 +46,7 @@ from trioworker._core.model import (
 )
 from trioworker._core.schedule import Schedule, first_due, plan, schedule_request
 from trioworker._postgres import drive, operations
+from trioworker._postgres.as_stored import read_as_stored
 from trioworker._postgres.connection import Connections
 from trioworker._postgres.dsn import redact_dsn
 from trioworker._postgres.trio_connection import require_trio
@@ -112,12 +113,20 @@ class PostgresTransaction:
         return await self._conns.call("transaction.execute", op, conn=self._conn)
 
     async def rows(
-        self, query: LiteralString, params: Sequence[Any] | dict[str, Any] | None = None
+        self,
+        query: LiteralString,
+        params: Sequence[Any] | dict[str, Any] | None = None,
+        *,
+        as_stored: bool = False,
     ) -> list[dict[str, Any]]:  # pragma: no mutate block
-        """Run one statement in this transaction; the rows it returns, as dicts."""
+        """Run one statement in this transaction; the rows it returns, as dicts.
+        `as_stored`: a time Python cannot hold comes back as an UndecodableValue rather
+        than failing the statement (the dashboard's item page; as_stored.py)."""
 
         async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
             async with conn.cursor(row_factory=dict_row) as cur:
+                if as_stored:
+                    read_as_stored(cur)
                 await cur.execute(query, params)
                 return await cur.fetchall() if cur.description else []
 
@@ -328,6 +337,7 @@ class PostgresStore:
             for retry in range(_RACE_RETRIES + 1):
                 try:
                     async with conn.cursor(row_factory=dict_row) as cur:
+                        read_as_stored(cur)  # one row's unreadable time fails only its item
                         await cur.execute(self._sql["claim"], params)
                         return await cur.fetchall()
                 except (psycopg.errors.UniqueViolation, psycopg.errors.CheckViolation) as exc:
@@ -342,9 +352,7 @@ class PostgresStore:
             raise AssertionError("unreachable")  # pragma: no cover
 
         rows = await self._conns.call("claim", op)
-        return sorted(
-            (WorkItem(**operations.decoded(row)) for row in rows), key=lambda item: item.id
-        )
+        return sorted((operations.claimed_item(row) for row in rows), key=lambda item: item.id)
 
     async def seconds_until_due(
         self,
