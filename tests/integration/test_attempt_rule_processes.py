@@ -193,7 +193,7 @@ def test_a_handler_reaching_for_its_scope_gets_an_attribute_error_and_the_worker
             "AttributeError: ctx.cancel_scope is gone: the attempt's cancel scope belongs"
             " to the Worker."
         )
-    reached = [(e["id"], e["event"]) for e in observed(tmp_path) if e["id"] in ids]
+    reached = sorted((e["id"], e["event"]) for e in observed(tmp_path) if e["id"] in ids)
     assert reached == [(ids[0], "start"), (ids[1], "start")]  # neither went on
 
 
