@@ -120,9 +120,12 @@ def test_the_server_gives_up_on_a_silent_client_as_the_client_does_on_the_server
         (150004, False, ["idle", "interval", "count", "user", "check"]),
         (150004, True, ["idle", "interval", "count", "user", "check", "iit", "stmt"]),
         (180001, True, ["idle", "interval", "count", "user", "check", "iit", "stmt", "tx"]),
-        (170000, False, ["idle", "interval", "count", "user", "check"]),
-        (130000, True, ["idle", "interval", "count", "user", "iit", "stmt"]),
-        (110000, False, ["idle", "interval", "count"]),
+        (170000, True, ["idle", "interval", "count", "user", "check", "iit", "stmt", "tx"]),
+        (169999, True, ["idle", "interval", "count", "user", "check", "iit", "stmt"]),
+        (140000, False, ["idle", "interval", "count", "user", "check"]),
+        (139999, True, ["idle", "interval", "count", "user", "iit", "stmt"]),
+        (120000, False, ["idle", "interval", "count", "user"]),
+        (119999, False, ["idle", "interval", "count"]),
     ],
 )
 def test_a_transactions_bounds_are_those_its_server_knows(

@@ -107,6 +107,9 @@ class Connections:
             configure=_configure,
             background=self._background,
         )
+        #: Each transaction's BEGIN with its bounds, rendered once: by (bounds, server
+        #: version).
+        self._begins: dict[tuple[Bounds, int], bytes] = {}
         #: Calls that ran out of time, and the queue's own writes run again after a
         #: deadlock or serialization failure.
         self.timeouts = 0
@@ -172,6 +175,16 @@ class Connections:
         finally:
             self._pool.putconn(conn)
 
+    def _begin_statement(
+        self, bounds: Bounds, conn: TrioConnection[Any]
+    ) -> bytes:  # pragma: no mutate block
+        """A transaction's BEGIN with `bounds`, for `conn`'s server: rendered once."""
+        key = (bounds, conn.info.server_version)
+        begin = self._begins.get(key)
+        if begin is None:
+            begin = self._begins[key] = _begin(*key).as_bytes(conn)
+        return begin
+
     def translate(self, name: str, exc: psycopg.Error) -> StoreError | SchemaNotReady:
         return failures.translate(name, exc, self.dsn, self.schema)
 
@@ -209,7 +222,7 @@ class Connections:
             for fresh in range(_BEGIN_TRIES, 0, -1):
                 conn = await self._pool.getconn()
                 try:
-                    await conn.execute(_begin(bounds, conn.info.server_version))
+                    await conn.execute(self._begin_statement(bounds, conn))
                 except BaseException as exc:
                     await conn.close()
                     self._pool.putconn(conn)

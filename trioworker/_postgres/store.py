@@ -48,7 +48,7 @@ from trioworker._core.schedule import Schedule, first_due, plan, schedule_reques
 from trioworker._postgres import drive, operations
 from trioworker._postgres.connection import Connections
 from trioworker._postgres.dsn import redact_dsn
-from trioworker._postgres.sessions import LINK
+from trioworker._postgres.sessions import LINK, set_local
 from trioworker._postgres.trio_connection import require_trio
 from trioworker._store.api import NotifyCallback, Transaction
 from trioworker._store.reads import (
@@ -679,6 +679,11 @@ class PostgresStore:
         async def op(conn: psycopg.AsyncConnection[Any]) -> tuple[list[Fired], float | None]:
             fired: list[Fired] = []
             async with conn.transaction():
+                # Ended by the server once its client has been silent longer than the
+                # call may last (sessions.py): a host lost in between holds no
+                # schedule, nor the lines of the scopes it enqueues into.
+                bounds = LINK.fenced(self.call_timeout)
+                await conn.execute(set_local(bounds, conn.info.server_version))
                 cur = await conn.execute(self._sql["due_schedules"], carried)
                 for name, next_due, now in await cur.fetchall():
                     schedule = by_name[name]
