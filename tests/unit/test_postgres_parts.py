@@ -23,6 +23,8 @@ STORE = PostgresStore("host=db user=app password=s3cr3t")
         (psycopg.errors.UndefinedFunction, SchemaNotReady),
         (psycopg.OperationalError, DatabaseUnavailable),
         (psycopg.errors.AdminShutdown, DatabaseUnavailable),
+        (psycopg.errors.IdleInTransactionSessionTimeout, DatabaseUnavailable),
+        (psycopg.errors.TransactionTimeout, DatabaseUnavailable),
         (psycopg.InterfaceError, DatabaseUnavailable),
         (psycopg.errors.UniqueViolation, StoreError),
         (psycopg.errors.InsufficientPrivilege, StoreError),
@@ -32,7 +34,8 @@ def test_driver_errors_become_one_domain_error_each(
     error: type[psycopg.Error], kind: type[StoreError]
 ) -> None:
     """A missing table or function means an unmigrated schema; a lost link, an
-    unavailable database; anything else, a plain store error."""
+    unavailable database, as is a session the server ended for its bounds (sessions.py);
+    anything else, a plain store error."""
     translated = STORE._conns.translate("claim", error("it broke"))
     assert type(translated) is kind
     expected = f"claim: {error.__name__}: it broke"
