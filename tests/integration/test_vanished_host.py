@@ -20,14 +20,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from tests.support.clusters import Node, lone_node, pgbouncer
-from tests.support.clusters._processes import kill_tree
+from tests.support.clusters import Node, kill_tree, lone_node, pgbouncer
 from tests.support.netns import IsolatedHost, isolated_host
 from tests.support.processes import ROOT, observed, wait_for, workers
 from trioworker import Settings, migrate
@@ -39,6 +39,9 @@ ARGS = ["--lease", "6", "--heartbeat", "1", "--poll", "1", "--stop-grace", "1.5"
 #: recovery) within two leases of the attempt's last good heartbeat; its next item
 #: starts at the next claim after that, within a poll.
 BOUND = 2 * SETTINGS.lease + SETTINGS.poll
+#: ... and a backend idle in its fenced transaction is ended by its self-stop deadline
+#: + the fenced transaction's server timeout (9/8 of the lease), with a second's margin.
+BACKEND_BOUND = SETTINGS.self_stop_after + SETTINGS.fenced_server_timeout + 1
 
 
 @pytest.fixture
@@ -82,7 +85,7 @@ def why_ended(node: Node, pid: int) -> str:
     return " | ".join(line.split("] ", 1)[-1] for line in lines if f"[{pid}]" in line)
 
 
-def first(tmp_path: Any, event: str, **fields: Any) -> dict[str, Any] | None:
+def first(tmp_path: Path, event: str, **fields: Any) -> dict[str, Any] | None:
     for e in observed(tmp_path):
         if e["event"] == event and all(e.get(k) == v for k, v in fields.items()):
             return e
@@ -91,7 +94,7 @@ def first(tmp_path: Any, event: str, **fields: Any) -> dict[str, Any] | None:
 
 @pytest.mark.parametrize("route", ["direct", "pgbouncer"])
 def test_a_vanished_worker_host_frees_its_scope_within_two_leases(
-    lost_host: tuple[IsolatedHost, Node], tmp_path: Any, route: str
+    lost_host: tuple[IsolatedHost, Node], tmp_path: Path, route: str
 ) -> None:
     """Finding 4: a Worker on its own host runs a scope's first item, whose handler sits
     in its fenced transaction holding the item's row; the host's link goes down and
@@ -156,6 +159,7 @@ def test_a_vanished_worker_host_frees_its_scope_within_two_leases(
         f" {(rerun or {}).get('t', float('nan')) - last_good_heartbeat:.2f}s, the scope's"
         f" next item after {ran['t'] - last_good_heartbeat:.2f}s (bound {BOUND:g}s)"
     )
+    assert gone_at - last_good_heartbeat <= BACKEND_BOUND
     assert ran["t"] - last_good_heartbeat <= BOUND
     assert rerun is not None and rerun["worker"] == "rescuer" and rerun["t"] > gone_at - 0.1
     assert rows[held["id"]]["stalls"] == 1  # taken back as a stall, not failed

@@ -18,7 +18,7 @@ then one module per harness. See docs/reliability.md, "Test clusters".
 from ._auto_failover import Formation, auto_failover
 from ._node import Node, lone_node, multi_host_dsn
 from ._pgbouncer import PgBouncer, pgbouncer
-from ._processes import SERVICE_USER, ClusterError
+from ._processes import SERVICE_USER, ClusterError, kill_tree
 from ._streaming import StreamingPair, streaming_pair
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "PgBouncer",
     "StreamingPair",
     "auto_failover",
+    "kill_tree",
     "lone_node",
     "multi_host_dsn",
     "pgbouncer",
