@@ -239,13 +239,21 @@ class WorkerStore(Protocol):
     ) -> bool: ...
 
     def fenced_transaction(
-        self, id: int, attempt: int, *, until: Callable[[], float] | None = None
+        self,
+        id: int,
+        attempt: int,
+        *,
+        until: Callable[[], float] | None = None,
+        server_timeout: float | None = None,
     ) -> AbstractAsyncContextManager[FencedTransaction]:
         """A transaction that commits only while attempt (`id`, `attempt`) owns its
         Running item (else Lost), and only while `trio.current_time() < until()`, the
         attempt's self-stop deadline (else SelfStopped: it does not open, or it rolls
         back instead of committing; the check is the last thing before the COMMIT).
-        `until` is a callable because the deadline moves as heartbeats succeed."""
+        `until` is a callable because the deadline moves as heartbeats succeed.
+        `server_timeout` (`Settings.fenced_server_timeout`): how long the database may
+        let the transaction sit idle, or run one statement, before it ends it, so that
+        a client gone without a word cannot hold the item (None: no such bound)."""
         ...
 
     async def recover_expired_leases(

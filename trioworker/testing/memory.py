@@ -157,6 +157,8 @@ class MemoryStore:
         self.fault_ops: frozenset[str] | None = None
         self.writes: list[Write] = []
         self.calls: list[str] = []
+        #: Each fenced transaction's `server_timeout`, in the order they were opened.
+        self.server_timeouts: list[float | None] = []
         self._rows: dict[int, _Row] = {}
         self._next_id = 1
         self._listeners: list[NotifyCallback] = []
@@ -616,13 +618,20 @@ class MemoryStore:
 
     @asynccontextmanager
     async def fenced_transaction(
-        self, id: int, attempt: int, *, until: Callable[[], float] | None = None
+        self,
+        id: int,
+        attempt: int,
+        *,
+        until: Callable[[], float] | None = None,
+        server_timeout: float | None = None,
     ) -> AsyncIterator[MemoryFencedTransaction]:
         """Fenced like PostgreSQL's: Lost unless the attempt owns its Running item, at
         the start and again at the commit; SelfStopped once `trio.current_time()` has
         reached `until()`, at the start (nothing opened) and as the last thing before
         the commit (nothing applied). A completing commit notes the attempt's success
-        (`completed_at`); the row stays Running until it is finished."""
+        (`completed_at`); the row stays Running until it is finished. Nothing here
+        outlives its caller, so `server_timeout` is only noted (`server_timeouts`)."""
+        self.server_timeouts.append(server_timeout)
         _refuse_past(until, id, attempt)
         await self._enter("fenced_transaction")
         if until is not None and trio.current_time() >= until():
