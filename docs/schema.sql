@@ -850,6 +850,18 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_lock_rows_stay()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'check_violation', CONSTRAINT = TG_TABLE_NAME || '_stay',
+        MESSAGE = format('the rows of %s are the queue''s locks: never changed or removed',
+                         TG_TABLE_NAME),
+        TABLE = TG_TABLE_NAME;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_lock_scope(p_scope text)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -1790,6 +1802,7 @@ BEGIN
 END
 $function$;
 
+CREATE TRIGGER work_claim_locks_stay BEFORE DELETE OR UPDATE OR TRUNCATE ON public.work_claim_locks FOR EACH STATEMENT EXECUTE FUNCTION work_lock_rows_stay();
 CREATE TRIGGER work_items_arrive BEFORE INSERT OR UPDATE OF status, scope, kind, priority, run_after ON public.work_items FOR EACH ROW WHEN ((((new.scope IS NOT NULL) OR new.is_head) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_arrive();
 CREATE CONSTRAINT TRIGGER work_items_confirm_place AFTER INSERT OR UPDATE OF status, scope, kind, priority, run_after ON public.work_items DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((new.status = 'Queued'::text) AND (new.scope IS NOT NULL) AND (NOT new.is_head) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_confirm_place();
 CREATE TRIGGER work_items_depart_delete AFTER DELETE ON public.work_items FOR EACH ROW WHEN ((((old.status = 'Running'::text) OR old.is_head) AND (old.scope IS NOT NULL) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_depart();
@@ -1799,3 +1812,4 @@ CREATE TRIGGER work_items_take_slot BEFORE INSERT OR UPDATE OF status, scope, ki
 CREATE TRIGGER work_limits_changed AFTER INSERT OR DELETE OR UPDATE ON public.work_limits FOR EACH ROW EXECUTE FUNCTION work_limits_changed();
 CREATE CONSTRAINT TRIGGER work_limits_settle AFTER INSERT OR DELETE OR UPDATE ON public.work_limits DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION work_limits_settle();
 CREATE TRIGGER work_pauses_changed AFTER INSERT OR DELETE OR UPDATE ON public.work_pauses FOR EACH ROW WHEN ((current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text)) EXECUTE FUNCTION work_pauses_changed();
+CREATE TRIGGER work_settle_locks_stay BEFORE DELETE OR UPDATE OR TRUNCATE ON public.work_settle_locks FOR EACH STATEMENT EXECUTE FUNCTION work_lock_rows_stay();

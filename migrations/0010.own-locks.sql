@@ -34,7 +34,7 @@
 -- Worker of the earlier release, calling work_claim_v2, must take the same locks as
 -- the new ones, or their claims would not exclude each other.
 --
--- Lease recovery (docs/design/failover.md, "A lease nobody can take back") takes an
+-- Lease recovery (docs/design/claim.md, "Lease recovery and a held row") takes an
 -- expired row FOR NO KEY UPDATE, the lock its UPDATE takes anyway, so a foreign key's
 -- share lock on the row (an application's table that references work_items, in a
 -- transaction of its own) no longer makes recovery pass the item over; and
@@ -46,7 +46,9 @@ CREATE FUNCTION work_stripe(p_scope text) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN hashtext(p_scope) & 16383;
 
--- One row per stripe, never changed: only locked.
+-- One row per stripe, only ever locked: a row changed or removed would leave the
+-- scopes of its stripe no lock to take (a claim would pass them over for good), so
+-- the schema refuses it by name, whoever asks.
 CREATE TABLE work_settle_locks (
     stripe integer PRIMARY KEY CHECK (stripe BETWEEN 0 AND 16383)
 );
@@ -56,6 +58,21 @@ CREATE TABLE work_claim_locks (
     stripe integer PRIMARY KEY CHECK (stripe BETWEEN 0 AND 16383)
 );
 INSERT INTO work_claim_locks (stripe) SELECT g FROM generate_series(0, 16383) AS g;
+
+CREATE FUNCTION work_lock_rows_stay() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'check_violation', CONSTRAINT = TG_TABLE_NAME || '_stay',
+        MESSAGE = format('the rows of %s are the queue''s locks: never changed or removed',
+                         TG_TABLE_NAME),
+        TABLE = TG_TABLE_NAME;
+END
+$$;
+
+CREATE TRIGGER work_settle_locks_stay BEFORE UPDATE OR DELETE OR TRUNCATE ON work_settle_locks
+    FOR EACH STATEMENT EXECUTE FUNCTION work_lock_rows_stay();
+CREATE TRIGGER work_claim_locks_stay BEFORE UPDATE OR DELETE OR TRUNCATE ON work_claim_locks
+    FOR EACH STATEMENT EXECUTE FUNCTION work_lock_rows_stay();
 
 -- -- the settle lock ---------------------------------------------------------------------
 
@@ -540,7 +557,7 @@ $$;
 -- work_recover_v1 and _v2 as they were, taking the expired rows FOR NO KEY UPDATE (the
 -- lock their UPDATE takes) rather than FOR UPDATE, which a foreign key's share lock on
 -- the row (FOR KEY SHARE) would refuse: only a transaction that holds the row itself,
--- to change it, makes recovery pass an item over (docs/design/failover.md).
+-- to change it, makes recovery pass an item over (docs/design/claim.md).
 
 CREATE OR REPLACE FUNCTION work_recover_v1(p_max_stalls integer, p_batch integer)
 RETURNS TABLE (

@@ -127,7 +127,7 @@ RELEASED = {
     "0003.failover.sql": "f4689d7bbc470898526ffaf4bd56cb53cda80fcec1a5be3783d1b0cb9c0d8a7a",
     "0006.scope-checks.sql": "e15527f5a535dda23a0e29a8c43afde9f250f5c3cf9b6b971fd766bf3b9e7d9d",
     "0007.completed.sql": "007a8ec07ed3920b1ab94bed69d7b65c9c129b6d17c4f314de57352fe929005e",
-    "0010.own-locks.sql": "46352b12c3fd14f61ce496d08670a3a9f81aa0ad7c888a31c05ac5a4585fac18",
+    "0010.own-locks.sql": "b203677261a07467c72e743f30dc1de34655ac84fe6b3836d57c9d39a937888f",
 }
 
 

@@ -1,8 +1,8 @@
 """The queue's locks are its own (issue 32; docs/design/claim.md, "Locks"): a role granted
 nothing, which any role that can connect is, holds every advisory key the Workers were
 seen to take and every key the queue ever used, and the queue runs on; it can lock none
-of the queue's rows. Lease recovery (docs/design/failover.md, "A lease nobody can take
-back") takes an expired item back once the session holding its row ends, without
+of the queue's rows. Lease recovery (docs/design/claim.md, "Lease recovery and a held
+row") takes an expired item back once the session holding its row ends, without
 waiting for it meanwhile, and names it once it has been held past every bound the queue
 sets.
 """
@@ -198,6 +198,21 @@ def test_a_role_without_grants_can_lock_none_of_the_queues_rows(
             "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid()"
             " AND locktype IN ('tuple', 'advisory')"
         ).fetchone() == (0,)
+
+
+@pytest.mark.parametrize("table", ["work_claim_locks", "work_settle_locks"])
+@pytest.mark.parametrize(
+    "statement",
+    ["DELETE FROM {} WHERE stripe = 7", "UPDATE {} SET stripe = -1 WHERE stripe = 7",
+     "TRUNCATE {}"],
+)  # fmt: skip
+def test_the_lock_rows_are_never_changed_or_removed(pg: Conn, table: str, statement: str) -> None:
+    """A stripe's row missing would leave its scopes no lock to take (a claim would pass
+    them over for good): even a role that may write the table is refused, by name."""
+    with pytest.raises(psycopg.errors.CheckViolation) as refused:
+        pg.execute(statement.format(table))  # type: ignore[arg-type]
+    assert refused.value.diag.constraint_name == f"{table}_stay"
+    assert pg.execute(f"SELECT count(*) FROM {table}").fetchone() == (16384,)  # type: ignore[arg-type]
 
 
 async def test_an_expired_item_held_by_a_lost_hosts_session_is_recovered_once_it_ends(
