@@ -93,7 +93,7 @@ class Recovered:
 class HeldLease:
     """An expired item lease recovery cannot take back: another session has held its
     row for a whole lease after the lease ran out, past every bound the queue sets on
-    one (docs/design/failover.md, "A lease nobody can take back")."""
+    one (docs/design/claim.md, "Lease recovery and a held row")."""
 
     id: int
     kind: str
