@@ -33,6 +33,7 @@ from trioworker._core.model import (
     Enqueued,
     Fired,
     Heartbeat,
+    HeldLease,
     ItemState,
     NewItem,
     Pause,
@@ -506,6 +507,12 @@ class PostgresStore:
             recovered += [Recovered(**{**r, "status": Status(r["status"])}) for r in rows]
             if len(rows) < batch:
                 return recovered
+
+    async def held_leases(self, *, batch: int = 100) -> list[HeldLease]:  # pragma: no mutate block
+        """Expired items whose row another session has held a whole lease after their
+        lease ran out (work_held_leases_v1), the oldest first."""
+        rows = await self._rows("held_leases", {"limit": batch})
+        return [HeldLease(**r) for r in rows]
 
     async def settle_noted_scopes(self, *, batch: int = 100) -> int:  # pragma: no mutate block
         """Settle the heads of scopes noted in work_unsettled_scopes; how many."""

@@ -29,6 +29,7 @@ from trioworker._core.model import (
     Enqueued,
     Fired,
     Heartbeat,
+    HeldLease,
     ItemState,
     NewItem,
     Pause,
@@ -259,6 +260,11 @@ class WorkerStore(Protocol):
     async def recover_expired_leases(
         self, max_stalls: int, *, batch: int = ...
     ) -> list[Recovered]: ...
+
+    async def held_leases(self, *, batch: int = ...) -> list[HeldLease]:
+        """Expired items another session has held a whole lease after their lease ran
+        out (lease recovery passes over them until it lets go), the oldest first."""
+        ...
 
     async def settle_noted_scopes(self, *, batch: int = ...) -> int: ...
 

@@ -29,6 +29,7 @@ from trioworker._core.model import (
     Enqueued,
     Fired,
     Heartbeat,
+    HeldLease,
     ItemState,
     NewItem,
     Pause,
@@ -648,6 +649,11 @@ class MemoryStore:
         if tx.completes:
             row.completed_at = row.completed_at or self.now()
             self._record("complete_in_transaction", id, attempt, row)
+
+    async def held_leases(self, *, batch: int = 100) -> list[HeldLease]:
+        """None: no session holds a row here (recovery takes every expired item)."""
+        await self._enter("held_leases")
+        return []
 
     async def settle_noted_scopes(self, *, batch: int = 100) -> int:
         """Nothing to settle: the in-memory claim reads the lines themselves."""
