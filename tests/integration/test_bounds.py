@@ -499,7 +499,7 @@ async def test_the_migration_moves_the_rows_stored_before_it_into_bounds(
     with the others, lease recovery takes the Running one back, and the reads decode
     every row."""
     dsn = before_bounds
-    assert migrate(dsn) == ["0008.bounds"]
+    assert migrate(dsn) == ["0008.bounds", "0010.own-locks"]
     with psycopg.connect(dsn, autocommit=True) as pg:
         pg.execute("SET TimeZone = 'UTC'")
         now = one(pg, "SELECT now()")

@@ -45,9 +45,10 @@ def tables(dsn: str) -> list[str]:
 
 
 QUEUE_TABLES = [
-    "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_attempts", "work_failover_guard",
-    "work_items", "work_limits", "work_pauses", "work_rate_slots", "work_schedules",
-    "work_unsettled_scopes", "work_workers", "yoyo_lock",
+    "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_attempts", "work_claim_locks",
+    "work_failover_guard", "work_items", "work_limits", "work_pauses", "work_rate_slots",
+    "work_schedules", "work_settle_locks", "work_unsettled_scopes", "work_workers",
+    "yoyo_lock",
 ]  # fmt: skip
 MEDIA_TABLES = [
     "media_assets", "media_bursts", "media_proxies", "media_share_tokens",
@@ -127,6 +128,7 @@ RELEASED = {
     "0006.scope-checks.sql": "e15527f5a535dda23a0e29a8c43afde9f250f5c3cf9b6b971fd766bf3b9e7d9d",
     "0007.completed.sql": "007a8ec07ed3920b1ab94bed69d7b65c9c129b6d17c4f314de57352fe929005e",
     "0008.bounds.sql": "d7439eec98c8ceef634a1e054c4cdde6233e7fd22161a04785650376eeedb568",
+    "0010.own-locks.sql": "b203677261a07467c72e743f30dc1de34655ac84fe6b3836d57c9d39a937888f",
 }
 
 

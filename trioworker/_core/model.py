@@ -100,6 +100,25 @@ Time: TypeAlias = dt.datetime | UndecodableValue
 
 
 @attrs.frozen
+class HeldLease:
+    """An expired item lease recovery cannot take back: another session has held its
+    row for a whole lease after the lease ran out, past every bound the queue sets on
+    one (docs/design/claim.md, "Lease recovery and a held row")."""
+
+    id: int
+    kind: str
+    scope: str | None
+    attempt: int
+    #: The Worker whose attempt it was.
+    worker_id: str | None
+    #: Seconds since its lease ran out.
+    expired_for: float
+    #: The backend (pid) whose transaction holds the row, as the row says; None when
+    #: several share the lock.
+    holder: int | None
+
+
+@attrs.frozen
 class ItemState:
     """A work item's row, as `get_item` reads it. A stored value Python cannot decode (a
     payload past its JSON reader, a time past its datetime) stands as an

@@ -54,9 +54,9 @@ _LOCK = (
 )
 
 #: The queue's last migration: an application's first migration depends on it
-#: (`-- depends: 0008.bounds`, written from this constant by `trioworker sql`-minded
+#: (`-- depends: 0010.own-locks`, written from this constant by `trioworker sql`-minded
 #: tools; a test keeps it the last file of migrations/).
-QUEUE_MIGRATION_HEAD = "0008.bounds"
+QUEUE_MIGRATION_HEAD = "0010.own-locks"
 
 
 class HasMigrations(Protocol):

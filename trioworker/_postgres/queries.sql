@@ -139,6 +139,12 @@ SELECT r.id, r.kind, r.scope, r.attempt, r.stalls, r.status, r.reason, held.work
 FROM work_recover_v2(%(max_stalls)s, %(batch)s) AS r
 LEFT JOIN held ON held.id = r.id AND held.attempt = r.attempt;
 
+-- name: held_leases
+-- Expired items lease recovery passes over because another session holds their row, a
+-- whole lease after their lease ran out (work_held_leases_v1, migrations/0010.own-locks.sql).
+SELECT id, kind, scope, attempt, worker_id, expired_for, holder
+FROM work_held_leases_v1(%(limit)s);
+
 -- name: request_cancel
 -- NULL for an item already finished, or whose attempt committed its success in its own
 -- transaction (work_request_cancel_v2).

@@ -33,6 +33,7 @@ from trioworker._core.model import (
     Enqueued,
     Fired,
     Heartbeat,
+    HeldLease,
     ItemState,
     NewItem,
     Pause,
@@ -49,6 +50,7 @@ from trioworker._postgres import drive, operations
 from trioworker._postgres.as_stored import read_as_stored
 from trioworker._postgres.connection import Connections
 from trioworker._postgres.dsn import redact_dsn
+from trioworker._postgres.sessions import LINK, set_local
 from trioworker._postgres.trio_connection import require_trio
 from trioworker._store.api import NotifyCallback, Transaction
 from trioworker._store.reads import (
@@ -267,18 +269,26 @@ class PostgresStore:
 
     @asynccontextmanager
     async def fenced_transaction(
-        self, id: int, attempt: int, *, until: Callable[[], float] | None = None
+        self,
+        id: int,
+        attempt: int,
+        *,
+        until: Callable[[], float] | None = None,
+        server_timeout: float | None = None,
     ) -> AsyncIterator[PostgresFencedTransaction]:  # pragma: no mutate block
         """A transaction that commits only while attempt (`id`, `attempt`) owns its
         Running item (else Lost, writing nothing) and only while `trio.current_time()`
         is before `until()`, the attempt's self-stop deadline (else SelfStopped: past it
         at the start, nothing is opened; past it at the end, the transaction rolls back,
         checked as the last thing before the COMMIT). Handlers reach it through
-        `Context.transaction()`."""
+        `Context.transaction()`. `server_timeout`: the server ends the session once
+        the transaction has sat idle, or run one statement, that many seconds
+        (sessions.py), so a vanished Worker host cannot hold the item's row."""
         refuse = None if until is None else functools.partial(_past, until, id, attempt)
         if refuse is not None and (stopped := refuse()) is not None:
             raise stopped
-        async with self._conns.transaction(refuse_commit=refuse) as conn:
+        bounds = LINK if server_timeout is None else LINK.fenced(server_timeout)
+        async with self._conns.transaction(refuse_commit=refuse, bounds=bounds) as conn:
             tx = PostgresFencedTransaction(self._conns, conn, id, attempt)
             params = {"id": id, "attempt": attempt}
             if not await tx.execute(self._sql["lock_attempt"], params):
@@ -506,6 +516,12 @@ class PostgresStore:
             if len(rows) < batch:
                 return recovered
 
+    async def held_leases(self, *, batch: int = 100) -> list[HeldLease]:  # pragma: no mutate block
+        """Expired items whose row another session has held a whole lease after their
+        lease ran out (work_held_leases_v1), the oldest first."""
+        rows = await self._rows("held_leases", {"limit": batch})
+        return [HeldLease(**r) for r in rows]
+
     async def settle_noted_scopes(self, *, batch: int = 100) -> int:  # pragma: no mutate block
         """Settle the heads of scopes noted in work_unsettled_scopes; how many."""
         settled = 0
@@ -678,6 +694,11 @@ class PostgresStore:
         async def op(conn: psycopg.AsyncConnection[Any]) -> tuple[list[Fired], float | None]:
             fired: list[Fired] = []
             async with conn.transaction():
+                # Ended by the server once its client has been silent longer than the
+                # call may last (sessions.py): a host lost in between holds no
+                # schedule, nor the lines of the scopes it enqueues into.
+                bounds = LINK.fenced(self.call_timeout)
+                await conn.execute(set_local(bounds, conn.info.server_version))
                 cur = await conn.execute(self._sql["due_schedules"], carried)
                 for name, next_due, now in await cur.fetchall():
                     schedule = by_name[name]

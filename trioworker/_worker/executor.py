@@ -14,6 +14,7 @@ cancellation, told by its own scope's state, goes on up.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -143,7 +144,9 @@ class Executor:
             trio.CapacityLimiter(settings.max_concurrent_files),
             # What handlers get as `ctx.store`: the store's client face alone.
             client_view(store),
-            store.fenced_transaction,
+            functools.partial(
+                store.fenced_transaction, server_timeout=settings.fenced_server_timeout
+            ),
             log,
         )
         #: Why every attempt that starts from now on is stopped at once (the shutdown).
