@@ -28,7 +28,16 @@ from hypothesis import strategies as st
 from tests.browser.support import dashboards, request
 from tests.integration.test_cli import trioworker
 from tests.support.database import Databases, migrate_until
-from trioworker import Registry, Settings, Status, Worker, WorkItem, migrate, open_store
+from trioworker import (
+    Registry,
+    Settings,
+    Status,
+    Worker,
+    WorkItem,
+    check_schema,
+    migrate,
+    open_store,
+)
 from trioworker._core.jsontext import UndecodableValue
 
 Conn = psycopg.Connection[Any]
@@ -415,7 +424,9 @@ def test_show_shows_a_row_with_times_python_cannot_hold(dsn: str, pg: Conn) -> N
     """`show ID` of such an item answers (exit 0), each such time as its stored text
     and why; `show --json` gives each as {"undecodable": why, "text": the stored text}."""
     item = stored_past_the_schema(pg)
-    shown = trioworker("show", str(item), dsn=dsn)
+    # Wide, as on a wide terminal: at 80 columns (pytest-xdist's workers have COLUMNS=80)
+    # rich wraps the attempts' times across lines.
+    shown = trioworker("show", str(item), dsn=dsn, env={"COLUMNS": "300"})
     assert shown.returncode == 0, shown.stderr
     assert "infinity (cannot be decoded: timestamp too large" in shown.stdout
     assert "-infinity (cannot be decoded: timestamp too small" in shown.stdout
@@ -478,12 +489,33 @@ UPDATE work_failover_guard SET lease = 'Infinity', held_until = 'infinity'
 """
 
 
-@pytest.fixture
-def before_bounds(databases: Databases) -> Iterator[str]:
-    """A database migrated up to 0007 (before the bounds), holding the issue's rows and
-    their like in every table."""
+def migrate_all_but(dsn: str, left_out: str) -> list[str]:
+    """Apply every queue migration but `left_out` (a database that took a later one
+    first: 0010 depends on 0007, not on 0008); the ids applied."""
+    from yoyo import get_backend, read_migrations
+
+    from trioworker._postgres.migrate import migrations_dir, yoyo_uri
+
+    backend = get_backend(yoyo_uri(dsn))
+    try:
+        wanted = read_migrations(str(migrations_dir())).filter(lambda m: m.id != left_out)
+        pending = backend.to_apply(wanted)
+        with backend.lock():
+            backend.apply_migrations(pending)
+        return [m.id for m in pending]
+    finally:
+        backend.connection.close()
+
+
+@pytest.fixture(params=["0007", "all but 0008"])
+def before_bounds(databases: Databases, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A database without the bounds, migrated up to 0007 or with every other migration
+    (0010 too), holding the issue's rows and their like in every table."""
     with databases.database(migrated=False) as dsn, psycopg.connect(dsn, autocommit=True) as pg:
-        migrate_until(dsn, "0007.completed")
+        if request.param == "0007":
+            migrate_until(dsn, "0007.completed")
+        else:
+            assert "0010.own-locks" in migrate_all_but(dsn, "0008.bounds")
         for statement in RED_TEAM.strip().split(";\n"):
             pg.execute(statement)  # type: ignore[call-overload]
         yield dsn
@@ -492,14 +524,15 @@ def before_bounds(databases: Databases) -> Iterator[str]:
 async def test_the_migration_moves_the_rows_stored_before_it_into_bounds(
     before_bounds: str,
 ) -> None:
-    """Migration 0008 applies over the issue's rows: a time before 1900 becomes 1900,
-    after 9000 becomes 9000, but an infinite lease or failover hold ends now; a counter
-    over the bound becomes the bound; a NaN advertisement interval is no interval, an
-    infinite guard lease 0. Then the queue runs: a claim takes the item at the bound
-    with the others, lease recovery takes the Running one back, and the reads decode
-    every row."""
+    """Migration 0008 applies over the issue's rows, from 0007 or after 0010: a time
+    before 1900 becomes 1900, after 9000 becomes 9000, but an infinite lease or failover
+    hold ends now; a counter over the bound becomes the bound; a NaN advertisement
+    interval is no interval, an infinite guard lease 0. Then the queue runs: a claim
+    takes the item at the bound with the others, lease recovery takes the Running one
+    back, and the reads decode every row."""
     dsn = before_bounds
-    assert migrate(dsn) == ["0008.bounds", "0010.own-locks"]
+    assert migrate(dsn)[0] == "0008.bounds"  # then 0010, from 0007
+    check_schema(dsn)
     with psycopg.connect(dsn, autocommit=True) as pg:
         pg.execute("SET TimeZone = 'UTC'")
         now = one(pg, "SELECT now()")
