@@ -44,8 +44,9 @@ def main() -> None:
     enqueue, wait_finished = Trioworker.enqueue, e2e.wait_finished
 
     def mark(dsn: str) -> None:
-        with psycopg.connect(dsn) as conn:  # the Workers are this process's children
-            marks.append(cpu.snapshot(cpu.children_of(os.getpid()),
+        # The Workers are below this process (each `run` supervises its own Worker).
+        with psycopg.connect(dsn) as conn:
+            marks.append(cpu.snapshot(cpu.descendants_of(os.getpid()),
                                       cpu.server_pids(conn.info.backend_pid)))  # fmt: skip
 
     def measured_enqueue(self: Trioworker, dsn: str, n: int) -> float:

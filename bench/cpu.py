@@ -47,6 +47,16 @@ def children_of(parent: int) -> list[int]:
     return found
 
 
+def descendants_of(parent: int) -> list[int]:
+    """Every process below `parent`: a `run` supervisor's Workers are its children."""
+    found, parents = [], [parent]
+    while parents:
+        children = [pid for p in parents for pid in children_of(p)]
+        found += children
+        parents = children
+    return found
+
+
 def server_pids(backend_pid: int) -> list[int]:
     """Every process of the server that runs the backend `backend_pid` (the children of
     its postmaster); none if that backend is not on this machine."""

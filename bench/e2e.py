@@ -129,7 +129,7 @@ def run_once(srv: Server, system: System, n: int, log_dir: Path) -> dict[str, An
         planner = {name: [pages, rows] for name, pages, rows in
                       conn.execute(QUERIES["table_statistics"]).fetchall()}  # fmt: skip
         # The started processes and their children (`run --processes`'s Workers).
-        pids = [*procs.pids(), *(c for p in procs.pids() for c in cpu.children_of(p))]
+        pids = [*procs.pids(), *(c for p in procs.pids() for c in cpu.descendants_of(p))]
         before = cpu.snapshot(pids, cpu.server_pids(conn.info.backend_pid))
         committed = system.enqueue(dsn, n)
         left = wait_finished(conn, system, procs, 60 + n / 20)

@@ -17,7 +17,10 @@ REVOKE ALL ON ALL ROUTINES IN SCHEMA trioworker
 -- Read: the items, their attempts, the Workers, schedules, pauses and limits (`show`,
 -- `status`, the results an application waits for), and which migrations were applied
 -- (every command checks the schema first). Not the failover guard nor the scopes noted
--- for settling: only the transitions read those.
+-- for settling: only the transitions read those. Nothing at all on the queue's own locks
+-- (work_settle_locks, work_claim_locks, migrations/0010.own-locks.sql): locking a row
+-- needs a privilege on its table, and only the transitions, running as the owner, take
+-- them, so no role can hold one and stop the claims or settles of its scopes.
 GRANT SELECT ON TABLE work_items, work_attempts, work_workers, work_schedules, work_pauses,
     work_limits, work_rate_slots, _yoyo_migration
     TO trioworker_client, trioworker_worker, trioworker_operator;
@@ -30,7 +33,8 @@ GRANT INSERT (kind, scope, payload, priority, dedup_key, run_after, trace_contex
 
 -- A Worker renews its leases and notes a success in its handler's own transaction
 -- (queries.sql: `heartbeat`, `lock_attempt`, `complete_in_transaction`; a row lock needs
--- UPDATE of a column), registers itself and keeps its schedules. Its other writes are
+-- UPDATE of a column, as does `held_leases`, whose work_held_leases_v1 runs as its caller
+-- and tries the expired rows' locks), registers itself and keeps its schedules. Its other writes are
 -- transitions (below).
 GRANT UPDATE (lease_expires_at, heartbeat_at, completed_at) ON TABLE work_items
     TO trioworker_worker;

@@ -12,7 +12,15 @@ CREATE TABLE work_attempts (
     error text,
     traceback text,
     CONSTRAINT work_attempts_item_id_fkey FOREIGN KEY (item_id) REFERENCES work_items(id) ON DELETE CASCADE,
-    CONSTRAINT work_attempts_pkey PRIMARY KEY (item_id, attempt)
+    CONSTRAINT work_attempts_pkey PRIMARY KEY (item_id, attempt),
+    CONSTRAINT work_attempts_times_in_range CHECK (((LEAST(started_at, ended_at) >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (GREATEST(started_at, ended_at) <= '9000-01-01 00:00:00+00'::timestamp with time zone)))
+);
+
+
+CREATE TABLE work_claim_locks (
+    stripe integer NOT NULL,
+    CONSTRAINT work_claim_locks_pkey PRIMARY KEY (stripe),
+    CONSTRAINT work_claim_locks_stripe_check CHECK (((stripe >= 0) AND (stripe <= 16383)))
 );
 
 
@@ -22,8 +30,10 @@ CREATE TABLE work_failover_guard (
     lease double precision NOT NULL DEFAULT 0,
     held_until timestamp with time zone NOT NULL DEFAULT '-infinity'::timestamp with time zone,
     CONSTRAINT work_failover_guard_lease_check CHECK ((lease >= (0)::double precision)),
+    CONSTRAINT work_failover_guard_lease_sane CHECK ((lease <= (604800)::double precision)),
     CONSTRAINT work_failover_guard_pkey PRIMARY KEY (singleton),
-    CONSTRAINT work_failover_guard_singleton_check CHECK (singleton)
+    CONSTRAINT work_failover_guard_singleton_check CHECK (singleton),
+    CONSTRAINT work_failover_guard_times_in_range CHECK (((held_until = '-infinity'::timestamp with time zone) OR ((held_until >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (held_until <= '9000-01-01 00:00:00+00'::timestamp with time zone))))
 );
 
 
@@ -96,7 +106,8 @@ CREATE TABLE work_limits (
     CONSTRAINT work_limits_pkey PRIMARY KEY (id),
     CONSTRAINT work_limits_rate_sane CHECK ((((rate IS NULL) = (per IS NULL)) AND ((rate >= 1) AND (rate <= 10000)) AND (per > '00:00:00'::interval) AND (per <= '1 day'::interval))),
     CONSTRAINT work_limits_running_sane CHECK (((running >= 1) AND (running <= 10000))),
-    CONSTRAINT work_limits_something CHECK (((running IS NOT NULL) OR (rate IS NOT NULL)))
+    CONSTRAINT work_limits_something CHECK (((running IS NOT NULL) OR (rate IS NOT NULL))),
+    CONSTRAINT work_limits_times_in_range CHECK (((updated_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (updated_at <= '9000-01-01 00:00:00+00'::timestamp with time zone)))
 );
 
 CREATE UNIQUE INDEX work_limits_default ON public.work_limits USING btree ((true)) WHERE ((kind IS NULL) AND (scope IS NULL));
@@ -109,7 +120,8 @@ CREATE TABLE work_pauses (
     scope text,
     paused_at timestamp with time zone NOT NULL DEFAULT now(),
     CONSTRAINT work_pauses_one_target CHECK (((kind IS NULL) <> (scope IS NULL))),
-    CONSTRAINT work_pauses_pkey PRIMARY KEY (id)
+    CONSTRAINT work_pauses_pkey PRIMARY KEY (id),
+    CONSTRAINT work_pauses_times_in_range CHECK (((paused_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (paused_at <= '9000-01-01 00:00:00+00'::timestamp with time zone)))
 );
 
 CREATE UNIQUE INDEX work_pauses_kind ON public.work_pauses USING btree (kind) WHERE (kind IS NOT NULL);
@@ -120,7 +132,8 @@ CREATE TABLE work_rate_slots (
     slot integer NOT NULL,
     started_at timestamp with time zone NOT NULL DEFAULT '-infinity'::timestamp with time zone,
     CONSTRAINT work_rate_slots_limit_id_fkey FOREIGN KEY (limit_id) REFERENCES work_limits(id) ON DELETE CASCADE,
-    CONSTRAINT work_rate_slots_pkey PRIMARY KEY (limit_id, slot)
+    CONSTRAINT work_rate_slots_pkey PRIMARY KEY (limit_id, slot),
+    CONSTRAINT work_rate_slots_times_in_range CHECK (((started_at = '-infinity'::timestamp with time zone) OR ((started_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (started_at <= '9000-01-01 00:00:00+00'::timestamp with time zone))))
 );
 
 CREATE INDEX work_rate_slots_oldest ON public.work_rate_slots USING btree (limit_id, started_at);
@@ -137,16 +150,25 @@ CREATE TABLE work_schedules (
     last_item bigint,
     updated_at timestamp with time zone NOT NULL DEFAULT now(),
     CONSTRAINT work_schedules_payload_depth CHECK ((NOT jsonb_path_exists(payload, 'strict $.**{64}'::jsonpath))),
-    CONSTRAINT work_schedules_pkey PRIMARY KEY (name)
+    CONSTRAINT work_schedules_pkey PRIMARY KEY (name),
+    CONSTRAINT work_schedules_times_in_range CHECK (((LEAST(next_due, last_due, updated_at) >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (GREATEST(next_due, last_due, updated_at) <= '9000-01-01 00:00:00+00'::timestamp with time zone)))
 );
 
 CREATE INDEX work_schedules_next_due ON public.work_schedules USING btree (next_due);
+
+CREATE TABLE work_settle_locks (
+    stripe integer NOT NULL,
+    CONSTRAINT work_settle_locks_pkey PRIMARY KEY (stripe),
+    CONSTRAINT work_settle_locks_stripe_check CHECK (((stripe >= 0) AND (stripe <= 16383)))
+);
+
 
 CREATE TABLE work_unsettled_scopes (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     scope text NOT NULL,
     noted_at timestamp with time zone NOT NULL DEFAULT now(),
-    CONSTRAINT work_unsettled_scopes_pkey PRIMARY KEY (id)
+    CONSTRAINT work_unsettled_scopes_pkey PRIMARY KEY (id),
+    CONSTRAINT work_unsettled_scopes_times_in_range CHECK (((noted_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (noted_at <= '9000-01-01 00:00:00+00'::timestamp with time zone)))
 );
 
 CREATE INDEX work_unsettled_scopes_scope ON public.work_unsettled_scopes USING btree (scope);
@@ -163,7 +185,9 @@ CREATE TABLE work_workers (
     unscoped boolean NOT NULL,
     concurrency integer NOT NULL,
     advertise_every double precision,
-    CONSTRAINT work_workers_pkey PRIMARY KEY (id)
+    CONSTRAINT work_workers_advertise_every_sane CHECK (((advertise_every > (0)::double precision) AND (advertise_every <= (604800)::double precision))),
+    CONSTRAINT work_workers_pkey PRIMARY KEY (id),
+    CONSTRAINT work_workers_times_in_range CHECK (((LEAST(started_at, last_seen, stopped_at) >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (GREATEST(started_at, last_seen, stopped_at) <= '9000-01-01 00:00:00+00'::timestamp with time zone)))
 );
 
 
@@ -210,8 +234,6 @@ DECLARE
     got record;  -- (not r: the claim's statement names a table alias r)
     roomy text[] := '{}';  -- claimed scopes whose limit lets more start
 BEGIN
-    -- Read limits no change is committing (work_limits_settle).
-    PERFORM pg_advisory_xact_lock_shared(29817, 0);
     FOR pass IN 1..5 LOOP
         refused := NULL;
         FOR got IN
@@ -298,10 +320,12 @@ BEGIN
                 LIMIT window_size
             ),
             turn AS (
-                -- Claims of one scope take turns on its claim lock (try only).
+                -- Claims of one scope take turns on its claim lock (try only): the row
+                -- of work_claim_locks for its stripe, held until the claim commits.
                 SELECT c.id, c.scope, c.kind, c.priority, c.run_after,
-                       c.scope IS NULL OR pg_try_advisory_xact_lock(29816, hashtext(c.scope))
-                           AS ours
+                       c.scope IS NULL OR EXISTS (SELECT FROM work_claim_locks AS l
+                                                  WHERE l.stripe = work_stripe(c.scope)
+                                                  FOR UPDATE SKIP LOCKED) AS ours
                 FROM candidates AS c
             ),
             chosen AS (
@@ -575,6 +599,37 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_held_leases_v1(p_limit integer)
+ RETURNS TABLE(id bigint, kind text, scope text, attempt integer, worker_id text, expired_for double precision, holder integer)
+ LANGUAGE sql
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET enable_seqscan TO 'off'
+AS $function$
+    WITH overdue AS (
+        SELECT w.id FROM work_items AS w
+        WHERE w.status = 'Running' AND w.lease_expires_at < now()
+          AND w.lease_expires_at
+              < now() - GREATEST(w.lease_expires_at - w.heartbeat_at, interval '0')
+        ORDER BY w.lease_expires_at
+        LIMIT p_limit
+    ),
+    free AS (
+        SELECT w.id FROM work_items AS w
+        WHERE w.id IN (SELECT o.id FROM overdue AS o)
+        FOR NO KEY UPDATE SKIP LOCKED
+    )
+    SELECT w.id, w.kind, w.scope, w.attempt, w.worker_id,
+           EXTRACT(EPOCH FROM now() - w.lease_expires_at)::float8,
+           (SELECT l.pid FROM pg_locks AS l
+            WHERE l.locktype = 'transactionid' AND l.transactionid = w.xmax
+              AND l.mode = 'ExclusiveLock' AND l.granted)
+    FROM work_items AS w
+    WHERE w.id IN (SELECT o.id FROM overdue AS o)
+      AND w.id NOT IN (SELECT f.id FROM free AS f)
+    ORDER BY w.lease_expires_at, w.id
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_internal_begin()
  RETURNS text
  LANGUAGE plpgsql
@@ -656,7 +711,9 @@ BEGIN
     IF NOT FOUND OR r.status <> 'Queued' OR r.scope IS NULL OR r.is_head THEN
         RETURN NULL;
     END IF;
-    IF pg_try_advisory_xact_lock_shared(29815, hashtext(r.scope)) THEN
+    PERFORM 1 FROM work_settle_locks WHERE stripe = work_stripe(r.scope)
+    FOR SHARE SKIP LOCKED;
+    IF FOUND THEN
         IF current_setting('trioworker.confirmed_busy', true) = md5(r.scope) THEN
             RETURN NULL;  -- checked for an earlier row of this commit, under this lock
         END IF;
@@ -677,6 +734,28 @@ BEGIN
         PERFORM pg_notify('trioworker', r.scope);
     END IF;
     RETURN NULL;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_items_counters_bounded()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF TG_OP = 'UPDATE'
+       AND (NEW.attempt <= 1000000000 OR NEW.attempt - OLD.attempt IN (0, 1))
+       AND (NEW.stalls <= 1000000000 OR NEW.stalls - OLD.stalls IN (0, 1))
+       AND (NEW.failures <= 1000000000 OR NEW.failures - OLD.failures IN (0, 1)) THEN
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'check_violation',
+        CONSTRAINT = 'work_items_counters_bounded',
+        SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+        MESSAGE = 'new row for relation "work_items" violates work_items_counters_bounded:'
+                  ' attempt, stalls and failures are set to at most 1000000000, and grow'
+                  ' past it by one at a time',
+        DETAIL = format('Failing row has id = %s, attempt = %s, stalls = %s, failures = %s.',
+                        NEW.id, NEW.attempt, NEW.stalls, NEW.failures);
 END
 $function$;
 
@@ -813,7 +892,12 @@ BEGIN
     THEN
         RETURN NULL;  -- a kind's limit: no heads change
     END IF;
-    PERFORM pg_advisory_xact_lock(29817, 0);
+    PERFORM 1 FROM work_claim_locks AS l
+    WHERE any_default
+       OR l.stripe IN (work_stripe(CASE WHEN TG_OP <> 'INSERT' THEN OLD.scope END),
+                       work_stripe(CASE WHEN TG_OP <> 'DELETE' THEN NEW.scope END))
+    ORDER BY l.stripe
+    FOR UPDATE;
     FOR s IN
         SELECT x.scope FROM (SELECT CASE WHEN TG_OP <> 'INSERT' THEN OLD.scope END AS scope
                              UNION SELECT CASE WHEN TG_OP <> 'DELETE' THEN NEW.scope END) AS x
@@ -833,6 +917,18 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_lock_rows_stay()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'check_violation', CONSTRAINT = TG_TABLE_NAME || '_stay',
+        MESSAGE = format('the rows of %s are the queue''s locks: never changed or removed',
+                         TG_TABLE_NAME),
+        TABLE = TG_TABLE_NAME;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_lock_scope(p_scope text)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -840,12 +936,14 @@ AS $function$
 DECLARE
     was text := current_setting('lock_timeout');
 BEGIN
-    IF pg_try_advisory_xact_lock(29815, hashtext(p_scope)) THEN
+    PERFORM 1 FROM work_settle_locks WHERE stripe = work_stripe(p_scope)
+    FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
         RETURN true;
     END IF;
     BEGIN
         PERFORM set_config('lock_timeout', '100ms', true);
-        PERFORM pg_advisory_xact_lock(29815, hashtext(p_scope));
+        PERFORM 1 FROM work_settle_locks WHERE stripe = work_stripe(p_scope) FOR UPDATE;
         PERFORM set_config('lock_timeout', was, true);
         RETURN true;
     EXCEPTION WHEN lock_not_available THEN
@@ -905,7 +1003,7 @@ BEGIN
         -- leaves a head for the scope's next settle to step down.
         BEGIN
             PERFORM set_config('lock_timeout', '2s', true);
-            PERFORM pg_advisory_xact_lock(29815, hashtext(p_scope));
+            PERFORM 1 FROM work_settle_locks WHERE stripe = work_stripe(p_scope) FOR UPDATE;
             UPDATE work_items SET is_head = false
             WHERE id IN (SELECT id FROM work_items
                          WHERE scope = p_scope AND status = 'Queued' AND is_head
@@ -996,7 +1094,7 @@ BEGIN
         WHERE w.status = 'Running' AND w.lease_expires_at < now()
         ORDER BY w.lease_expires_at
         LIMIT p_batch
-        FOR UPDATE SKIP LOCKED
+        FOR NO KEY UPDATE SKIP LOCKED
     LOOP
         IF r.stalls + 1 >= p_max_stalls OR r.cancel_requested THEN
             PERFORM work_note_attempt(r.id, 'stalled', 'lease expired');
@@ -1043,7 +1141,7 @@ BEGIN
         WHERE w.status = 'Running' AND w.lease_expires_at < now()
         ORDER BY w.lease_expires_at
         LIMIT p_batch
-        FOR UPDATE SKIP LOCKED
+        FOR NO KEY UPDATE SKIP LOCKED
     LOOP
         IF r.completed_at IS NOT NULL THEN
             UPDATE work_items AS w
@@ -1069,6 +1167,24 @@ BEGIN
     END LOOP;
     PERFORM work_settle_scopes(scopes);
     PERFORM work_internal_end(was);
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_refuse_row()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    stored jsonb := to_jsonb(NEW);
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'check_violation', CONSTRAINT = TG_ARGV[0],
+        SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+        MESSAGE = format('new row for relation "%s" violates %s: %s',
+                         TG_TABLE_NAME, TG_ARGV[0], TG_ARGV[1]),
+        DETAIL = format('Failing row has %s.',
+                        (SELECT string_agg(format('%s = %s', c, COALESCE(stored ->> c, 'NULL')),
+                                           ', ')
+                         FROM unnest(TG_ARGV[2:]) AS c));
 END
 $function$;
 
@@ -1648,8 +1764,6 @@ DECLARE
     line record;
     stand_in bigint;
 BEGIN
-    -- Read limits no change is committing (work_limits_settle).
-    PERFORM pg_advisory_xact_lock_shared(29817, 0);
     -- The first item of each line of each scope with room (not full, not paused), and those of them not heads yet:
     -- a skip scan over each scope's lines, each step landing on the next line's first.
     WITH RECURSIVE
@@ -1742,7 +1856,7 @@ DECLARE
 BEGIN
     FOR s IN
         SELECT scope FROM (SELECT DISTINCT scope FROM work_unsettled_scopes LIMIT p_limit) AS u
-        ORDER BY hashtext(scope), scope
+        ORDER BY work_stripe(scope), scope
     LOOP
         CONTINUE WHEN NOT work_lock_scope(s);
         DELETE FROM work_unsettled_scopes WHERE scope = s;
@@ -1775,7 +1889,7 @@ DECLARE
 BEGIN
     FOR s IN
         SELECT x FROM (SELECT DISTINCT x FROM unnest(p_scopes) AS x WHERE x IS NOT NULL) AS d
-        ORDER BY hashtext(x), x
+        ORDER BY work_stripe(x), x
     LOOP
         IF work_lock_scope(s) THEN
             locked := locked || s;
@@ -1816,6 +1930,12 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_stripe(p_scope text)
+ RETURNS integer
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE
+RETURN (hashtext(p_scope) & 16383);
+
 CREATE OR REPLACE FUNCTION public.work_take_rate_slot(p_limit_id bigint, p_per interval, p_what text)
  RETURNS void
  LANGUAGE plpgsql
@@ -1846,8 +1966,12 @@ BEGIN
 END
 $function$;
 
+CREATE TRIGGER work_claim_locks_stay BEFORE DELETE OR UPDATE OR TRUNCATE ON public.work_claim_locks FOR EACH STATEMENT EXECUTE FUNCTION work_lock_rows_stay();
 CREATE TRIGGER work_items_arrive BEFORE INSERT OR UPDATE OF status, scope, kind, priority, run_after ON public.work_items FOR EACH ROW WHEN ((((new.scope IS NOT NULL) OR new.is_head) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_arrive();
+CREATE TRIGGER work_items_asked_times_in_range BEFORE INSERT OR UPDATE OF requested_at, run_after ON public.work_items FOR EACH ROW WHEN (((LEAST(new.requested_at, new.run_after) < '1900-01-01 00:00:00+00'::timestamp with time zone) OR (GREATEST(new.requested_at, new.run_after) > '9000-01-01 00:00:00+00'::timestamp with time zone))) EXECUTE FUNCTION work_refuse_row('work_items_asked_times_in_range', 'requested_at and run_after are finite times from 1900 to 9000 (UTC)', 'id', 'requested_at', 'run_after');
+CREATE TRIGGER work_items_attempt_times_in_range BEFORE INSERT OR UPDATE OF lease_expires_at, heartbeat_at, started_at, finished_at, completed_at ON public.work_items FOR EACH ROW WHEN (((LEAST(new.lease_expires_at, new.heartbeat_at, new.started_at, new.finished_at, new.completed_at) < '1900-01-01 00:00:00+00'::timestamp with time zone) OR (GREATEST(new.lease_expires_at, new.heartbeat_at, new.started_at, new.finished_at, new.completed_at) > '9000-01-01 00:00:00+00'::timestamp with time zone))) EXECUTE FUNCTION work_refuse_row('work_items_attempt_times_in_range', 'lease_expires_at, heartbeat_at, started_at, finished_at and completed_at are finite times from 1900 to 9000 (UTC)', 'id', 'lease_expires_at', 'heartbeat_at', 'started_at', 'finished_at', 'completed_at');
 CREATE CONSTRAINT TRIGGER work_items_confirm_place AFTER INSERT OR UPDATE OF status, scope, kind, priority, run_after ON public.work_items DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((new.status = 'Queued'::text) AND (new.scope IS NOT NULL) AND (NOT new.is_head) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_confirm_place();
+CREATE TRIGGER work_items_counters_bounded BEFORE INSERT OR UPDATE OF attempt, stalls, failures ON public.work_items FOR EACH ROW WHEN ((GREATEST(new.attempt, new.stalls, new.failures) > 1000000000)) EXECUTE FUNCTION work_items_counters_bounded();
 CREATE TRIGGER work_items_depart_delete AFTER DELETE ON public.work_items FOR EACH ROW WHEN ((((old.status = 'Running'::text) OR old.is_head) AND (old.scope IS NOT NULL) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_depart();
 CREATE TRIGGER work_items_depart_update AFTER UPDATE OF status, scope, kind, priority, run_after ON public.work_items FOR EACH ROW WHEN ((((old.status = 'Running'::text) OR old.is_head) AND (old.scope IS NOT NULL) AND (((((old.status IS DISTINCT FROM new.status) OR (old.scope IS DISTINCT FROM new.scope)) OR (old.kind IS DISTINCT FROM new.kind)) OR (old.priority IS DISTINCT FROM new.priority)) OR (old.run_after IS DISTINCT FROM new.run_after)) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_depart();
 CREATE TRIGGER work_items_notify_unscoped AFTER INSERT ON public.work_items REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION work_items_notify_unscoped();
@@ -1855,3 +1979,4 @@ CREATE TRIGGER work_items_take_slot BEFORE INSERT OR UPDATE OF status, scope, ki
 CREATE TRIGGER work_limits_changed AFTER INSERT OR DELETE OR UPDATE ON public.work_limits FOR EACH ROW EXECUTE FUNCTION work_limits_changed();
 CREATE CONSTRAINT TRIGGER work_limits_settle AFTER INSERT OR DELETE OR UPDATE ON public.work_limits DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION work_limits_settle();
 CREATE TRIGGER work_pauses_changed AFTER INSERT OR DELETE OR UPDATE ON public.work_pauses FOR EACH ROW WHEN ((current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text)) EXECUTE FUNCTION work_pauses_changed();
+CREATE TRIGGER work_settle_locks_stay BEFORE DELETE OR UPDATE OR TRUNCATE ON public.work_settle_locks FOR EACH STATEMENT EXECUTE FUNCTION work_lock_rows_stay();

@@ -36,7 +36,7 @@
 -- version starts as one, so work_secure_transitions() runs at the end of this migration
 -- and after every `migrate` that applied anything (post-apply.secure-transitions.sql),
 -- as work_pin_search_path does.
--- depends: 0007.completed
+-- depends: 0008.bounds 0010.own-locks
 
 -- An operator's retry with its mark in the item's history (queries.sql sent the mark as
 -- a statement of its own, which needs UPDATE on work_items): one more attempt number,

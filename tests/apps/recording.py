@@ -105,6 +105,20 @@ async def hold_gil(item: WorkItem, ctx: Context) -> None:
     record("end", item, ctx)
 
 
+@registry.handler("HoldRow")
+async def hold_row(item: WorkItem, ctx: Context) -> None:
+    """On the Worker payload["holder"] names: opens the attempt's fenced transaction
+    (which locks the item's row), notes its backend's pid and the self-stop deadline,
+    and sits in it, idle, until cancelled. Elsewhere it just runs."""
+    record("start", item, ctx)
+    if ctx.worker_id == item.payload["holder"]:
+        async with ctx.transaction() as tx:
+            [row] = await tx.rows("SELECT pg_backend_pid() AS pid")
+            note("holding", item, ctx, backend=row["pid"], deadline=monotonic_deadline(ctx))
+            await trio.sleep_forever()
+    record("end", item, ctx)
+
+
 @registry.handler("FloodLog")
 async def flood_log(item: WorkItem, ctx: Context) -> None:
     """Logs long lines from a thread until they block (stderr a pipe nobody reads), notes

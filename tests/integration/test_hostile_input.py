@@ -149,24 +149,32 @@ def test_the_table_refuses_a_payload_nested_too_deeply_from_plain_sql(pg: Conn, 
     )
 
 
+#: A scope's claim lock, held as a claim of it in flight holds it (migration
+#: 0010.own-locks): only a role that may UPDATE work_claim_locks can (a role without the
+#: queue's grants cannot: tests/integration/test_own_locks.py).
+HOLD_CLAIM_LOCK = "SELECT FROM work_claim_locks WHERE stripe = work_stripe(%s) FOR UPDATE"
+
+
 def test_a_held_claim_lock_costs_a_claim_only_that_scope(
     dsn: str, pg: Conn, tmp_path: Path
 ) -> None:
-    """Anyone can hold a scope's claim lock (advisory locks need no privilege). With
-    items of `victim` (first in line), `other` and unscoped, one Worker at concurrency
-    1 still claims `other` and the unscoped item while the lock is held, and `victim`
-    once it is let go."""
+    """A transaction holding a scope's claim lock for long (another claim of it, left
+    open) costs claims that scope alone. With items of `victim` (first in line),
+    `other` and unscoped, one Worker at concurrency 1 still claims `other` and the
+    unscoped item while the lock is held, and `victim` once it is let go."""
     victim = enqueue(pg, "Quick", scope="victim")
     other, unscoped = enqueue(pg, "Quick", scope="other"), enqueue(pg, "Quick")
-    with psycopg.connect(dsn, autocommit=True) as holder:
-        holder.execute("SELECT pg_advisory_lock(29816, hashtext('victim'))")
+    stripes = pg.execute("SELECT work_stripe('victim') <> work_stripe('other')").fetchone()
+    assert stripes == (True,)
+    with psycopg.connect(dsn) as holder:
+        holder.execute(HOLD_CLAIM_LOCK, ("victim",))
         with workers(tmp_path) as start:
             worker = start(dsn, *FAST, "--concurrency", "1", name="w1", app=HOSTILE)
             items = finished(pg, [other, unscoped], timeout=30)
             assert {items[other]["status"], items[unscoped]["status"]} == {"Succeeded"}
             status = pg.execute("SELECT status FROM work_items WHERE id = %s", (victim,))
             assert status.fetchone() == ("Queued",)
-            holder.execute("SELECT pg_advisory_unlock_all()")
+            holder.rollback()
             assert finished(pg, [victim], timeout=30)[victim]["status"] == "Succeeded"
             assert worker.proc.poll() is None, worker.output()
 
@@ -177,9 +185,14 @@ async def test_refused_claim_locks_never_empty_a_batch(dsn: str, pg: Conn) -> No
     never coming back empty while claimable work is due."""
     held = [enqueue(pg, "Quick", scope=f"held-{i:02}") for i in range(20)]
     free = [enqueue(pg, "Quick", scope=f"free-{i}") for i in range(3)] + [enqueue(pg, "Quick")]
-    with psycopg.connect(dsn, autocommit=True) as holder:
+    stripes = pg.execute(
+        "SELECT count(DISTINCT work_stripe(s)) FROM unnest(%s::text[]) AS s",
+        ([f"held-{i:02}" for i in range(20)] + [f"free-{i}" for i in range(3)],),
+    ).fetchone()
+    assert stripes == (23,)  # no free scope shares a held one's lock
+    with psycopg.connect(dsn) as holder:
         for i in range(20):
-            holder.execute("SELECT pg_advisory_lock(29816, hashtext(%s))", (f"held-{i:02}",))
+            holder.execute(HOLD_CLAIM_LOCK, (f"held-{i:02}",))
         async with open_store(dsn) as store:
             claimed = [await store.claim_batch("w1", 60, 1, kinds=["Quick"]) for _ in range(5)]
     assert [[item.id for item in batch] for batch in claimed] == [[i] for i in free] + [[]]

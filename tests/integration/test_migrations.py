@@ -45,9 +45,10 @@ def tables(dsn: str) -> list[str]:
 
 
 QUEUE_TABLES = [
-    "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_attempts", "work_failover_guard",
-    "work_items", "work_limits", "work_pauses", "work_rate_slots", "work_schedules",
-    "work_unsettled_scopes", "work_workers", "yoyo_lock",
+    "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_attempts", "work_claim_locks",
+    "work_failover_guard", "work_items", "work_limits", "work_pauses", "work_rate_slots",
+    "work_schedules", "work_settle_locks", "work_unsettled_scopes", "work_workers",
+    "yoyo_lock",
 ]  # fmt: skip
 MEDIA_TABLES = [
     "media_assets", "media_bursts", "media_proxies", "media_share_tokens",
@@ -126,7 +127,9 @@ RELEASED = {
     "0003.failover.sql": "f4689d7bbc470898526ffaf4bd56cb53cda80fcec1a5be3783d1b0cb9c0d8a7a",
     "0006.scope-checks.sql": "e15527f5a535dda23a0e29a8c43afde9f250f5c3cf9b6b971fd766bf3b9e7d9d",
     "0007.completed.sql": "007a8ec07ed3920b1ab94bed69d7b65c9c129b6d17c4f314de57352fe929005e",
-    "0011.roles.sql": "8c1fd03652ae7d03654d1f977ed0579f7833200ffdacb2289bef1b209e5bc7fb",
+    "0008.bounds.sql": "d7439eec98c8ceef634a1e054c4cdde6233e7fd22161a04785650376eeedb568",
+    "0010.own-locks.sql": "b203677261a07467c72e743f30dc1de34655ac84fe6b3836d57c9d39a937888f",
+    "0011.roles.sql": "5b34148795b8eb7aa288be6499f4d6a5365f29b421408a89610729ced80d23b3",
 }
 
 

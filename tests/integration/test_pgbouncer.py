@@ -19,6 +19,8 @@ from tests.browser.support import dashboards, request
 from tests.support.clusters import PgBouncer, pgbouncer
 from tests.support.failover_chaos import HARNESS, ChaosRun, Load, WorkerSpec
 from tests.support.processes import ROOT
+from trioworker import open_store
+from trioworker._store.api import Transaction
 
 log = logging.getLogger(__name__)
 
@@ -162,3 +164,49 @@ def test_the_dashboard_serves_through_pgbouncer(dsn: str, tmp_path: Path) -> Non
                 answer = request(dashboard.url + page)
                 assert answer.status == 200, (page, answer.body[-500:])
         assert "Traceback" not in dashboard.output()
+
+
+BOUNDS = (
+    "tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count",
+    "tcp_user_timeout", "client_connection_check_interval",
+    "idle_in_transaction_session_timeout", "statement_timeout",
+)  # fmt: skip
+SHOW = "SELECT current_setting(%(name)s) AS value"
+
+
+async def shown(tx: Transaction) -> dict[str, str]:
+    """The bounds (sessions.py) as the transaction's server session has them."""
+    return {n: (await tx.rows(SHOW, {"name": n}))[0]["value"] for n in BOUNDS}
+
+
+async def test_a_transactions_bounds_end_with_it_through_pgbouncer(dsn: str) -> None:
+    """Through a pool of one server connection, so every transaction meets the same
+    backend: a fenced transaction and a client's own each have their bounds while they
+    last (SET LOCAL with their BEGIN), and the next client of that backend finds the
+    server's own values again: nothing leaks from one client to the next."""
+    with (
+        pgbouncer(dsn, pool_size=1) as bouncer,
+        psycopg.connect(bouncer.dsn(), autocommit=True, prepare_threshold=None) as other,
+    ):
+
+        def server_values() -> dict[str, str]:
+            return {n: other.execute(SHOW, {"name": n}).fetchall()[0][0] for n in BOUNDS}
+
+        before = server_values()
+        async with open_store(bouncer.dsn(), max_connections=1) as store:
+            await store.enqueue("K", scope="s")
+            item = await store.claim("w", 60.0, kinds=["K"])
+            assert item is not None
+            async with store.fenced_transaction(item.id, item.attempt, server_timeout=3.75) as tx:
+                fenced = await shown(tx)
+            async with store.transaction() as tx:
+                own = await shown(tx)
+        after = server_values()
+    link = {"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2",
+            "tcp_keepalives_count": "3", "tcp_user_timeout": "10000",
+            "client_connection_check_interval": "2s"}  # fmt: skip
+    assert fenced == {**link, "idle_in_transaction_session_timeout": "3750ms",
+                      "statement_timeout": "3750ms"}  # fmt: skip
+    assert own == {**before, **link}
+    assert after == before
+    assert before["idle_in_transaction_session_timeout"] == "0"

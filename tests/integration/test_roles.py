@@ -135,6 +135,7 @@ WORKERS = [
     "finish",
     "requeue",
     "recover_expired_leases",
+    "held_leases",
     "settle_noted_scopes",
     "repair_heads",
     "advertise_worker",
@@ -270,6 +271,18 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
     ("DELETE FROM work_schedules", ANYONE),
     ("INSERT INTO work_unsettled_scopes (scope) VALUES ('s')", ANYONE),
     ("DELETE FROM work_unsettled_scopes", ANYONE),
+    # The queue's own locks (migrations/0010.own-locks.sql): only the transitions take
+    # them, so no role can hold a stripe and stop claims or settles.
+    ("SELECT stripe FROM work_claim_locks FOR UPDATE", ANYONE),
+    ("SELECT stripe FROM work_claim_locks FOR SHARE", ANYONE),
+    ("SELECT stripe FROM work_settle_locks FOR UPDATE", ANYONE),
+    ("SELECT stripe FROM work_settle_locks FOR KEY SHARE", ANYONE),
+    ("INSERT INTO work_claim_locks (stripe) VALUES (100000)", ANYONE),
+    ("UPDATE work_settle_locks SET stripe = stripe", ANYONE),
+    ("DELETE FROM work_claim_locks", ANYONE),
+    ("TRUNCATE work_settle_locks", ANYONE),
+    # Naming the leases held past every bound locks the rows it can (a Worker's).
+    ("SELECT * FROM work_held_leases_v1(10)", (CLIENT, OPERATOR)),
     # A Worker's transitions.
     ("SELECT * FROM work_claim_v1('w', 30, 1, ARRAY['K'])", (CLIENT, OPERATOR)),
     ("SELECT * FROM work_claim_v2('w', 30, 1, ARRAY['K'])", (CLIENT, OPERATOR)),

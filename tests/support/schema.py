@@ -21,7 +21,11 @@ HEADER = """\
 
 
 def describe(conn: psycopg.Connection[Any], schema: str = "public") -> str:
-    """The schema of the queue in `schema`, as docs/schema.sql has it for public."""
+    """The schema of the queue in `schema`, as docs/schema.sql has it for public.
+
+    Sets the session's TimeZone to UTC: a time in a CHECK or a trigger's WHEN (the
+    bounds of migration 0008) is written in the session's time zone."""
+    conn.execute("SELECT set_config('TimeZone', 'UTC', false)")
     out = [HEADER]
     tables = [
         r[0]

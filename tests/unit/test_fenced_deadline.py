@@ -9,7 +9,8 @@ import trio
 import trio.testing
 
 from tests.support.contexts import a_context
-from trioworker import Lost, SelfStopped, Status, WorkItem
+from tests.unit._fakes import running
+from trioworker import Context, Lost, Registry, SelfStopped, Settings, Status, WorkItem
 from trioworker._core.policy import Action, Outcome, RetryPolicy, decide
 from trioworker.testing import MemoryStore
 
@@ -94,3 +95,22 @@ async def test_a_handlers_transaction_commits_only_before_its_attempts_self_stop
         await trio.sleep(10)
     assert ctx.completed_in_transaction
     assert store.items()[0].completed_at is not None
+
+
+async def test_a_workers_fenced_transactions_ask_the_server_to_end_them_past_their_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The Worker opens each handler's transaction with its settings' server timeout (the
+    self-stop and a quarter of it): what the server lets it sit idle, or run one
+    statement, before it ends it (a host gone without a word)."""
+    store, registry = MemoryStore(), Registry()
+
+    @registry.handler("K")
+    async def handler(item: WorkItem, ctx: Context) -> None:
+        async with ctx.transaction() as tx:
+            tx.complete()
+
+    await store.enqueue("K", scope="s")
+    async with running(store, registry, Settings(lease=8, heartbeat=1)):
+        await trio.sleep(1)
+    assert store.server_timeouts == [5.0]

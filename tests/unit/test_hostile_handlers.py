@@ -239,6 +239,45 @@ async def test_an_item_whose_payload_cannot_be_decoded_is_failed_without_running
     assert sink.named("fail") == [("fail", "Quick", None)]
 
 
+async def test_an_item_whose_time_cannot_be_decoded_is_failed_without_running(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A claimed item whose requested_at psycopg could not load (the store names it in
+    `undecodable`) fails at once, through the one write of any failure, naming the
+    column and why; the handler never sees it."""
+    store, registry, tracer, sink = ScriptedStore(), Registry(), Tracer(), Sink()
+    ran: list[WorkItem] = []
+
+    @registry.handler("Quick")
+    async def quick(item: WorkItem, ctx: Context) -> None:
+        ran.append(item)
+
+    await store.enqueue("Quick")
+    (claimed,) = await store.claim_batch("w1", 60.0, 1, kinds=["Quick"])
+    why = "cannot be decoded: timestamp too large (after year 10K): 'infinity'"
+    poisoned = attrs.evolve(claimed, requested_at=None, undecodable=(("requested_at", why),))
+    executor = Executor(
+        store, registry, Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer,
+        events=sink,
+    )  # fmt: skip
+    with trio.fail_after(100):
+        decision = await executor.run(poisoned, 0.0, a_slot())
+    assert decision == Decision(
+        Action.FAIL,
+        reason="requested_at cannot be decoded",
+        error=f"UndecodableValue: requested_at {why}",
+    )
+    assert ran == []
+    [state] = store.items()
+    assert (state.status, state.reason) == (Status.FAILED, "requested_at cannot be decoded")
+    assert messages(caplog, EXECUTOR) == [
+        f"a stored value cannot be decoded (requested_at {why}): failing the item without"
+        " running it"
+    ]
+    assert tracer.outcomes() == ["fail"]
+    assert sink.named("fail") == [("fail", "Quick", None)]
+
+
 async def test_a_handler_that_goes_on_after_completing_its_item_keeps_its_scope(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -297,10 +297,12 @@ ATTEMPT = {"attempt": 1, "worker_id": "w", "started_at": T0, "ended_at": T0,
 
 
 def test_get_item_decodes_its_row() -> None:
+    """get_item reads its row as stored (a time Python cannot hold stands as an
+    UndecodableValue) and decodes its payload and trace context."""
     op = operations.get_item(1)
     assert op.name == "get_item"
     item, sent = run(op, [ROW])
-    assert sent == [Query("get_item", {"id": 1})]
+    assert sent == [Query("get_item", {"id": 1}, as_stored=True)]
     assert item.status is Status.QUEUED and item.payload == {"n": 1}
     assert item.trace_context == {"traceparent": "00-x"}
     assert run(operations.get_item(2), [])[0] is None
@@ -314,18 +316,47 @@ def test_a_row_python_cannot_decode_is_marked_not_lost() -> None:
     assert operations.decoded({**ROW, "trace_context": None})["trace_context"] is None
 
 
+CLAIMED = {
+    "id": 7, "kind": "A", "scope": "s", "payload": '{"n": 1}', "priority": 0, "attempt": 1,
+    "stalls": 0, "failures": 0, "requested_at": T0, "dedup_key": None,
+    "trace_context": None,
+}  # fmt: skip
+INFINITY = UndecodableValue("cannot be decoded: timestamp too large (after year 10K)", "infinity")
+
+
+def test_a_claimed_row_is_decoded_on_its_own() -> None:
+    """A claimed row whose time psycopg could not load (read as stored) is a WorkItem
+    all the same: the column named in `undecodable` with why, its field None, the rest
+    decoded; an undecodable payload stays in `payload`, as before; a row with neither
+    has nothing in `undecodable`."""
+    item = operations.claimed_item({**CLAIMED, "requested_at": INFINITY})
+    assert item.undecodable == (("requested_at", INFINITY.reason),)
+    assert (item.id, item.attempt, item.requested_at, item.payload) == (7, 1, None, {"n": 1})
+    poisoned = operations.claimed_item({**CLAIMED, "payload": "[" * 100_000})
+    assert isinstance(poisoned.payload, UndecodableValue) and poisoned.undecodable == ()
+    plain = operations.claimed_item(CLAIMED)
+    assert (plain.requested_at, plain.undecodable) == (T0, ())
+
+
 def test_attempts_and_show() -> None:
-    """show: the item, then its attempts; no item, no second query."""
+    """show: the item, then its attempts, both read as stored; no item, no second
+    query."""
     op = operations.attempts(1)
     assert op.name == "attempts"
-    assert run(op, [ATTEMPT]) == ([AttemptRecord(**ATTEMPT)], [Query("attempts", {"id": 1})])
+    assert run(op, [ATTEMPT]) == (
+        [AttemptRecord(**ATTEMPT)],
+        [Query("attempts", {"id": 1}, as_stored=True)],
+    )
     op = operations.show(1)
     assert op.name == "show"
     details, sent = run(op, [ROW], [ATTEMPT])
     assert isinstance(details, ItemDetails) and details.item.id == 1
     assert details.attempts == [AttemptRecord(**ATTEMPT)]
-    assert sent == [Query("get_item", {"id": 1}), Query("attempts", {"id": 1})]
-    assert run(operations.show(2), []) == (None, [Query("get_item", {"id": 2})])
+    assert sent == [
+        Query("get_item", {"id": 1}, as_stored=True),
+        Query("attempts", {"id": 1}, as_stored=True),
+    ]
+    assert run(operations.show(2), []) == (None, [Query("get_item", {"id": 2}, as_stored=True)])
 
 
 COUNTS = [{"kind": "A", "status": "Queued", "n": 2}]

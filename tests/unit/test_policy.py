@@ -25,6 +25,7 @@ from trioworker._core.policy import (
     formattable,
     reduced,
     undecodable_payload,
+    undecodable_values,
 )
 from trioworker._core.retry import Backoff, backoff_delay
 
@@ -403,6 +404,21 @@ def test_a_group_nested_deeper_than_the_recursion_limit_is_described() -> None:
     assert describe_error(group) == "ExceptionGroup: level 1999 (1 sub-exception)"
     trace = describe_traceback(raised(group))
     assert "Exception Group Traceback" in trace and "max_group_depth" in trace
+
+
+def test_an_undecodable_time_fails_its_item_naming_each_column() -> None:
+    """A claimed item whose stored times Python cannot hold fails at once; the reason
+    names the columns, the error each one and why."""
+    assert undecodable_values([("requested_at", "cannot be decoded: too large")]) == Decision(
+        Action.FAIL,
+        reason="requested_at cannot be decoded",
+        error="UndecodableValue: requested_at cannot be decoded: too large",
+    )
+    both = undecodable_values([("requested_at", "is 'infinity'"), ("run_after", "is BC")])
+    assert both.reason == "requested_at, run_after cannot be decoded"
+    assert both.error == "UndecodableValue: requested_at is 'infinity'; run_after is BC"
+    long = undecodable_values([("requested_at", "x" * 10_000)])
+    assert long.error is not None and len(long.error) <= ERROR_LIMIT
 
 
 def test_an_undecodable_payloads_reason_is_cut_to_the_error_limit() -> None:

@@ -9,7 +9,8 @@ import pytest
 
 from trioworker import DatabaseUnavailable, SchemaNotReady, StoreError
 from trioworker._postgres import failures
-from trioworker._postgres.connection import connect_kwargs
+from trioworker._postgres.connection import _begin, connect_kwargs
+from trioworker._postgres.sessions import LINK, set_local, set_session, settings
 from trioworker._postgres.store import PostgresStore
 
 STORE = PostgresStore("host=db user=app password=s3cr3t")
@@ -22,6 +23,8 @@ STORE = PostgresStore("host=db user=app password=s3cr3t")
         (psycopg.errors.UndefinedFunction, SchemaNotReady),
         (psycopg.OperationalError, DatabaseUnavailable),
         (psycopg.errors.AdminShutdown, DatabaseUnavailable),
+        (psycopg.errors.IdleInTransactionSessionTimeout, DatabaseUnavailable),
+        (psycopg.errors.TransactionTimeout, DatabaseUnavailable),
         (psycopg.InterfaceError, DatabaseUnavailable),
         (psycopg.errors.UniqueViolation, StoreError),
         (psycopg.errors.InsufficientPrivilege, StoreError),
@@ -31,7 +34,8 @@ def test_driver_errors_become_one_domain_error_each(
     error: type[psycopg.Error], kind: type[StoreError]
 ) -> None:
     """A missing table or function means an unmigrated schema; a lost link, an
-    unavailable database; anything else, a plain store error."""
+    unavailable database, as is a session the server ended for its bounds (sessions.py);
+    anything else, a plain store error."""
     translated = STORE._conns.translate("claim", error("it broke"))
     assert type(translated) is kind
     expected = f"claim: {error.__name__}: it broke"
@@ -101,6 +105,72 @@ def test_connections_get_link_timeouts_and_a_name() -> None:
         "trioworker w1",
     )
     assert "connect_timeout" not in mine and mine["application_name"] == "mine"
+
+
+def test_the_server_gives_up_on_a_silent_client_as_the_client_does_on_the_server() -> None:
+    """Each transaction's server keepalives and TCP user timeout are the figures the
+    client's connections get."""
+    client = connect_kwargs("host=db", "w")
+    server = dict(settings(LINK, 150000))
+    for name in ("keepalives_idle", "keepalives_interval", "keepalives_count"):
+        assert str(server[f"tcp_{name}"]) == client[name]
+    assert str(server["tcp_user_timeout"]) == client["tcp_user_timeout"]
+
+
+@pytest.mark.parametrize(
+    ("version", "fenced", "names"),
+    [
+        (150004, False, ["idle", "interval", "count", "user", "check"]),
+        (150004, True, ["idle", "interval", "count", "user", "check", "iit", "stmt"]),
+        (180001, True, ["idle", "interval", "count", "user", "check", "iit", "stmt", "tx"]),
+        (170000, True, ["idle", "interval", "count", "user", "check", "iit", "stmt", "tx"]),
+        (169999, True, ["idle", "interval", "count", "user", "check", "iit", "stmt"]),
+        (140000, False, ["idle", "interval", "count", "user", "check"]),
+        (139999, True, ["idle", "interval", "count", "user", "iit", "stmt"]),
+        (120000, False, ["idle", "interval", "count", "user"]),
+        (119999, False, ["idle", "interval", "count"]),
+    ],
+)
+def test_a_transactions_bounds_are_those_its_server_knows(
+    version: int, fenced: bool, names: list[str]
+) -> None:
+    """Keepalives always; the TCP user timeout from PostgreSQL 12, the client check
+    from 14; a fenced transaction's idle, statement and (from 17) transaction bound,
+    in milliseconds, rounded up."""
+    short = {
+        "tcp_keepalives_idle": ("idle", 5), "tcp_keepalives_interval": ("interval", 2),
+        "tcp_keepalives_count": ("count", 3), "tcp_user_timeout": ("user", 10000),
+        "client_connection_check_interval": ("check", 2000),
+        "idle_in_transaction_session_timeout": ("iit", 3751),
+        "statement_timeout": ("stmt", 3751), "transaction_timeout": ("tx", 3751),
+    }  # fmt: skip
+    bounds = LINK.fenced(3.7501) if fenced else LINK
+    got = settings(bounds, version)
+    assert [short[name][0] for name, _ in got] == names
+    assert all(value == short[name][1] for name, value in got)
+
+
+def test_a_transaction_sets_its_bounds_with_its_begin_in_one_query() -> None:
+    """BEGIN, then each bound as SET LOCAL (gone at the transaction's end, so nothing
+    leaks to the next client of a pooled server connection); the listener's session
+    gets the same with SET SESSION."""
+    begin = _begin(LINK.fenced(2), 150000).as_string(None)
+    assert begin == (
+        'BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL "tcp_keepalives_idle" = 5;'
+        ' SET LOCAL "tcp_keepalives_interval" = 2; SET LOCAL "tcp_keepalives_count" = 3;'
+        ' SET LOCAL "tcp_user_timeout" = 10000;'
+        ' SET LOCAL "client_connection_check_interval" = 2000;'
+        ' SET LOCAL "idle_in_transaction_session_timeout" = 2000;'
+        ' SET LOCAL "statement_timeout" = 2000'
+    )
+    assert set_local(LINK, 110000).as_string(None) == (
+        'SET LOCAL "tcp_keepalives_idle" = 5; SET LOCAL "tcp_keepalives_interval" = 2;'
+        ' SET LOCAL "tcp_keepalives_count" = 3'
+    )
+    assert set_session(LINK, 110000).as_string(None) == (
+        'SET SESSION "tcp_keepalives_idle" = 5; SET SESSION "tcp_keepalives_interval" = 2;'
+        ' SET SESSION "tcp_keepalives_count" = 3'
+    )
 
 
 def test_a_lone_surrogate_psycopg_refuses_is_a_store_error_saying_nothing_was_sent() -> None:

@@ -108,6 +108,18 @@ def test_the_kill_margin_is_half_of_what_the_lease_leaves_at_most_a_second(
     assert s.kill_margin > 0 and s.self_stop_after + s.stop_grace + s.kill_margin < s.lease
 
 
+@pytest.mark.parametrize(("lease", "bound"), [(60, 37.5), (8, 5), (6, 3.75)])
+def test_a_fenced_transaction_may_sit_idle_the_self_stop_and_a_quarter_of_it(
+    lease: float, bound: float
+) -> None:
+    """The server ends a fenced transaction idle longer than the self-stop allows, with a
+    quarter of it more for the commit's way: longer than half the lease, and before the
+    lease has run out once more after the self-stop."""
+    s = Settings(lease=lease, heartbeat=1)
+    assert s.fenced_server_timeout == bound
+    assert s.self_stop_after < s.fenced_server_timeout < s.lease
+
+
 def test_a_process_that_has_ended_is_gone_before_it_is_reaped() -> None:
     """An ended process not reaped yet (a Worker whose supervisor was SIGKILLed, until
     init reaps it) holds no Worker id; this live one does."""

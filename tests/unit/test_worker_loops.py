@@ -38,7 +38,7 @@ from trioworker import (
     Worker,
     WorkItem,
 )
-from trioworker._core.model import Fired, WorkerInfo
+from trioworker._core.model import Fired, HeldLease, WorkerInfo
 from trioworker._worker.watchdog import WatchdogLink
 
 WORKER = "trioworker.worker"
@@ -421,6 +421,40 @@ async def test_a_recovered_success_committed_in_its_transaction_is_no_stall(
     assert record.item_id == 1  # type: ignore[attr-defined]
     assert (store.items()[0].status, store.items()[0].stalls) == (Status.SUCCEEDED, 0)
     assert "stall_recovered" not in worker.statistics().events and sink.seen == []
+
+
+class HeldStore(ScriptedStore):
+    """Its lease recovery meets item 7's row held by backend 4242 (another session) a
+    whole lease after the lease ran out: held_leases names it every pass."""
+
+    async def held_leases(self, *, batch: int = 100) -> list[HeldLease]:
+        await super().held_leases(batch=batch)
+        return [HeldLease(7, "Orphan", "g", 2, "ghost", 61.4, 4242)]
+
+
+async def test_a_lease_held_past_every_bound_is_reported_every_pass(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An expired item another session still holds is no stall (nothing was taken
+    back): each recovery pass logs it at WARNING, naming the holder's backend, with the
+    item's fields, and counts it, so that someone ends that session."""
+    store, sink = HeldStore(), Sink()
+    async with running(store, Registry(), metrics=sink) as worker:
+        await trio.sleep(16)
+    assert store.times["held_leases"] == [0.0, 15.0]
+    held = records(caplog, "lease of item 7")
+    assert [(r.getMessage(), r.levelno) for r in held] == [
+        ("lease of item 7 expired 61s ago, and backend 4242 still holds its row: lease"
+         " recovery takes the item back once that session ends (attempt 2 on Worker ghost)",
+         logging.WARNING),
+    ] * 2  # fmt: skip
+    names = ("item_id", "attempt", "kind", "scope", "stalled_worker_id", "holder_pid")
+    assert {f: getattr(held[0], f) for f in names} == {
+        "item_id": 7, "attempt": 2, "kind": "Orphan", "scope": "g",
+        "stalled_worker_id": "ghost", "holder_pid": 4242,
+    }  # fmt: skip
+    assert worker.statistics().events == {"lease_held": 2}
+    assert sink.seen == [("lease_held", "Orphan", None)] * 2
 
 
 class WedgedStore(ScriptedStore):

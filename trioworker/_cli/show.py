@@ -31,7 +31,10 @@ async def item_details(store: Client, id: int) -> dict[str, Any] | None:
         return None
     fields = {k: _jsonable(v) for k, v in attrs.asdict(details.item, recurse=False).items()}
     fields["status"] = details.item.status.value
-    attempts = [{k: _jsonable(v) for k, v in attrs.asdict(a).items()} for a in details.attempts]
+    attempts = [
+        {k: _jsonable(v) for k, v in attrs.asdict(a, recurse=False).items()}
+        for a in details.attempts
+    ]
     limits = [limit_json(lim) for lim in applying(await store.limits(), details.item)]
     return {"item": fields, "attempts": attempts, "limits": limits}
 
@@ -61,9 +64,17 @@ def _json_default(value: Any) -> Any:
 
 
 def to_json(details: dict[str, Any]) -> str:
-    """`show --json`: the stored values exactly; a payload that cannot be decoded as
-    {"undecodable": why, "text": its stored text, cut to 2,000 characters}."""
+    """`show --json`: the stored values exactly; a payload or a time that cannot be
+    decoded as {"undecodable": why, "text": its stored text, cut to 2,000 characters}."""
     return json.dumps(details, indent=2, default=_json_default)
+
+
+def _time(value: Any) -> Text | str:
+    """A time in UTC; one Python cannot hold (an UndecodableValue) as its stored text
+    and why, literally."""
+    if isinstance(value, UndecodableValue):
+        return _text(f"{value.text} ({value.reason})", style="red")
+    return _when(value)
 
 
 def _text(value: Any, *, lines: bool = False, style: str = "") -> Text:
@@ -96,7 +107,7 @@ def render_item(details: dict[str, Any]) -> RenderableType:
     for label, key in COUNTS:
         fields.add_row(label, _text(item[key]) if item[key] not in (None, False) else "-")
     for label, key in TIMES:
-        fields.add_row(label, _when(item[key]))
+        fields.add_row(label, _time(item[key]))
     parts.append(fields)
     parts.append(Text("payload", style="bold"))
     parts.append(_text(pretty(item["payload"]), lines=True))
@@ -105,8 +116,8 @@ def render_item(details: dict[str, Any]) -> RenderableType:
         for column in ("#", "worker", "started", "ended", "outcome", "error"):
             table.add_column(column, overflow="fold")
         for a in attempts:
-            table.add_row(str(a["attempt"]), _text(a["worker_id"] or "-"), _when(a["started_at"]),
-                          _when(a["ended_at"]), _text(a["outcome"]),
+            table.add_row(str(a["attempt"]), _text(a["worker_id"] or "-"), _time(a["started_at"]),
+                          _time(a["ended_at"]), _text(a["outcome"]),
                           _text(a["error"] or "", lines=True))  # fmt: skip
         parts.append(table)
     for lim in details.get("limits", []):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import enum
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import attrs
+
+from trioworker._core.jsontext import UndecodableValue
 
 
 class Status(enum.Enum):
@@ -61,6 +63,10 @@ class WorkItem:
     #: The trace context it was enqueued in (a propagator's carrier: W3C traceparent
     #: and tracestate), or None; `trioworker.otel` makes each attempt's span its child.
     trace_context: Mapping[str, str] | None = None
+    #: The stored columns Python could not decode, but the payload (which stands as an
+    #: UndecodableValue in `payload`): (column, why), the column's field left None. The
+    #: Worker fails such an item without running it: a handler never sees one.
+    undecodable: tuple[tuple[str, str], ...] = ()
 
 
 @attrs.frozen
@@ -89,9 +95,34 @@ class Recovered:
     worker_id: str | None = None
 
 
+#: A stored time, or what stands for one Python cannot hold (`ItemState`, `AttemptRecord`).
+Time: TypeAlias = dt.datetime | UndecodableValue
+
+
+@attrs.frozen
+class HeldLease:
+    """An expired item lease recovery cannot take back: another session has held its
+    row for a whole lease after the lease ran out, past every bound the queue sets on
+    one (docs/design/claim.md, "Lease recovery and a held row")."""
+
+    id: int
+    kind: str
+    scope: str | None
+    attempt: int
+    #: The Worker whose attempt it was.
+    worker_id: str | None
+    #: Seconds since its lease ran out.
+    expired_for: float
+    #: The backend (pid) whose transaction holds the row, as the row says; None when
+    #: several share the lock.
+    holder: int | None
+
+
 @attrs.frozen
 class ItemState:
-    """A work item's row, as `get_item` reads it."""
+    """A work item's row, as `get_item` reads it. A stored value Python cannot decode (a
+    payload past its JSON reader, a time past its datetime) stands as an
+    UndecodableValue: why, and the stored text."""
 
     id: int
     kind: str
@@ -103,12 +134,12 @@ class ItemState:
     stalls: int
     failures: int
     worker_id: str | None
-    requested_at: dt.datetime
-    run_after: dt.datetime
-    started_at: dt.datetime | None
-    finished_at: dt.datetime | None
-    heartbeat_at: dt.datetime | None
-    lease_expires_at: dt.datetime | None
+    requested_at: Time
+    run_after: Time
+    started_at: Time | None
+    finished_at: Time | None
+    heartbeat_at: Time | None
+    lease_expires_at: Time | None
     dedup_key: str | None
     cancel_requested: bool
     reason: str | None
@@ -117,17 +148,18 @@ class ItemState:
     trace_context: Mapping[str, str] | None = None  # as enqueued (WorkItem's)
     #: When its attempt committed its success in its own fenced transaction
     #: (`tx.complete()`): Running still, holding its scope, until the Worker finishes it.
-    completed_at: dt.datetime | None = None
+    completed_at: Time | None = None
 
 
 @attrs.frozen
 class AttemptRecord:
-    """How one attempt of an item ended, from its history (`Store.attempts`)."""
+    """How one attempt of an item ended, from its history (`Store.attempts`); a time
+    Python cannot hold stands as an UndecodableValue, as in ItemState."""
 
     attempt: int
     worker_id: str | None
-    started_at: dt.datetime | None
-    ended_at: dt.datetime | None
+    started_at: Time | None
+    ended_at: Time | None
     #: failed, retried, released, stalled, cancelled, superseded, succeeded, running, and
     #: operator-retry (an operator put it back in the queue; no Worker ran it)
     outcome: str

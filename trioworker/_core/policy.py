@@ -13,7 +13,7 @@ import enum
 import itertools
 import random
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -202,6 +202,20 @@ def undecodable_payload(reason: str) -> Decision:
         Action.FAIL,
         reason="payload cannot be decoded",
         error=storable(f"UndecodablePayload: the payload {reason}", ERROR_LIMIT),
+    )
+
+
+def undecodable_values(columns: Sequence[tuple[str, str]]) -> Decision:
+    """The write for a claimed item a stored column of which Python cannot decode (a
+    time past its datetime: (column, why) each): it fails at once, without running its
+    handler, as for a payload, naming each."""
+    return Decision(
+        Action.FAIL,
+        reason=f"{', '.join(column for column, _ in columns)} cannot be decoded",
+        error=storable(
+            "UndecodableValue: " + "; ".join(f"{column} {why}" for column, why in columns),
+            ERROR_LIMIT,
+        ),
     )
 
 

@@ -61,6 +61,21 @@ class Settings:
         return self.lease / 2
 
     @property
+    def fenced_server_timeout(self) -> float:
+        """How long the database lets a handler's fenced transaction sit idle, or run one
+        statement, before it ends its session (docs/reliability.md, "A vanished host").
+
+        None of an attempt's legitimate waits is longer than the self-stop: while its
+        transaction holds the item's row, no heartbeat can renew the attempt, so its
+        self-stop deadline, half a lease after a heartbeat sent before the row was
+        locked, ends the transaction by then. A quarter of it more is the margin for
+        the way the commit takes to the server. Past it, the transaction's client has
+        gone without a word (a host lost with its link): the server rolls it back and
+        releases the item for lease recovery, rather than holding it for hours.
+        """
+        return self.self_stop_after * 1.25
+
+    @property
     def kill_margin(self) -> float:
         """How long after a cancelled handler's stop grace the Worker's supervisor kills
         the process (docs/reliability.md, "The fail-stop from outside").

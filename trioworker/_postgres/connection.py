@@ -29,6 +29,7 @@ from trioworker._postgres.dsn import redact, redact_dsn
 from trioworker._postgres.pool import Background, Pool
 from trioworker._postgres.queries import queries_in
 from trioworker._postgres.schema_name import resolve_schema
+from trioworker._postgres.sessions import LINK, Bounds, set_local, set_session
 from trioworker._postgres.trio_connection import TrioConnection
 from trioworker._store.api import NotifyCallback
 
@@ -51,7 +52,8 @@ _BEGIN_TRIES = 3
 _CLOSE_GRACE = 1.0
 
 # Connection settings that keep a dead link from holding a call forever; a DSN that
-# sets any of them wins.
+# sets any of them wins. (The server's side of the same, which ends what a vanished
+# client left open, is each transaction's own: sessions.py.)
 _LINK_DEFAULTS = {
     "connect_timeout": "5",
     "keepalives": "1",
@@ -105,6 +107,9 @@ class Connections:
             configure=_configure,
             background=self._background,
         )
+        #: Each transaction's BEGIN with its bounds, rendered once: by (bounds, server
+        #: version).
+        self._begins: dict[tuple[Bounds, int], bytes] = {}
         #: Calls that ran out of time, and the queue's own writes run again after a
         #: deadlock or serialization failure.
         self.timeouts = 0
@@ -170,6 +175,16 @@ class Connections:
         finally:
             self._pool.putconn(conn)
 
+    def _begin_statement(
+        self, bounds: Bounds, conn: TrioConnection[Any]
+    ) -> bytes:  # pragma: no mutate block
+        """A transaction's BEGIN with `bounds`, for `conn`'s server: rendered once."""
+        key = (bounds, conn.info.server_version)
+        begin = self._begins.get(key)
+        if begin is None:
+            begin = self._begins[key] = _begin(*key).as_bytes(conn)
+        return begin
+
     def translate(self, name: str, exc: psycopg.Error) -> StoreError | SchemaNotReady:
         return failures.translate(name, exc, self.dsn, self.schema)
 
@@ -187,14 +202,18 @@ class Connections:
 
     @asynccontextmanager
     async def transaction(
-        self, *, refuse_commit: Callable[[], BaseException | None] | None = None
+        self,
+        *,
+        refuse_commit: Callable[[], BaseException | None] | None = None,
+        bounds: Bounds = LINK,
     ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:  # pragma: no mutate block
         """A transaction on a pooled connection: committed when the block exits cleanly,
         rolled back (in the background) if it raises.
 
         `refuse_commit` is asked as the very last thing before the COMMIT is sent, with
         no checkpoint in between: an exception it returns makes it a ROLLBACK instead,
-        and is raised from the block's exit.
+        and is raised from the block's exit. `bounds`: how long the server keeps the
+        transaction once its client is silent (sessions.py), set with its BEGIN.
         """
 
         async def begin() -> TrioConnection[Any]:
@@ -203,7 +222,7 @@ class Connections:
             for fresh in range(_BEGIN_TRIES, 0, -1):
                 conn = await self._pool.getconn()
                 try:
-                    await conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                    await conn.execute(self._begin_statement(bounds, conn))
                 except BaseException as exc:
                     await conn.close()
                     self._pool.putconn(conn)
@@ -289,7 +308,12 @@ class Connections:
                 if not started:  # the Worker is ready once LISTEN is in place
                     started = True
                     task_status.started()
-                if not await self._notifications_arrive(conn, channels, on_notify, on_settle):
+                if await self._notifications_arrive(conn, channels, on_notify, on_settle):
+                    # A session of its own (a notification reached it): bounded for
+                    # the server as a transaction is, for as long as it listens.
+                    with trio.fail_after(self.call_timeout):
+                        await conn.execute(set_session(LINK, conn.info.server_version))
+                else:
                     log.warning(
                         "notifications do not reach the listener's connection (%s is"
                         " behind a transaction pooler?): polling alone from now on; give"
@@ -422,6 +446,14 @@ async def _quietly(aw: Awaitable[object]) -> None:  # pragma: no mutate block
         await aw
     except psycopg.Error as exc:
         log.warning("rollback failed; the connection was discarded: %s", type(exc).__name__)
+
+
+_BEGIN: LiteralString = "BEGIN ISOLATION LEVEL READ COMMITTED; {}"
+
+
+def _begin(bounds: Bounds, server_version: int) -> sql.Composed:
+    """A transaction's BEGIN and its bounds, in one simple query (one round trip)."""
+    return sql.SQL(_BEGIN).format(set_local(bounds, server_version))
 
 
 def connect_kwargs(dsn: str, application_name: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any, LiteralString, TypeVar, cast
 import psycopg
 from psycopg.rows import dict_row
 
+from trioworker._postgres.as_stored import read_as_stored
 from trioworker._postgres.operations import Operation, Steps
 
 T = TypeVar("T")
@@ -40,6 +41,8 @@ async def _steps_async(
         query = next(steps)
         while True:
             async with conn.cursor(row_factory=dict_row) as cur:
+                if query.as_stored:
+                    read_as_stored(cur)
                 await cur.execute(queries[query.name], query.params)
                 rows = await cur.fetchall() if cur.description else []
             query = steps.send(rows)
@@ -64,6 +67,8 @@ def _steps_sync(
         query = next(steps)
         while True:
             with conn.cursor(row_factory=dict_row) as cur:
+                if query.as_stored:
+                    read_as_stored(cur)
                 cur.execute(queries[query.name], query.params)
                 rows = cur.fetchall() if cur.description else []
             query = steps.send(rows)

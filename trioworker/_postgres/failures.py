@@ -19,8 +19,14 @@ CONFLICTS = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailur
 #: target_session_attrs=read-write to the new primary, and the attempt's self-stop timer
 #: (not the handler or the item) pays for the time it takes.
 NOT_WRITABLE = (psycopg.errors.ReadOnlySqlTransaction,)
+#: The server ended the session of a transaction that sat idle, or lasted, longer than
+#: its bounds (sessions.py): as for a lost link, the work is left to lease recovery.
+ENDED_BY_SERVER = (
+    psycopg.errors.IdleInTransactionSessionTimeout,
+    psycopg.errors.TransactionTimeout,
+)
 #: Errors after which a connection is discarded rather than handed out again.
-CUT_OFF = (psycopg.OperationalError, psycopg.InterfaceError, *NOT_WRITABLE)
+CUT_OFF = (psycopg.OperationalError, psycopg.InterfaceError, *NOT_WRITABLE, *ENDED_BY_SERVER)
 
 
 def translate(

@@ -35,6 +35,7 @@ from trioworker._core.model import (
     ScheduleState,
     ScopeHolder,
     Status,
+    WorkItem,
 )
 from trioworker._core.validation import (
     EnqueueRequest,
@@ -69,6 +70,9 @@ class Query:
 
     name: str
     params: Mapping[str, Any]
+    #: Its rows are read whatever they hold: a time Python cannot hold comes back as an
+    #: UndecodableValue, not as an error for the whole statement (as_stored.py).
+    as_stored: bool = False
 
 
 #: The steps of an operation: yields queries, is sent each one's rows, returns a result.
@@ -277,7 +281,7 @@ def get_item(id: int) -> Operation[ItemState | None]:
 
 
 def _get_item_steps(id: int) -> Steps[ItemState | None]:
-    rows = yield Query("get_item", {"id": id})
+    rows = yield Query("get_item", {"id": id}, as_stored=True)
     if not rows:
         return None
     return ItemState(**{**decoded(rows[0]), "status": Status(rows[0]["status"])})
@@ -286,7 +290,7 @@ def _get_item_steps(id: int) -> Steps[ItemState | None]:
 def attempts(id: int) -> Operation[list[AttemptRecord]]:
     """How each attempt of item `id` ended (its last 20 that did not succeed, and the
     current one if it is running or succeeded), oldest first."""
-    return Operation("attempts", lambda: _each("attempts", AttemptRecord, {"id": id}))
+    return Operation("attempts", lambda: _attempts_steps(id))
 
 
 def show(id: int) -> Operation[ItemDetails | None]:
@@ -298,7 +302,12 @@ def _show_steps(id: int) -> Steps[ItemDetails | None]:
     item = yield from _get_item_steps(id)
     if item is None:
         return None
-    return ItemDetails(item, (yield from _each("attempts", AttemptRecord, {"id": id})))
+    return ItemDetails(item, (yield from _attempts_steps(id)))
+
+
+def _attempts_steps(id: int) -> Steps[list[AttemptRecord]]:
+    rows = yield Query("attempts", {"id": id}, as_stored=True)
+    return [AttemptRecord(**row) for row in rows]
 
 
 def queue_counts() -> Operation[QueueCounts]:
@@ -396,3 +405,20 @@ def decoded(row: dict[str, Any]) -> dict[str, Any]:
         "payload": loads_or_mark(row["payload"]),
         "trace_context": None if isinstance(trace_context, UndecodableValue) else trace_context,
     }
+
+
+def claimed_item(row: dict[str, Any]) -> WorkItem:
+    """A claimed row (read `as_stored`, its payload and trace context as text) as the
+    Worker takes it. Decoded on its own, so nothing in it can fail the batch: a payload
+    Python cannot decode stands as an UndecodableValue, and a column that could not be
+    loaded (a time Python cannot hold) is named in `undecodable` and left None. The
+    Worker fails such an item, through the same finish as any failure, fenced by its
+    (id, attempt); the other items of the batch run."""
+    values = decoded(row)
+    undecodable = tuple(
+        (column, value.reason)
+        for column, value in values.items()
+        if column != "payload" and isinstance(value, UndecodableValue)
+    )
+    values.update((column, None) for column, _ in undecodable)
+    return WorkItem(**values, undecodable=undecodable)

@@ -43,8 +43,10 @@ SELECT id FROM work_items WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 -- work_items_one_running_per_kind_slot, and work_items_take_slot's refusals
 -- work_items_slot_within_limit and work_items_rate_within_limit, whose names the
 -- store recognises). For limit 1, the default, a scope runs one item at a time.
--- The payload and trace context come as text, decoded one item at a time: one that
--- Python cannot decode fails its own item (trioworker._jsontext), never the batch.
+-- The payload and trace context come as text, decoded one item at a time, and the
+-- store reads requested_at as stored (trioworker/_postgres/as_stored.py): an item whose
+-- payload or time Python cannot decode fails on its own (operations.claimed_item), never
+-- the batch.
 -- The failover guard (migrations/0003.failover.sql) is asked first: for one lease
 -- after the timeline changed, the claim is given no scopes ('{}'), so it takes
 -- unscoped items alone.
@@ -136,6 +138,12 @@ WITH held AS (
 SELECT r.id, r.kind, r.scope, r.attempt, r.stalls, r.status, r.reason, held.worker_id
 FROM work_recover_v2(%(max_stalls)s, %(batch)s) AS r
 LEFT JOIN held ON held.id = r.id AND held.attempt = r.attempt;
+
+-- name: held_leases
+-- Expired items lease recovery passes over because another session holds their row, a
+-- whole lease after their lease ran out (work_held_leases_v1, migrations/0010.own-locks.sql).
+SELECT id, kind, scope, attempt, worker_id, expired_for, holder
+FROM work_held_leases_v1(%(limit)s);
 
 -- name: request_cancel
 -- NULL for an item already finished, or whose attempt committed its success in its own

@@ -33,6 +33,7 @@ from trioworker._core.model import (
     Enqueued,
     Fired,
     Heartbeat,
+    HeldLease,
     ItemState,
     NewItem,
     Pause,
@@ -46,8 +47,10 @@ from trioworker._core.model import (
 )
 from trioworker._core.schedule import Schedule, first_due, plan, schedule_request
 from trioworker._postgres import drive, operations
+from trioworker._postgres.as_stored import read_as_stored
 from trioworker._postgres.connection import Connections
 from trioworker._postgres.dsn import redact_dsn
+from trioworker._postgres.sessions import LINK, set_local
 from trioworker._postgres.trio_connection import require_trio
 from trioworker._store.api import NotifyCallback, Transaction
 from trioworker._store.reads import (
@@ -112,12 +115,20 @@ class PostgresTransaction:
         return await self._conns.call("transaction.execute", op, conn=self._conn)
 
     async def rows(
-        self, query: LiteralString, params: Sequence[Any] | dict[str, Any] | None = None
+        self,
+        query: LiteralString,
+        params: Sequence[Any] | dict[str, Any] | None = None,
+        *,
+        as_stored: bool = False,
     ) -> list[dict[str, Any]]:  # pragma: no mutate block
-        """Run one statement in this transaction; the rows it returns, as dicts."""
+        """Run one statement in this transaction; the rows it returns, as dicts.
+        `as_stored`: a time Python cannot hold comes back as an UndecodableValue rather
+        than failing the statement (the dashboard's item page; as_stored.py)."""
 
         async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
             async with conn.cursor(row_factory=dict_row) as cur:
+                if as_stored:
+                    read_as_stored(cur)
                 await cur.execute(query, params)
                 return await cur.fetchall() if cur.description else []
 
@@ -258,18 +269,26 @@ class PostgresStore:
 
     @asynccontextmanager
     async def fenced_transaction(
-        self, id: int, attempt: int, *, until: Callable[[], float] | None = None
+        self,
+        id: int,
+        attempt: int,
+        *,
+        until: Callable[[], float] | None = None,
+        server_timeout: float | None = None,
     ) -> AsyncIterator[PostgresFencedTransaction]:  # pragma: no mutate block
         """A transaction that commits only while attempt (`id`, `attempt`) owns its
         Running item (else Lost, writing nothing) and only while `trio.current_time()`
         is before `until()`, the attempt's self-stop deadline (else SelfStopped: past it
         at the start, nothing is opened; past it at the end, the transaction rolls back,
         checked as the last thing before the COMMIT). Handlers reach it through
-        `Context.transaction()`."""
+        `Context.transaction()`. `server_timeout`: the server ends the session once
+        the transaction has sat idle, or run one statement, that many seconds
+        (sessions.py), so a vanished Worker host cannot hold the item's row."""
         refuse = None if until is None else functools.partial(_past, until, id, attempt)
         if refuse is not None and (stopped := refuse()) is not None:
             raise stopped
-        async with self._conns.transaction(refuse_commit=refuse) as conn:
+        bounds = LINK if server_timeout is None else LINK.fenced(server_timeout)
+        async with self._conns.transaction(refuse_commit=refuse, bounds=bounds) as conn:
             tx = PostgresFencedTransaction(self._conns, conn, id, attempt)
             params = {"id": id, "attempt": attempt}
             if not await tx.execute(self._sql["lock_attempt"], params):
@@ -328,6 +347,7 @@ class PostgresStore:
             for retry in range(_RACE_RETRIES + 1):
                 try:
                     async with conn.cursor(row_factory=dict_row) as cur:
+                        read_as_stored(cur)  # one row's unreadable time fails only its item
                         await cur.execute(self._sql["claim"], params)
                         return await cur.fetchall()
                 except (psycopg.errors.UniqueViolation, psycopg.errors.CheckViolation) as exc:
@@ -342,9 +362,7 @@ class PostgresStore:
             raise AssertionError("unreachable")  # pragma: no cover
 
         rows = await self._conns.call("claim", op)
-        return sorted(
-            (WorkItem(**operations.decoded(row)) for row in rows), key=lambda item: item.id
-        )
+        return sorted((operations.claimed_item(row) for row in rows), key=lambda item: item.id)
 
     async def seconds_until_due(
         self,
@@ -497,6 +515,12 @@ class PostgresStore:
             recovered += [Recovered(**{**r, "status": Status(r["status"])}) for r in rows]
             if len(rows) < batch:
                 return recovered
+
+    async def held_leases(self, *, batch: int = 100) -> list[HeldLease]:  # pragma: no mutate block
+        """Expired items whose row another session has held a whole lease after their
+        lease ran out (work_held_leases_v1), the oldest first."""
+        rows = await self._rows("held_leases", {"limit": batch})
+        return [HeldLease(**r) for r in rows]
 
     async def settle_noted_scopes(self, *, batch: int = 100) -> int:  # pragma: no mutate block
         """Settle the heads of scopes noted in work_unsettled_scopes; how many."""
@@ -670,6 +694,11 @@ class PostgresStore:
         async def op(conn: psycopg.AsyncConnection[Any]) -> tuple[list[Fired], float | None]:
             fired: list[Fired] = []
             async with conn.transaction():
+                # Ended by the server once its client has been silent longer than the
+                # call may last (sessions.py): a host lost in between holds no
+                # schedule, nor the lines of the scopes it enqueues into.
+                bounds = LINK.fenced(self.call_timeout)
+                await conn.execute(set_local(bounds, conn.info.server_version))
                 cur = await conn.execute(self._sql["due_schedules"], carried)
                 for name, next_due, now in await cur.fetchall():
                     schedule = by_name[name]

@@ -29,6 +29,7 @@ from trioworker._core.model import (
     Enqueued,
     Fired,
     Heartbeat,
+    HeldLease,
     ItemState,
     NewItem,
     Pause,
@@ -239,18 +240,31 @@ class WorkerStore(Protocol):
     ) -> bool: ...
 
     def fenced_transaction(
-        self, id: int, attempt: int, *, until: Callable[[], float] | None = None
+        self,
+        id: int,
+        attempt: int,
+        *,
+        until: Callable[[], float] | None = None,
+        server_timeout: float | None = None,
     ) -> AbstractAsyncContextManager[FencedTransaction]:
         """A transaction that commits only while attempt (`id`, `attempt`) owns its
         Running item (else Lost), and only while `trio.current_time() < until()`, the
         attempt's self-stop deadline (else SelfStopped: it does not open, or it rolls
         back instead of committing; the check is the last thing before the COMMIT).
-        `until` is a callable because the deadline moves as heartbeats succeed."""
+        `until` is a callable because the deadline moves as heartbeats succeed.
+        `server_timeout` (`Settings.fenced_server_timeout`): how long the database may
+        let the transaction sit idle, or run one statement, before it ends it, so that
+        a client gone without a word cannot hold the item (None: no such bound)."""
         ...
 
     async def recover_expired_leases(
         self, max_stalls: int, *, batch: int = ...
     ) -> list[Recovered]: ...
+
+    async def held_leases(self, *, batch: int = ...) -> list[HeldLease]:
+        """Expired items another session has held a whole lease after their lease ran
+        out (lease recovery passes over them until it lets go), the oldest first."""
+        ...
 
     async def settle_noted_scopes(self, *, batch: int = ...) -> int: ...
 

@@ -14,6 +14,7 @@ cancellation, told by its own scope's state, goes on up.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from trioworker._core.policy import (
     describe_error,
     reduced,
     undecodable_payload,
+    undecodable_values,
 )
 from trioworker._core.registry import Registration, Registry
 from trioworker._core.retry import Backoff
@@ -142,7 +144,9 @@ class Executor:
             trio.CapacityLimiter(settings.max_concurrent_files),
             # What handlers get as `ctx.store`: the store's client face alone.
             client_view(store),
-            store.fenced_transaction,
+            functools.partial(
+                store.fenced_transaction, server_timeout=settings.fenced_server_timeout
+            ),
             log,
         )
         #: Why every attempt that starts from now on is stopped at once (the shutdown).
@@ -183,7 +187,8 @@ class Executor:
         decision = None
         try:
             registration = self.registry.get(item.kind)
-            if registration is None or isinstance(item.payload, UndecodableValue):
+            undecodable = isinstance(item.payload, UndecodableValue) or item.undecodable
+            if registration is None or undecodable:
                 decision = await self._refuse(attempt, registration)
             else:
                 decision = await self._attempt(attempt, registration)
@@ -360,19 +365,25 @@ class Executor:
     async def _refuse(self, attempt: Attempt, registration: Registration | None) -> Decision:
         """An item no handler here can run: an unknown kind goes back untouched (claims
         take only the registry's kinds, so the store broke that); an undecodable
-        payload (stored by plain SQL past what Python reads) fails at once."""
+        payload or time (stored by plain SQL past what Python reads) fails at once."""
         item = attempt.item
         ilog = self._item_log(item)
         if registration is None:
             ilog.error("claimed an item of kind %r, which has no handler here", item.kind)
             decision = Decision(Action.RELEASE)
-        else:
-            assert isinstance(item.payload, UndecodableValue)
+        elif isinstance(item.payload, UndecodableValue):
             ilog.error(
                 "the payload cannot be decoded (%s): failing the item without running it",
                 item.payload.reason,
             )
             decision = undecodable_payload(item.payload.reason)
+        else:
+            assert item.undecodable
+            ilog.error(
+                "a stored value cannot be decoded (%s): failing the item without running it",
+                "; ".join(f"{column} {why}" for column, why in item.undecodable),
+            )
+            decision = undecodable_values(item.undecodable)
         attempt.trace.end(await self._write(attempt, decision), None)
         return decision
 

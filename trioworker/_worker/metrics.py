@@ -50,6 +50,11 @@ EVENT_COUNTERS: Mapping[str, tuple[str, str]] = {
         "trioworker_stalls_recovered",
         "Expired leases this Worker's lease recovery took back (stalls)",
     ),
+    "lease_held": (
+        "trioworker_leases_held",
+        "Expired leases lease recovery found still held by another session a whole lease"
+        " after they ran out, once a pass each (end that session)",
+    ),
 }
 
 #: The help text of every other metric, by name.

@@ -26,7 +26,7 @@ import attrs
 import trio
 
 from trioworker._core.errors import ConfigurationError, StoreError
-from trioworker._core.model import Recovered, Status, WorkerInfo
+from trioworker._core.model import HeldLease, Recovered, Status, WorkerInfo
 from trioworker._core.registry import Registry
 from trioworker._core.retry import Backoff
 from trioworker._core.settings import Settings
@@ -281,6 +281,7 @@ class Worker:
         while True:
             try:
                 recovered = await self.store.recover_expired_leases(self.settings.max_stalls)
+                held = await self.store.held_leases()
                 repaired = await self.store.repair_heads()
             except StoreError as exc:
                 log.warning(
@@ -288,7 +289,7 @@ class Worker:
                     exc,
                     self.settings.recovery_every,
                 )
-                recovered, repaired = [], []
+                recovered, held, repaired = [], [], []
             for scope in repaired:
                 self.observe("heads_repaired", "")
                 log.error(
@@ -298,7 +299,27 @@ class Worker:
                 )
             for r in recovered:
                 self._log_recovered(r)
+            for h in held:
+                self._log_held(h)
             await trio.sleep(self.settings.recovery_every)
+
+    def _log_held(self, h: HeldLease) -> None:
+        """Say, every pass, that an expired item's row is held past every bound the queue
+        sets on a holder, and by which backend: someone must end that session."""
+        self.observe("lease_held", h.kind)
+        holder = "another session" if h.holder is None else f"backend {h.holder}"
+        log.warning(
+            "lease of item %d expired %.0fs ago, and %s still holds its row: lease"
+            " recovery takes the item back once that session ends (attempt %d on Worker %s)",
+            h.id,
+            h.expired_for,
+            holder,
+            h.attempt,
+            h.worker_id,
+            extra={"item_id": h.id, "attempt": h.attempt, "kind": h.kind, "scope": h.scope,
+                   "worker_id": self.worker_id, "stalled_worker_id": h.worker_id,
+                   "holder_pid": h.holder},
+        )  # fmt: skip
 
     def _log_recovered(self, r: Recovered) -> None:
         """Say what lease recovery did with an item; count its stall."""

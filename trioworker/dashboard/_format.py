@@ -15,7 +15,7 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-from trioworker._core.jsontext import pretty
+from trioworker._core.jsontext import UndecodableValue, pretty
 from trioworker._core.text import visible
 
 
@@ -44,10 +44,13 @@ def duration(seconds: float | None) -> str:
     return f"{d} d {h} h" if h else f"{d} d"
 
 
-def moment(value: dt.datetime | None) -> str:
-    """A point in time, in UTC to the second: "2025-12-01 12:03:04"."""
+def moment(value: dt.datetime | UndecodableValue | None) -> str:
+    """A point in time, in UTC to the second: "2025-12-01 12:03:04"; one Python cannot
+    hold (the item page reads its rows as stored) as its stored text and why."""
     if value is None:
         return "-"
+    if isinstance(value, UndecodableValue):
+        return f"{value.text} ({value.reason})"
     return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 

@@ -28,6 +28,10 @@ QUERIES = {
 
 Rows = list[dict[str, Any]]
 
+#: The statements of one item's page, which must show any row, whatever it holds: a
+#: time Python cannot hold comes back as an UndecodableValue (as_stored.py).
+AS_STORED = frozenset({"item", "item_attempts"})
+
 
 @functools.cache
 def queries_in(schema: str | None) -> Mapping[str, LiteralString]:
@@ -53,5 +57,5 @@ class Reader:
             # The first statement of the transaction, so it may still set these.
             await tx.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             for name, params in statements.items():
-                results[name] = await tx.rows(self._sql[name], params)
+                results[name] = await tx.rows(self._sql[name], params, as_stored=name in AS_STORED)
         return results

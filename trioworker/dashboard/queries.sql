@@ -155,18 +155,27 @@ ORDER BY p.paused_at, p.id;
 -- name: item
 -- payload and trace_context as text: the dashboard decodes them itself (_jsontext), so
 -- a value psycopg's JSON loader cannot read (a 5,000-digit number) is shown, not a 500.
+-- Its times are read as stored (_reader.AS_STORED), and the spans computed from them
+-- only for finite ones (an infinite time cannot be subtracted): a row with a time
+-- Python cannot hold is shown too.
 SELECT id, kind, scope, payload::text AS payload, trace_context::text AS trace_context,
        priority, status, attempt, stalls, failures, worker_id,
        requested_at, run_after, started_at, finished_at, heartbeat_at, lease_expires_at,
        dedup_key, cancel_requested, reason, error, traceback,
-       EXTRACT(EPOCH FROM lease_expires_at - now())::float8 AS lease_left,
-       EXTRACT(EPOCH FROM now() - heartbeat_at)::float8 AS heartbeat_age
+       CASE WHEN isfinite(run_after) THEN EXTRACT(EPOCH FROM run_after - now())::float8
+       END AS due_in,
+       CASE WHEN isfinite(lease_expires_at)
+            THEN EXTRACT(EPOCH FROM lease_expires_at - now())::float8 END AS lease_left,
+       CASE WHEN isfinite(heartbeat_at) THEN EXTRACT(EPOCH FROM now() - heartbeat_at)::float8
+       END AS heartbeat_age
 FROM work_items WHERE id = %(id)s;
 
 -- name: item_attempts
 -- How each attempt of the item ended (work_attempts), oldest first; the current one,
--- Running or Succeeded, is the item's own row (shown from `item`).
+-- Running or Succeeded, is the item's own row (shown from `item`). Read as stored, as
+-- `item` is.
 SELECT attempt, worker_id, started_at, ended_at, outcome, error, traceback,
-       EXTRACT(EPOCH FROM ended_at - started_at)::float8 AS took
+       CASE WHEN isfinite(ended_at) AND isfinite(started_at)
+            THEN EXTRACT(EPOCH FROM ended_at - started_at)::float8 END AS took
 FROM work_attempts WHERE item_id = %(id)s
 ORDER BY attempt;

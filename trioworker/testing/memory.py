@@ -29,6 +29,7 @@ from trioworker._core.model import (
     Enqueued,
     Fired,
     Heartbeat,
+    HeldLease,
     ItemState,
     NewItem,
     Pause,
@@ -157,6 +158,8 @@ class MemoryStore:
         self.fault_ops: frozenset[str] | None = None
         self.writes: list[Write] = []
         self.calls: list[str] = []
+        #: Each fenced transaction's `server_timeout`, in the order they were opened.
+        self.server_timeouts: list[float | None] = []
         self._rows: dict[int, _Row] = {}
         self._next_id = 1
         self._listeners: list[NotifyCallback] = []
@@ -616,13 +619,20 @@ class MemoryStore:
 
     @asynccontextmanager
     async def fenced_transaction(
-        self, id: int, attempt: int, *, until: Callable[[], float] | None = None
+        self,
+        id: int,
+        attempt: int,
+        *,
+        until: Callable[[], float] | None = None,
+        server_timeout: float | None = None,
     ) -> AsyncIterator[MemoryFencedTransaction]:
         """Fenced like PostgreSQL's: Lost unless the attempt owns its Running item, at
         the start and again at the commit; SelfStopped once `trio.current_time()` has
         reached `until()`, at the start (nothing opened) and as the last thing before
         the commit (nothing applied). A completing commit notes the attempt's success
-        (`completed_at`); the row stays Running until it is finished."""
+        (`completed_at`); the row stays Running until it is finished. Nothing here
+        outlives its caller, so `server_timeout` is only noted (`server_timeouts`)."""
+        self.server_timeouts.append(server_timeout)
         _refuse_past(until, id, attempt)
         await self._enter("fenced_transaction")
         if until is not None and trio.current_time() >= until():
@@ -639,6 +649,11 @@ class MemoryStore:
         if tx.completes:
             row.completed_at = row.completed_at or self.now()
             self._record("complete_in_transaction", id, attempt, row)
+
+    async def held_leases(self, *, batch: int = 100) -> list[HeldLease]:
+        """None: no session holds a row here (recovery takes every expired item)."""
+        await self._enter("held_leases")
+        return []
 
     async def settle_noted_scopes(self, *, batch: int = 100) -> int:
         """Nothing to settle: the in-memory claim reads the lines themselves."""

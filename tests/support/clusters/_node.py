@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 
-from ._processes import PG_BIN, ClusterError, Workdir, free_port, kill_tree, wait_gone
+from ._processes import PG_BIN, ClusterError, Workdir, free_port, kill_tree, require, wait_gone
 
 #: Every node's settings: small and fast, for tests only.
 FAST_SETTINGS = """
@@ -177,3 +178,22 @@ def multi_host_dsn(nodes: list[Node], dbname: str = "postgres") -> str:
         f"host={hosts} port={ports} user=postgres dbname={dbname} connect_timeout=5"
         " target_session_attrs=read-write"
     )
+
+
+@contextlib.contextmanager
+def lone_node(*, also_listen_on: str, trust: str) -> Iterator[Node]:
+    """One node, started, that also listens on `also_listen_on` (an address of this
+    host) and trusts connections from `trust` (an address) as it does loopback ones;
+    stopped and removed afterwards, however the block ends."""
+    require(PG_BIN / "initdb")
+    workdir = Workdir("node")
+    node = Node(workdir, "server")
+    try:
+        node.initdb()
+        node.append_settings(f"listen_addresses = '127.0.0.1,{also_listen_on}'\n")
+        node.append_settings(f"host all all {trust}/32 trust\n", "pg_hba.conf")
+        node.start()
+        yield node
+    finally:
+        node.cleanup()
+        workdir.remove()

@@ -18,11 +18,20 @@ from ._processes import PGBOUNCER, ClusterError, Workdir, free_port, require
 
 @contextlib.contextmanager
 def pgbouncer(
-    server_dsn: str, *, pool_size: int = 10, max_client_conn: int = 1000
+    server_dsn: str,
+    *,
+    pool_size: int = 10,
+    max_client_conn: int = 1000,
+    also_listen_on: str | None = None,
 ) -> Iterator[PgBouncer]:
     """A PgBouncer, started and accepting clients; stopped and removed afterwards,
     however the block ends."""
-    bouncer = PgBouncer(server_dsn, pool_size=pool_size, max_client_conn=max_client_conn)
+    bouncer = PgBouncer(
+        server_dsn,
+        pool_size=pool_size,
+        max_client_conn=max_client_conn,
+        also_listen_on=also_listen_on,
+    )
     try:
         bouncer.start()
         yield bouncer
@@ -37,9 +46,17 @@ class PgBouncer:
     included (1.18 cannot keep them: clients turn them off, e.g. psycopg's
     prepare_threshold=None). Every database of `server_dsn`'s server is reachable
     under its own name, for `server_dsn`'s user (with its password, if it has one);
-    clients connect without one."""
+    clients connect without one. `also_listen_on`: an address of this host it
+    listens on besides 127.0.0.1 (a network namespace's link)."""
 
-    def __init__(self, server_dsn: str, *, pool_size: int = 10, max_client_conn: int = 1000):
+    def __init__(
+        self,
+        server_dsn: str,
+        *,
+        pool_size: int = 10,
+        max_client_conn: int = 1000,
+        also_listen_on: str | None = None,
+    ):
         require(PGBOUNCER)
         params = conninfo_to_dict(server_dsn)
         self.server_dsn = server_dsn
@@ -50,16 +67,17 @@ class PgBouncer:
         self._password = str(params.get("password") or "")
         self.pool_size = pool_size
         self.max_client_conn = max_client_conn
+        self.listen_addr = ",".join(["127.0.0.1", *([also_listen_on] if also_listen_on else [])])
         self.workdir = Workdir("pgbouncer")
         self.port = free_port()
         self.log_path = self.workdir.path / "pgbouncer.log"
         self.timings: dict[str, float] = {}
         self._process: subprocess.Popen[bytes] | None = None
 
-    def dsn(self, dbname: str | None = None) -> str:
+    def dsn(self, dbname: str | None = None, *, host: str = "127.0.0.1") -> str:
         """A client's DSN through PgBouncer (the server's database by default)."""
         return make_conninfo(
-            host="127.0.0.1",
+            host=host,
             port=str(self.port),
             user=self.user,
             dbname=dbname or self.dbname,
@@ -72,7 +90,7 @@ class PgBouncer:
 * = host={self.server_host} port={self.server_port}
 
 [pgbouncer]
-listen_addr = 127.0.0.1
+listen_addr = {self.listen_addr}
 listen_port = {self.port}
 unix_socket_dir = {self.workdir.sockets}
 pidfile = {self.workdir.path / "pgbouncer.pid"}
