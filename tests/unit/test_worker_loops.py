@@ -429,7 +429,8 @@ class HeldStore(ScriptedStore):
 
     async def held_leases(self, *, batch: int = 100) -> list[HeldLease]:
         await super().held_leases(batch=batch)
-        return [HeldLease(7, "Orphan", "g", 2, "ghost", 61.4, 4242)]
+        return [HeldLease(7, "Orphan", "g", 2, "ghost", 61.4, 4242),
+                HeldLease(8, "Orphan", None, 1, "ghost", 90.0, None)]
 
 
 async def test_a_lease_held_past_every_bound_is_reported_every_pass(
@@ -453,8 +454,15 @@ async def test_a_lease_held_past_every_bound_is_reported_every_pass(
         "item_id": 7, "attempt": 2, "kind": "Orphan", "scope": "g",
         "stalled_worker_id": "ghost", "holder_pid": 4242,
     }  # fmt: skip
-    assert worker.statistics().events == {"lease_held": 2}
-    assert sink.seen == [("lease_held", "Orphan", None)] * 2
+    assert held[0].worker_id == worker.worker_id
+    shared = records(caplog, "lease of item 8")
+    assert [r.getMessage() for r in shared] == [
+        "lease of item 8 expired 90s ago, and another session still holds its row: lease"
+        " recovery takes the item back once that session ends (attempt 1 on Worker ghost)"
+    ] * 2
+    assert shared[0].holder_pid is None
+    assert worker.statistics().events == {"lease_held": 4}
+    assert sink.seen == [("lease_held", "Orphan", None)] * 4
 
 
 class WedgedStore(ScriptedStore):
