@@ -255,7 +255,9 @@ async def test_an_item_whose_time_cannot_be_decoded_is_failed_without_running(
     await store.enqueue("Quick")
     (claimed,) = await store.claim_batch("w1", 60.0, 1, kinds=["Quick"])
     why = "cannot be decoded: timestamp too large (after year 10K): 'infinity'"
-    poisoned = attrs.evolve(claimed, requested_at=None, undecodable=(("requested_at", why),))
+    poisoned = attrs.evolve(
+        claimed, requested_at=None, undecodable=(("requested_at", why), ("run_after", why))
+    )
     executor = Executor(
         store, registry, Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer,
         events=sink,
@@ -264,14 +266,17 @@ async def test_an_item_whose_time_cannot_be_decoded_is_failed_without_running(
         decision = await executor.run(poisoned, 0.0, a_slot())
     assert decision == Decision(
         Action.FAIL,
-        reason="requested_at cannot be decoded",
-        error=f"UndecodableValue: requested_at {why}",
+        reason="requested_at, run_after cannot be decoded",
+        error=f"UndecodableValue: requested_at {why}; run_after {why}",
     )
     assert ran == []
     [state] = store.items()
-    assert (state.status, state.reason) == (Status.FAILED, "requested_at cannot be decoded")
+    assert (state.status, state.reason) == (
+        Status.FAILED, "requested_at, run_after cannot be decoded"
+    )
     assert messages(caplog, EXECUTOR) == [
-        f"a stored value cannot be decoded (requested_at {why}): failing the item without"
+        f"a stored value cannot be decoded (requested_at {why}; run_after {why}): failing"
+        " the item without"
         " running it"
     ]
     assert tracer.outcomes() == ["fail"]
