@@ -94,27 +94,16 @@ class LimitedRun(lines.Run):
     # -- steps ----------------------------------------------------------------------
 
     def step(self) -> None:
-        """As the lines test's step, with the limiter among the sessions."""
         self.step_no += 1
         self.committed = []
-        self.harvest()
-        free = [s for s in self.sessions if s.pending is None]
-        if not free:
-            raise AssertionError("every session is blocked: a deadlock among them")
-        weights = [3 if s in self.workers else 2 if s is self.operator else 1 for s in free]
-        session = self.rng.choices(free, weights)[0]
+        super().step()
+
+    def session_step(self, session: Session) -> None:
+        """As the lines test's, with the limiter among the sessions."""
         if session is self.limiter:
             self.limiter_step(session)
-        elif session in self.callers:
-            self.caller_step(session)
-        elif session is self.operator:
-            self.operator_step(session)
         else:
-            self.worker_step(session)
-        self.harvest()
-        if sum(s.in_transaction for s in self.sessions) >= 2:
-            self.overlapping_steps += 1
-        self.check()
+            super().session_step(session)
 
     def begin(self, session: Session, isolation: str = "read committed") -> None:
         self.began[session.name] = self.step_no

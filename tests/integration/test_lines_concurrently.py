@@ -77,17 +77,20 @@ class Run:
         # Workers and the operator act more often than each caller, so that their
         # transactions meet the callers' open ones.
         weights = [3 if s in self.workers else 2 if s is self.operator else 1 for s in free]
-        session = self.rng.choices(free, weights)[0]
+        self.session_step(self.rng.choices(free, weights)[0])
+        self.harvest()
+        if sum(s.in_transaction for s in self.sessions) >= 2:
+            self.overlapping_steps += 1
+        self.check()
+
+    def session_step(self, session: Session) -> None:
+        """One step of SESSION's part; runs that add sessions add their parts here."""
         if session in self.callers:
             self.caller_step(session)
         elif session is self.operator:
             self.operator_step(session)
         else:
             self.worker_step(session)
-        self.harvest()
-        if sum(s.in_transaction for s in self.sessions) >= 2:
-            self.overlapping_steps += 1
-        self.check()
 
     def harvest(self) -> None:
         """Collect every statement that has finished; an error must be an allowed one."""

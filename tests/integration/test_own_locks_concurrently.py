@@ -53,30 +53,12 @@ class StrangerRun(LimitedRun):
         #: Limit changes and claims that committed while the role held the limits lock.
         self.changes_beside_it = self.claims_beside_it = 0
 
-    def step(self) -> None:
-        """As the limits test's step, with the role among the sessions."""
-        self.step_no += 1
-        self.committed = []
-        self.harvest()
-        free = [s for s in self.sessions if s.pending is None]
-        if not free:
-            raise AssertionError("every session is blocked: a deadlock among them")
-        weights = [3 if s in self.workers else 2 if s is self.operator else 1 for s in free]
-        session = self.rng.choices(free, weights)[0]
+    def session_step(self, session: Session) -> None:
+        """As the limits test's, with the role among the sessions."""
         if session is self.stranger:
             self.stranger_step(session)
-        elif session is self.limiter:
-            self.limiter_step(session)
-        elif session in self.callers:
-            self.caller_step(session)
-        elif session is self.operator:
-            self.operator_step(session)
         else:
-            self.worker_step(session)
-        self.harvest()
-        if sum(s.in_transaction for s in self.sessions) >= 2:
-            self.overlapping_steps += 1
-        self.check()
+            super().session_step(session)
 
     def stranger_step(self, session: Session) -> None:
         rng = self.rng
