@@ -271,6 +271,41 @@ def test_pause_kind_warns_of_a_kind_no_item_or_worker_ever_had(dsn: str, pg: Con
         assert known.returncode == 0 and "warning" not in known.stderr, known.stderr
 
 
+def test_enqueue_warns_of_a_kind_no_live_worker_serves(dsn: str, pg: Conn, tmp_path: Any) -> None:
+    """`enqueue Crawll` while a live Worker serves Crawl queues the item (exit 0, its id
+    on stdout) and warns on stderr that it looks like a typo for 'Crawl'; a kind only a
+    stopped Worker served is named as such; `enqueue --from` warns once a kind; a kind a
+    live Worker serves gets no warning."""
+    pg.execute(
+        "INSERT INTO work_workers (id, host, pid, kinds, scopes, unscoped, concurrency)"
+        " VALUES ('live', 'h', 1, '{Crawl,Thumbnail}', NULL, true, 1)"
+    )
+    pg.execute(
+        "INSERT INTO work_workers (id, host, pid, kinds, scopes, unscoped, concurrency,"
+        " stopped_at) VALUES ('gone', 'h', 2, '{Transcode}', NULL, true, 1, now())"
+    )
+    typo = run("--dsn", dsn, "enqueue", "Crawll")
+    assert typo.returncode == 0 and re.fullmatch(r"\d+\n", typo.stdout), typo.stderr
+    assert typo.stderr == (
+        "warning: no live Worker serves kind 'Crawll': a typo for 'Crawl'?;"
+        " its items wait until one does\n"
+    )
+    stopped = run("--dsn", dsn, "enqueue", "Transcode")
+    assert "no live Worker serves kind 'Transcode' now (Workers served it before)" in (
+        stopped.stderr
+    )
+    unknown = run("--dsn", dsn, "enqueue", "Zebra")
+    assert "kind 'Zebra' (live Workers serve: Crawl, Thumbnail)" in unknown.stderr
+    served = run("--dsn", dsn, "enqueue", "Crawl")
+    assert served.returncode == 0 and served.stderr == "", served.stderr
+    lines = tmp_path / "items.jsonl"
+    lines.write_text('{"kind": "Thumbnial"}\n{"kind": "Thumbnial"}\n{"kind": "Crawl"}\n')
+    batch = run("--dsn", dsn, "enqueue", "--from", str(lines))
+    assert batch.returncode == 0, batch.stderr
+    assert batch.stderr.count("warning:") == 1 and "a typo for 'Thumbnail'?" in batch.stderr
+    assert pg.execute("SELECT count(*) FROM work_items WHERE status = 'Queued'").fetchone() == (7,)
+
+
 # -- Workers: alive by their own interval, one per id ----------------------------------
 
 

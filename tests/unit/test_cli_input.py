@@ -56,3 +56,31 @@ def test_lines_end_at_newlines_only_and_are_bounded() -> None:
     assert endless.tell() == READ_LIMIT + 1
     with pytest.raises(UsageError, match="line 2 is not UTF-8: invalid start byte at byte 2"):
         list(lines_of(io.BytesIO(b"ok\nK\xff\n"), "f"))
+
+
+# -- enqueue's warning of a kind no live Worker serves -----------------------------------
+
+
+def test_unserved_warnings_name_a_close_kind_a_stopped_one_or_what_is_served() -> None:
+    from trioworker._cli.commands import unserved_warnings
+
+    served = {"Crawl": True, "Thumbnail": True, "Transcode": False}
+    assert unserved_warnings(["Crawl", "Thumbnail"], served) == []
+    assert unserved_warnings(["Crawll", "Crawll"], served) == [
+        "warning: no live Worker serves kind 'Crawll': a typo for 'Crawl'?;"
+        " its items wait until one does"
+    ]
+    assert unserved_warnings(["Transcode"], served) == [
+        "warning: no live Worker serves kind 'Transcode' now (Workers served it before);"
+        " its items wait until one does"
+    ]
+    assert unserved_warnings(["Zebra", "Crawl"], served) == [
+        "warning: no live Worker serves kind 'Zebra' (live Workers serve: Crawl,"
+        " Thumbnail); its items wait until one does"
+    ]
+    assert unserved_warnings(["Zebra"], {}) == [
+        "warning: no live Worker serves kind 'Zebra' (live Workers serve: nothing);"
+        " its items wait until one does"
+    ]
+    # A close match among stopped Workers' kinds is still named.
+    assert "a typo for 'Transcode'?" in unserved_warnings(["Transcod"], served)[0]

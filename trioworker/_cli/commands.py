@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import difflib
 import importlib
 import json
 import logging
@@ -12,7 +13,7 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from functools import partial
 from typing import Any
 
@@ -31,6 +32,7 @@ from trioworker._postgres.dsn import resolve_dsn
 from trioworker._postgres.migrate import check_schema, migrate
 from trioworker._postgres.queries import queries_in
 from trioworker._postgres.store import PostgresStore, open_store
+from trioworker._store.reads import ALIVE_BEATS, ALIVE_WITHIN
 from trioworker._worker.executor import Tracer
 from trioworker._worker.watchdog import WatchdogLink
 from trioworker._worker.worker import Worker, default_worker_id
@@ -125,9 +127,44 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         print(enqueued.id)
         if enqueued.deduplicated:
             print(f"(already queued with dedup key {args.dedup_key!r})", file=sys.stderr)
+        _warn_unserved([args.kind], await _kinds_served(store))
 
     with_store(args.dsn, args.schema, enqueue, known_kinds=kinds)
     return EXIT_OK
+
+
+async def _kinds_served(store: PostgresStore) -> dict[str, bool]:
+    """Each kind any Worker has served: whether a live one serves it now."""
+    alive = {"alive_beats": ALIVE_BEATS, "alive_within": ALIVE_WITHIN}
+    async with store.transaction() as tx:
+        rows = await tx.execute(queries_in(store.schema)["kinds_served"], alive)
+    return {kind: live for kind, live in rows}
+
+
+def unserved_warnings(kinds: Collection[str], served: Mapping[str, bool]) -> list[str]:
+    """A warning for each of `kinds` (in order, once) that no live Worker serves, naming
+    the close matches among the kinds Workers serve when it looks like a typo."""
+    live = sorted(k for k, is_live in served.items() if is_live)
+    warnings = []
+    for kind in dict.fromkeys(kinds):
+        if served.get(kind):
+            continue
+        close = difflib.get_close_matches(kind, sorted(served), n=3, cutoff=0.75)
+        if kind in served:
+            hint = " now (Workers served it before)"
+        elif close:
+            hint = f": a typo for {' or '.join(repr(c) for c in close)}?"
+        else:
+            hint = f" (live Workers serve: {', '.join(live) or 'nothing'})"
+        warnings.append(
+            f"warning: no live Worker serves kind {kind!r}{hint}; its items wait until one does"
+        )
+    return warnings
+
+
+def _warn_unserved(kinds: Collection[str], served: Mapping[str, bool]) -> None:
+    for warning in unserved_warnings(kinds, served):
+        print(warning, file=sys.stderr)
 
 
 def _enqueue_from(args: argparse.Namespace, kinds: Collection[str] | None) -> int:
@@ -141,7 +178,9 @@ def _enqueue_from(args: argparse.Namespace, kinds: Collection[str] | None) -> in
 
     async def enqueue(store: PostgresStore) -> list[Enqueued]:
         async with store.transaction() as tx:
-            return await store.enqueue_many(items, tx=tx)
+            enqueued = await store.enqueue_many(items, tx=tx)
+        _warn_unserved([item.kind for item in items], await _kinds_served(store))
+        return enqueued
 
     results: list[Enqueued] = with_store(args.dsn, args.schema, enqueue, known_kinds=kinds)
     for enqueued in results:

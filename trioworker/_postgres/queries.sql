@@ -237,6 +237,14 @@ SELECT EXISTS (SELECT 1 FROM work_workers WHERE %(kind)s = ANY(kinds))
     OR EXISTS (SELECT 1 FROM work_schedules WHERE kind = %(kind)s)
     OR EXISTS (SELECT 1 FROM work_items WHERE kind = %(kind)s) AS seen;
 
+-- name: kinds_served
+-- Each kind any Worker has served (stopped ones stay in work_workers), and whether a
+-- live one (alive as `workers` says) serves it now: `enqueue` warns of a kind none does.
+SELECT k.kind, bool_or(w.stopped_at IS NULL AND w.last_seen > now() - make_interval(
+           secs => COALESCE(w.advertise_every * %(alive_beats)s, %(alive_within)s))) AS live
+FROM work_workers AS w CROSS JOIN LATERAL unnest(w.kinds) AS k (kind)
+GROUP BY k.kind;
+
 -- name: scope_holder
 -- A scope's Running items, one row each in slot order (quiesce watches them; one row
 -- of NULLs: none), and whether any of its Queued items is still a head (none should be
