@@ -387,3 +387,20 @@ def test_the_resume_command_quiesce_suggests_resumes_that_scope(dsn: str, scope:
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stdout == f"scope {scope!r} resumed\n"
+
+
+def test_the_console_script_names_itself_and_tells_its_version() -> None:
+    """Installed as `trioworker`, the usage line says `trioworker`, not `python -m
+    trioworker`; `--version` prints the version pyproject.toml gives."""
+    script = Path(sys.executable).parent / "trioworker"
+    usage = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 0 and usage.stdout.startswith("usage: trioworker "), usage.stdout
+    version = subprocess.run([script, "--version"], capture_output=True, text=True, timeout=60)
+    declared = next(
+        line.split('"')[1]
+        for line in (ROOT / "pyproject.toml").read_text().splitlines()
+        if line.startswith("version = ")
+    )
+    assert version.returncode == 0 and version.stdout == f"trioworker {declared}\n"
+    module = run("--help")
+    assert module.stdout.startswith("usage: python -m trioworker "), module.stdout

@@ -84,3 +84,25 @@ def test_unserved_warnings_name_a_close_kind_a_stopped_one_or_what_is_served() -
     ]
     # A close match among stopped Workers' kinds is still named.
     assert "a typo for 'Transcode'?" in unserved_warnings(["Transcod"], served)[0]
+
+
+# -- the program's name and version ----------------------------------------------------
+
+
+def test_the_usage_line_names_the_program_as_it_was_run() -> None:
+    from trioworker._cli.main import build_parser, program_name
+
+    assert program_name("/venv/bin/trioworker") == "trioworker"
+    assert program_name("/src/trioworker/__main__.py") == "python -m trioworker"
+    assert build_parser(prog="trioworker").format_usage().startswith("usage: trioworker [-h]")
+
+
+def test_version_prints_the_installed_distributions_version(capsys: Any) -> None:
+    import importlib.metadata
+
+    from trioworker._cli.main import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"trioworker {importlib.metadata.version('trioworker')}\n"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.metadata
 import logging
 import math
 import os
@@ -240,15 +241,30 @@ def _globals(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     parser.add_argument("--log-format", default=default("text"), choices=["text", "json"])
 
 
-def build_parser(secrets: tuple[str, ...] = ()) -> Parser:
+def _installed_version() -> str:
+    try:
+        return importlib.metadata.version("trioworker")
+    except importlib.metadata.PackageNotFoundError:  # run from a tree nobody installed
+        return "(not installed)"
+
+
+def program_name(argv0: str) -> str:
+    """How the user ran us, for the usage line: the console script by its name, else
+    `python -m trioworker`."""
+    name = os.path.basename(argv0)
+    return "python -m trioworker" if name in ("__main__.py", "-m", "") else name
+
+
+def build_parser(secrets: tuple[str, ...] = (), prog: str = "python -m trioworker") -> Parser:
     Parser.secrets = secrets
     parser = Parser(
-        prog="python -m trioworker",
+        prog=prog,
         description="A PostgreSQL-backed work queue with Trio Workers.",
         epilog=f"DSN: --dsn, else ${DSN_ENV}, else libpq's PG* variables. Schema: --schema,"
         f" else ${SCHEMA_ENV}, else public. Exit codes: 0 done,"
         " 1 runtime error, 2 usage error, 70 fail-stop, 130 interrupted twice.",
     )
+    parser.add_argument("--version", action="version", version=f"trioworker {_installed_version()}")
     _globals(parser, suppress=False)
     common = Parser(add_help=False)
     _globals(common, suppress=True)
@@ -471,7 +487,7 @@ NO_DATABASE = {"sql", "demo"}
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(secrets_in(argv)).parse_args(argv)
+    args = build_parser(secrets_in(argv), program_name(sys.argv[0])).parse_args(argv)
     args.argv = argv  # `run --processes N` starts its Workers with it
     args.dsn_given = args.dsn is not None or DSN_ENV in os.environ
     raw_dsn = args.dsn if args.dsn is not None else os.environ.get(DSN_ENV, "")
