@@ -150,3 +150,20 @@ def test_show_renders_a_payload_python_cannot_decode(dsn: str, pg: Conn) -> None
     payload = json.loads(shown.stdout)["item"]["payload"]
     assert set(payload) == {"undecodable", "text"}
     assert payload["text"].startswith("[" + "1" * 1000) and payload["undecodable"]
+
+
+def test_show_prints_counts_of_zero_as_zero(dsn: str, pg: Conn) -> None:
+    """Priority, attempt, stalls and failures of 0 are shown as 0; what is unset (no
+    dedup key, no worker, no cancel requested) as "-"."""
+    row = pg.execute("INSERT INTO work_items (kind) VALUES ('K') RETURNING id").fetchone()
+    assert row is not None
+    shown = trioworker("show", str(row[0]), dsn=dsn)
+    assert shown.returncode == 0, shown.stderr
+    fields = dict(
+        re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        for line in shown.stdout.splitlines()[1:8]
+    )
+    assert fields == {
+        "priority": "0", "attempt": "0", "stalls": "0", "failures": "0",
+        "dedup key": "-", "worker": "-", "cancel requested": "-",
+    }  # fmt: skip

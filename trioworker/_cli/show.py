@@ -105,7 +105,8 @@ def render_item(details: dict[str, Any]) -> RenderableType:
     fields.add_column(style="dim")
     fields.add_column()
     for label, key in COUNTS:
-        fields.add_row(label, _text(item[key]) if item[key] not in (None, False) else "-")
+        value = item[key]  # 0 is a count, shown; None and False are "-"
+        fields.add_row(label, "-" if value is None or value is False else _text(value))
     for label, key in TIMES:
         fields.add_row(label, _time(item[key]))
     parts.append(fields)
