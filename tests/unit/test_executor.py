@@ -853,3 +853,42 @@ async def test_an_executor_survives_running_the_same_attempt_twice_at_once(
     assert len(executor.running) == 0
     assert decisions == [Decision(Action.COMPLETE), Decision(Action.COMPLETE)]
     assert writes(store) == [("complete", True), ("complete", False)]
+
+
+async def test_the_log_copies_no_more_of_a_handlers_error_than_the_item_keeps(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 20-million-character exception message (retried, failed, and raised again
+    after a cancel) writes at most the stored error and traceback's bounds to the log,
+    in text and JSON alike: not 40 MB."""
+    from trioworker._core.policy import ERROR_LIMIT, TRACEBACK_LIMIT
+    from trioworker._worker.logging import JsonFormatter, TextFormatter
+
+    caplog.set_level(logging.INFO)
+    store, registry = ScriptedStore(), Registry()
+    huge = "x" * 20_000_000
+
+    @registry.handler("Huge", retry=NO_JITTER)
+    async def fails(item: WorkItem, ctx: Context) -> None:
+        raise RuntimeError(huge)
+
+    @registry.handler("Stubborn")
+    async def raises_after_the_cancel(item: WorkItem, ctx: Context) -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            raise RuntimeError(huge)
+
+    await store.enqueue("Huge")
+    stubborn = await store.enqueue("Stubborn")
+    async with running(store, registry):
+        await trio.sleep(5)
+        await store.cancel(stubborn.id)
+        await trio.sleep(20)
+    logged = [r for r in caplog.records if r.name.startswith("trioworker")]
+    assert sum("handler failed" in r.getMessage() for r in logged) == 2
+    assert any("after the cancel the handler raised" in r.getMessage() for r in logged)
+    bound = ERROR_LIMIT + TRACEBACK_LIMIT + 1000
+    for formatter in (TextFormatter(), JsonFormatter()):
+        sizes = [len(formatter.format(r)) for r in logged]
+        assert max(sizes) < bound, (type(formatter).__name__, sizes)
