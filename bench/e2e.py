@@ -97,7 +97,7 @@ def slug(label: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")[:40]
 
 
-#: The families whose Workers count their own claims and finishes, printed on SIGUSR2
+#: The families whose Workers count their own claims and finishes, printed on SIGWINCH
 #: (bench/peer_pgqueuer.py, bench/graphile/run.mjs); the others' are function calls.
 COUNTING = frozenset({"pgqueuer", "graphile"})
 
@@ -122,7 +122,7 @@ def ask_counts(system: System, procs: Processes) -> None:
     """Have a counting system's Workers print their counts so far (COUNTING)."""
     if system.family in COUNTING:
         for pid in procs.pids():
-            os.kill(pid, signal.SIGUSR2)
+            os.kill(pid, signal.SIGWINCH)
 
 
 def counted(system: System, procs: Processes) -> dict[str, int] | None:
@@ -333,15 +333,18 @@ def report(rows: list[dict[str, Any]], reference: dict[str, Any], verdict: dict[
         table,
     )  # fmt: skip
     show(
-        "Where each item's time goes (medians of the rounds; transactions: pg_stat_database"
-        " commits + rollbacks less the harness's polls, with the enqueue's; function calls:"
-        " pg_stat_user_functions; see bench/statements.py)",
+        "Where each item's time goes (medians of the rounds; server: the test database's"
+        " client backends; transactions: pg_stat_database's less the harness's, the"
+        " enqueue's included; see bench/statements.py)",
         ["system", "Worker CPU ms/item", "server CPU ms/item", "transactions/item",
-         "rows written/item", "items/claim", "items/finish", "function calls/item (top 3)"],
+         "rows written/item", "items/claim", "items/finish"],
         [[r["label"], r["worker_cpu_ms_per_item"], r["server_cpu_ms_per_item"],
           r["transactions_per_item"], r["rows_written_per_item"], r["items_per_claim"],
-          r["items_per_finish"], top_calls(r["function_calls_per_item"])] for r in rows],
+          r["items_per_finish"]] for r in rows],
     )  # fmt: skip
+    print("  function calls an item (pg_stat_user_functions; triggers count per row):")
+    for r in rows:
+        print(f"    {r['label']}: {top_calls(r['function_calls_per_item'], 4)}")
     t = verdict["targets"]
     print(
         f"  unscoped: {verdict['unscoped_vs_best_peer_plain']:.2f}x {verdict['best_peer_plain']}"

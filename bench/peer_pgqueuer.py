@@ -12,7 +12,7 @@ With `--entrypoints K`, job i goes to entrypoint "noop-{i % K}", each limited to
 `enqueue` inserts every job in one statement and prints `time.monotonic()` after it.
 A worker counts its claims (`Queries.dequeue` calls, and the jobs they returned) and
 its finishes (`Queries.log_jobs` calls, and their jobs), and prints the counts so far as
-a `bench-counts {...}` line on SIGUSR2 (bench/statements.py reads them).
+a `bench-counts {...}` line on SIGWINCH (bench/statements.py reads them).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def print_counts() -> None:
 
 async def worker(dsn: str, entrypoints: int, limit: int, batch_size: int, pool: bool) -> None:
     count_calls()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, print_counts)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGWINCH, print_counts)
     params = asyncpg_params(dsn)
     if pool:
         async with asyncpg.create_pool(**params, min_size=2, max_size=8) as connections:

@@ -17,7 +17,7 @@ counted comes from the cumulative statistics of the database under test:
 
 Items per claim and per finish come from the claim's and the finish's function calls
 where a system has such functions (`CLAIM_FINISH`), else from the Workers' own count of
-their calls (pgqueuer: bench/peer_pgqueuer.py prints it on SIGUSR1).
+their calls (bench/peer_pgqueuer.py and bench/graphile/run.mjs print them on SIGWINCH).
 
 PostgreSQL 15 backends flush their statistics at most once a second, an idle one only
 after 10 s, and every one as it exits: the snapshot after a run is taken once the

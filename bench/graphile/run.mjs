@@ -14,7 +14,7 @@
 // A worker counts its claims (getJobs' statement: an UPDATE of _private_jobs setting
 // locked_by, and the jobs it returned) and finishes (completeJobs' DELETEs of
 // _private_jobs, and their jobs), and prints the counts so far as a `bench-counts
-// {...}` line on SIGUSR2 (bench/statements.py reads them).
+// {...}` line on SIGWINCH (bench/statements.py reads them).
 import { parseArgs } from "node:util";
 import pg from "pg";
 
@@ -33,7 +33,7 @@ pg.Client.prototype.query = function (config, ...rest) {
   }
   return result;
 };
-process.on("SIGUSR2", () => {
+process.on("SIGWINCH", () => {
   process.stdout.write(`bench-counts ${JSON.stringify(counts)}\n`);
 });
 
