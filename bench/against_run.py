@@ -3,7 +3,8 @@ started in the directory of the tree to measure, with that tree first on the pat
 
 It runs that tree's own `bench.e2e.run_once` for one trioworker system (10,000 no-op
 items, 2 processes x 32) and prints one JSON line: items/s, whether every item finished,
-and the CPU an item took in the Workers and the server, read with this tree's
+and the CPU an item took in the Workers and the server (the database's client
+backends), read with this tree's
 `bench/cpu.py` (loaded by its path) from the enqueue of the measured items (the warm-up
 batch is smaller) to the end of the wait for them. `-P` keeps this file's directory off
 the path, so `bench` is the measured tree's.
@@ -43,11 +44,14 @@ def main() -> None:
     measured: list[str] = []  # the database of the measured run
     enqueue, wait_finished = Trioworker.enqueue, e2e.wait_finished
 
-    def mark(dsn: str) -> None:
-        # The Workers are below this process (each `run` supervises its own Worker).
-        with psycopg.connect(dsn) as conn:
+    def mark(dsn: str, harness: int | None = None) -> None:
+        # The Workers are below this process (each `run` supervises its own Worker); the
+        # server's side is the database's client backends but the harness's poll's
+        # (`harness`: known at the end, which is when it counts).
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            exclude = [] if harness is None else [harness]
             marks.append(cpu.snapshot(cpu.descendants_of(os.getpid()),
-                                      cpu.server_pids(conn.info.backend_pid)))  # fmt: skip
+                                      cpu.database_pids(conn, exclude)))  # fmt: skip
 
     def measured_enqueue(self: Trioworker, dsn: str, n: int) -> float:
         if n == ITEMS:
@@ -58,7 +62,7 @@ def main() -> None:
     def measured_wait(*args: Any, **kwargs: Any) -> int:
         left = wait_finished(*args, **kwargs)
         if len(marks) == 1:
-            mark(measured[0])
+            mark(measured[0], args[0].info.backend_pid)
         return left
 
     Trioworker.enqueue = measured_enqueue  # type: ignore[method-assign]

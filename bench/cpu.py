@@ -3,10 +3,11 @@
 An end-to-end run on a 2-core machine is bound by CPU, which the Workers and the server
 share, and the machine's speed moves from hour to hour; CPU time per item says which
 side a difference comes from, and moves less than items/s does. The server's share is
-that of every process the benchmark's server has forked (its backends, whichever
-database they serve, and its own background processes), found from one backend's pid;
-so nothing else should use that server during a run. A server on another machine is
-not measured (None).
+that of the client backends of the database under test (`database_pids`: its
+statements' own work), not the harness's connection, not other databases' backends
+(other engineers' tests on the same server), not autovacuum, the WAL writer or the
+checkpointer, whose work comes and goes with the run's timing. A server on another
+machine is not measured (None).
 
 `bench.against` loads this file by its path into either tree's run, so it imports
 nothing from `bench`.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Any
 
 import attrs
 
@@ -55,6 +57,24 @@ def descendants_of(parent: int) -> list[int]:
         found += children
         parents = children
     return found
+
+
+#: The pids of the client backends of the connection's database but its own (and
+#: those of `%(exclude)s`): the Workers' sessions, wherever they come from.
+DATABASE_BACKENDS = """
+SELECT pid FROM pg_stat_activity
+WHERE datname = current_database() AND backend_type = 'client backend'
+  AND pid <> pg_backend_pid() AND pid <> ALL(%(exclude)s::integer[])
+"""
+
+
+def database_pids(conn: Any, exclude: Iterable[int] = ()) -> list[int]:
+    """The client backends serving the database `conn` (a psycopg connection) is on,
+    but `conn`'s own and `exclude`'s; none if the server is on another machine."""
+    if _stat(conn.info.backend_pid) is None:
+        return []
+    rows = conn.execute(DATABASE_BACKENDS, {"exclude": list(exclude)}).fetchall()
+    return [int(pid) for (pid,) in rows]
 
 
 def server_pids(backend_pid: int) -> list[int]:

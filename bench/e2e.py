@@ -3,8 +3,11 @@
 For each system: a fresh database, N worker processes started and warmed up (a small
 batch run through first), `VACUUM ANALYZE` (the same policy for every system; see
 queries.sql), then all items enqueued in one statement; items/s = items / (last
-finished - enqueue committed), and the CPU an item took, the Workers' and the server's,
-from just before the enqueue to the end of the wait (bench.cpu).
+finished - enqueue committed), and the CPU an item took, the Workers' and the server's
+(its client backends of the database under test), from just before the enqueue to the
+end of the wait (bench.cpu); and what the server did for them (bench.statements):
+transactions, function calls and rows written an item, and items per claim and per
+finish statement.
 Systems take turns round by round, in a rotating order, and each figure is the median
 of its rounds. pgbench's single-row UPDATE gives the physical reference.
 """
@@ -15,6 +18,7 @@ import datetime as dt
 import math
 import os
 import re
+import signal
 import statistics
 import time
 from pathlib import Path
@@ -22,7 +26,7 @@ from typing import Any
 
 import psycopg
 
-from bench import cpu, peer_graphile, pgbench
+from bench import cpu, peer_graphile, pgbench, statements
 from bench.common import QUERIES, Server, connect, median_measured, ratio, save, show
 from bench.procs import Processes, processes, wait_until
 from bench.systems import SERIAL_KEYS, Graphile, Pgqueuer, Procrastinate, System, Trioworker
@@ -93,15 +97,49 @@ def slug(label: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")[:40]
 
 
-def wait_finished(conn: Any, system: System, procs: Processes, timeout: float) -> int:
-    """Poll until nothing is unfinished (or the timeout); how many are left."""
+#: The families whose Workers count their own claims and finishes, printed on SIGWINCH
+#: (bench/peer_pgqueuer.py, bench/graphile/run.mjs); the others' are function calls.
+COUNTING = frozenset({"pgqueuer", "graphile"})
+
+
+def wait_finished(
+    conn: Any, system: System, procs: Processes, timeout: float, polls: list[int] | None = None
+) -> int:
+    """Poll until nothing is unfinished (or the timeout); how many are left. Each poll
+    is one statement on `conn`, counted in `polls[0]` when given."""
     deadline = time.monotonic() + timeout
     while True:
+        if polls is not None:
+            polls[0] += 1
         left = system.unfinished(conn)
         if left == 0 or time.monotonic() > deadline:
             return left
         procs.check_alive()
         time.sleep(0.05)
+
+
+def ask_counts(system: System, procs: Processes) -> None:
+    """Have a counting system's Workers print their counts so far (COUNTING)."""
+    if system.family in COUNTING:
+        for pid in procs.pids():
+            os.kill(pid, signal.SIGWINCH)
+
+
+def counted(system: System, procs: Processes) -> dict[str, int] | None:
+    """The Workers' counts between the two `ask_counts`, summed (None: none kept)."""
+    if system.family not in COUNTING:
+        return None
+    lines = statements.read_counts([log for _, log in procs.started])
+    if len(lines) < 2:
+        return None
+    return {key: lines[-1][key] - lines[-2][key] for key in lines[-1]}
+
+
+def no_other_backends(conn: Any, waits: list[int]) -> bool:
+    """Whether no session but `conn`'s is left on its database (counted in waits[0])."""
+    waits[0] += 1
+    row = conn.execute(QUERIES["other_backends"]).fetchone()
+    return bool(row and row[0] == 0)
 
 
 def run_once(srv: Server, system: System, n: int, log_dir: Path) -> dict[str, Any]:
@@ -111,6 +149,7 @@ def run_once(srv: Server, system: System, n: int, log_dir: Path) -> dict[str, An
         processes(log_dir / name) as procs,
         connect(dsn) as conn,
     ):
+        statements.track(conn)  # before any Worker connects
         system.install(dsn)
         for i, command in enumerate(system.worker_commands(dsn)):
             procs.start(command, f"worker-{i}")
@@ -130,11 +169,28 @@ def run_once(srv: Server, system: System, n: int, log_dir: Path) -> dict[str, An
                       conn.execute(QUERIES["table_statistics"]).fetchall()}  # fmt: skip
         # The started processes and their children (`run --processes`'s Workers).
         pids = [*procs.pids(), *(c for p in procs.pids() for c in cpu.descendants_of(p))]
-        before = cpu.snapshot(pids, cpu.server_pids(conn.info.backend_pid))
+        ask_counts(system, procs)
+        before = cpu.snapshot(pids, cpu.database_pids(conn))
+        stats_before = statements.snapshot(conn)
+        polls = [0]
         committed = system.enqueue(dsn, n)
-        left = wait_finished(conn, system, procs, 60 + n / 20)
+        left = wait_finished(conn, system, procs, 60 + n / 20, polls)
         seconds = time.monotonic() - committed
-        after = cpu.snapshot(pids, cpu.server_pids(conn.info.backend_pid))
+        after = cpu.snapshot(pids, cpu.database_pids(conn))
+        ask_counts(system, procs)
+        time.sleep(0.3)  # for the counts to be printed
+        counts = counted(system, procs)
+        # A backend's statistics are flushed when it exits (an idle one's only after
+        # 10 s): the Workers stop, and their sessions end, before the second snapshot.
+        procs.stop()
+        waits = [0]
+        wait_until(lambda: no_other_backends(conn, waits), 30, f"{system.label}: sessions ending")
+        # Between the snapshots, the harness's own: the first snapshot, the polls,
+        # database_pids, the waits for the sessions to end.
+        harness = 1 + polls[0] + 1 + waits[0]
+        stats = statements.per_item(stats_before, statements.snapshot(conn), max(n - left, 1),
+                                    harness=harness, family=system.family,
+                                    counted=counts)  # fmt: skip
     return {
         "items": n,
         "finished": n - left,
@@ -143,6 +199,7 @@ def run_once(srv: Server, system: System, n: int, log_dir: Path) -> dict[str, An
         "complete": left == 0,
         "planner_pages_rows": planner,
         **cpu.ms_per_item(before, after, max(n - left, 1)),
+        **stats,
     }
 
 
@@ -170,9 +227,30 @@ def summarise(system: System, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "max": max(rates),
         "worker_cpu_ms_per_item": median_measured(r.get("worker_cpu_ms_per_item") for r in runs),
         "server_cpu_ms_per_item": median_measured(r.get("server_cpu_ms_per_item") for r in runs),
+        **{key: median_measured(r.get(key) for r in runs) for key in PER_ITEM},
+        "function_calls_per_item": median_calls(runs),
         "all_complete": all(r.get("complete") for r in runs),
         "errors": [r["error"] for r in runs if "error" in r],
     }
+
+
+#: bench.statements' figures of a run, each summarised by its median.
+PER_ITEM = ("transactions_per_item", "rows_written_per_item", "items_per_claim",
+            "items_per_finish")  # fmt: skip
+
+
+def median_calls(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Each function's calls an item, the median over the runs (a run without a call
+    of it counts as 0)."""
+    measured = [r["function_calls_per_item"] for r in runs if "function_calls_per_item" in r]
+    names = sorted({name for calls in measured for name in calls})
+    medians = {name: statistics.median(c.get(name, 0.0) for c in measured) for name in names}
+    return dict(sorted(medians.items(), key=lambda kv: -kv[1]))
+
+
+def top_calls(calls: dict[str, float], n: int = 3) -> str:
+    """The `n` functions called most an item, as "name 1.02"."""
+    return ", ".join(f"{name} {per:.3g}" for name, per in list(calls.items())[:n]) or "-"
 
 
 def _reference(row: dict[str, Any]) -> bool:
@@ -254,6 +332,19 @@ def report(rows: list[dict[str, Any]], reference: dict[str, Any], verdict: dict[
          "/ pgbench ceiling", "Worker CPU ms/item", "server CPU ms/item", "finished"],
         table,
     )  # fmt: skip
+    show(
+        "Where each item's time goes (medians of the rounds; server: the test database's"
+        " client backends; transactions: pg_stat_database's less the harness's, the"
+        " enqueue's included; see bench/statements.py)",
+        ["system", "Worker CPU ms/item", "server CPU ms/item", "transactions/item",
+         "rows written/item", "items/claim", "items/finish"],
+        [[r["label"], r["worker_cpu_ms_per_item"], r["server_cpu_ms_per_item"],
+          r["transactions_per_item"], r["rows_written_per_item"], r["items_per_claim"],
+          r["items_per_finish"]] for r in rows],
+    )  # fmt: skip
+    print("  function calls an item (pg_stat_user_functions; triggers count per row):")
+    for r in rows:
+        print(f"    {r['label']}: {top_calls(r['function_calls_per_item'], 4)}")
     t = verdict["targets"]
     print(
         f"  unscoped: {verdict['unscoped_vs_best_peer_plain']:.2f}x {verdict['best_peer_plain']}"

@@ -10,12 +10,18 @@ Runs in processes of its own, without trioworker or trio-asyncio imported, on as
 With `--entrypoints K`, job i goes to entrypoint "noop-{i % K}", each limited to
 `--limit` concurrent jobs across all workers: pgqueuer's nearest analogue to scopes.
 `enqueue` inserts every job in one statement and prints `time.monotonic()` after it.
+A worker counts its claims (`Queries.dequeue` calls, and the jobs they returned) and
+its finishes (`Queries.log_jobs` calls, and their jobs), and prints the counts so far as
+a `bench-counts {...}` line on SIGWINCH (bench/statements.py reads them).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import signal
+import sys
 import time
 from typing import Any
 
@@ -63,7 +69,36 @@ async def noop(job: Job) -> None:
     """Nothing, like the trioworker bench handler."""
 
 
+COUNTS = {"claims": 0, "claimed": 0, "finishes": 0, "finished": 0}
+
+
+def count_calls() -> None:
+    """Count the dequeue and log_jobs calls of every Queries (and their jobs)."""
+    dequeue, log_jobs = Queries.dequeue, Queries.log_jobs
+
+    async def counted_dequeue(self: Queries, *args: Any, **kwargs: Any) -> Any:
+        jobs = await dequeue(self, *args, **kwargs)
+        COUNTS["claims"] += 1
+        COUNTS["claimed"] += len(jobs)
+        return jobs
+
+    async def counted_log_jobs(self: Queries, job_status: Any, *args: Any, **kwargs: Any) -> Any:
+        COUNTS["finishes"] += 1
+        COUNTS["finished"] += len(job_status)
+        return await log_jobs(self, job_status, *args, **kwargs)
+
+    Queries.dequeue = counted_dequeue  # type: ignore[method-assign]
+    Queries.log_jobs = counted_log_jobs  # type: ignore[method-assign]
+
+
+def print_counts() -> None:
+    print("bench-counts " + json.dumps(COUNTS), flush=True)
+    sys.stdout.flush()
+
+
 async def worker(dsn: str, entrypoints: int, limit: int, batch_size: int, pool: bool) -> None:
+    count_calls()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGWINCH, print_counts)
     params = asyncpg_params(dsn)
     if pool:
         async with asyncpg.create_pool(**params, min_size=2, max_size=8) as connections:

@@ -30,12 +30,18 @@ class Processes:
         self.log_dir = log_dir
         self.started: list[tuple[subprocess.Popen[bytes], Path]] = []
 
-    def start(self, command: Sequence[str], name: str, env: dict[str, str] | None = None) -> None:
+    def start(
+        self,
+        command: Sequence[str],
+        name: str,
+        env: dict[str, str] | None = None,
+        cwd: Path = ROOT,
+    ) -> None:
         log_path = self.log_dir / f"{name}.log"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 list(command),
-                cwd=ROOT,
+                cwd=cwd,
                 env={**os.environ, **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,

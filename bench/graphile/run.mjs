@@ -10,7 +10,32 @@
 // once that needs more than its default 10); with them, the batching of its performance
 // docs: jobs fetched N at a time into a local queue, and completions (and failures)
 // written together after MS milliseconds.
+//
+// A worker counts its claims (getJobs' statement: an UPDATE of _private_jobs setting
+// locked_by, and the jobs it returned) and finishes (completeJobs' DELETEs of
+// _private_jobs, and their jobs), and prints the counts so far as a `bench-counts
+// {...}` line on SIGWINCH (bench/statements.py reads them).
 import { parseArgs } from "node:util";
+import pg from "pg";
+
+const counts = { claims: 0, claimed: 0, finishes: 0, finished: 0 };
+const query = pg.Client.prototype.query;
+pg.Client.prototype.query = function (config, ...rest) {
+  const text = typeof config === "string" ? config : config?.text ?? "";
+  const result = query.call(this, config, ...rest);
+  if (text.includes("_private_jobs as jobs") && text.includes("locked_by = $1::text")) {
+    counts.claims += 1;
+    result?.then?.((r) => { counts.claimed += r?.rows?.length ?? 0; }, () => {});
+  } else if (text.includes("delete from") && text.includes("_private_jobs")) {
+    counts.finishes += 1;
+    const first = config?.values?.[0];
+    counts.finished += Array.isArray(first) ? first.length : 1;
+  }
+  return result;
+};
+process.on("SIGWINCH", () => {
+  process.stdout.write(`bench-counts ${JSON.stringify(counts)}\n`);
+});
 
 // No log line per job, like the other systems: graphile-worker reads NO_LOG_SUCCESS
 // (as its own test script sets it) when it loads, so it is imported after this.

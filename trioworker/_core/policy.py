@@ -110,6 +110,12 @@ class Decision:
     traceback: str | None = None  # RETRY, FAIL: the handler's traceback, its tail
 
 
+#: The two decisions without details, made once (a Decision is frozen): most attempts
+#: end in one of them.
+DECIDED_COMPLETE = Decision(Action.COMPLETE)
+DECIDED_NOTHING = Decision(Action.NOTHING)
+
+
 def describe_error(error: BaseException) -> str:
     """`Type: message`, or the type alone when the message is empty; storable as text
     (`storable`) and at most ERROR_LIMIT characters. Never raises, whatever the
@@ -239,19 +245,19 @@ def decide(  # noqa: PLR0911  one return per rule reads like the rule
     handler errors before this attempt.
     """
     if reason is CancelReason.SELF_STOP or reason is CancelReason.LOST:
-        return Decision(Action.NOTHING)
+        return DECIDED_NOTHING
     if completed:  # Succeeded already with the handler's writes: give its scope back
-        return Decision(Action.COMPLETE)
+        return DECIDED_COMPLETE
     if isinstance(outcome.error, Lost):  # a fenced transaction found the item gone
-        return Decision(Action.NOTHING)
+        return DECIDED_NOTHING
     if reason is CancelReason.CANCEL_REQUESTED:
         return Decision(Action.CANCEL)
     if reason is CancelReason.SHUTDOWN:
         return Decision(Action.RELEASE)
     if outcome.database_lost:  # a stall: lease recovery requeues it and counts one
-        return Decision(Action.NOTHING)
+        return DECIDED_NOTHING
     if outcome.error is None:
-        return Decision(Action.COMPLETE)
+        return DECIDED_COMPLETE
     error = describe_error(outcome.error)
     trace = describe_traceback(outcome.error)
     failures = failures_before + 1

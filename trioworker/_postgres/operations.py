@@ -415,6 +415,8 @@ def claimed_item(row: dict[str, Any]) -> WorkItem:
     Worker fails such an item, through the same finish as any failure, fenced by its
     (id, attempt); the other items of the batch run."""
     values = decoded(row)
+    if UndecodableValue not in map(type, values.values()):  # every value read: at once
+        return WorkItem(**values)
     undecodable = tuple(
         (column, value.reason)
         for column, value in values.items()

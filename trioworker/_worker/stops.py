@@ -4,10 +4,12 @@ A handler asked to stop (by its self-stop deadline at the latest) has the stop g
 end; one that has not ended by then may still be writing files, so the process must
 end. The Worker keeps that bound for each running attempt here, counted by value:
 attempts claimed together, or renewed by one heartbeat, share one, so the earliest is
-found among a few. `watch` (one task for the Worker) asks for the fail-stop when the
-earliest bound comes with a handler still running; `on_earliest` tells a watchdog
-outside the process, which ends it at that time (plus a margin) even when the
-interpreter is wedged and `watch` cannot run.
+found among a few, and only when a change can move it (outside `together`, the earliest
+is the least bound held: a later bound added or dropped leaves it, and nobody is told).
+`watch` (one task for the Worker) asks for the fail-stop when the earliest bound comes
+with a handler still running; `on_earliest` tells a watchdog outside the process, which
+ends it at that time (plus a margin) even when the interpreter is wedged and `watch`
+cannot run.
 """
 
 from __future__ import annotations
@@ -35,11 +37,13 @@ class StopWatch:
 
     def add(self, bound: float) -> None:
         self._bounds[bound] += 1
-        self._settle()
+        if bound < self.earliest and not self._held:  # else the earliest stays
+            self._tell(bound)
 
     def discard(self, bound: float) -> None:
         self._drop(bound)
-        self._settle()
+        if bound <= self.earliest:  # else the earliest stays: a later bound went
+            self._settle()
 
     def move(self, old: float, new: float) -> None:
         """One handler's bound moved from `old` to `new`."""
@@ -67,10 +71,16 @@ class StopWatch:
 
     def _settle(self) -> None:
         """Tell whoever needs it when the earliest bound has changed (not in the middle
-        of `together`): `watch`, to sleep until it, and `on_earliest`."""
-        earliest = min(self._bounds, default=math.inf)
-        if self._held or earliest == self.earliest:
+        of `together`)."""
+        if self._held:
             return
+        earliest = min(self._bounds, default=math.inf)
+        if earliest != self.earliest:
+            self._tell(earliest)
+
+    def _tell(self, earliest: float) -> None:
+        """The earliest bound is now `earliest`: tell `watch`, to sleep until it, and
+        `on_earliest`."""
         self.earliest = earliest
         self._sooner.set()
         if self._on_earliest is not None:
