@@ -48,7 +48,7 @@ class Attempt:
         self.deadline = deadline
         self.slot = slot
         self.trace = trace
-        #: The handler's cancel scope, while the handler runs.
+        #: The handler's cancel scope (its nursery's), while the handler runs.
         self.scope: trio.CancelScope | None = None
         #: The kind's timeout, a scope of its own inside `scope`, if the kind has one.
         self.timeout: trio.CancelScope | None = None

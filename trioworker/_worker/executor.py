@@ -1,6 +1,6 @@
-"""Run claimed attempts: each handler in a cancel scope of its own, then its one write.
+"""Run claimed attempts: each handler in a nursery of its own, and the one write after it.
 
-Each claimed item's handler runs in a cancel scope of its own, the attempt's: its
+Each claimed item runs in its own nursery, whose cancel scope is the attempt's: its
 deadline is the send time of the last successful heartbeat (the claim counts as the
 first) + lease/2, on Trio's clock, and only a successful heartbeat moves it (the
 Worker's one heartbeat statement renews every attempt, `heartbeats.py`). The kind's
@@ -205,7 +205,7 @@ class Executor:
                 self._done()  # else the completion batcher's answer ends the attempt
 
     async def _attempt(self, attempt: Attempt, registration: Registration) -> Decision:
-        """The handler in its cancel scope, then the decision and its write (a completion
+        """The handler in its nursery, then the decision and its write (a completion
         is handed to the batcher, whose answer ends the attempt)."""
         item = attempt.item
         if trio.current_time() < attempt.deadline:
@@ -229,7 +229,7 @@ class Executor:
     async def _handle(
         self, attempt: Attempt, registration: Registration
     ) -> tuple[Decision, Outcome, CancelReason | None]:
-        """Run the handler in the attempt's cancel scope, held to its bound, and decide."""
+        """Run the handler in the attempt's nursery, held to its bound, and decide."""
         item = attempt.item
         if self._stop_all is not None:
             attempt.stop(self._stop_all)
@@ -240,10 +240,9 @@ class Executor:
         started = trio.current_time()
         error: BaseException | None = None
         try:
-            # The attempt's scope is a bare cancel scope: nothing else runs in it, so a
-            # nursery around it (as before) did the same at more cost an item.
-            with trio.CancelScope(deadline=attempt.deadline) as scope:
-                attempt.scope = scope
+            async with trio.open_nursery() as nursery:
+                attempt.scope = scope = nursery.cancel_scope
+                scope.deadline = attempt.deadline
                 if attempt.stop_at < math.inf:
                     scope.cancel()
                 try:
@@ -257,9 +256,6 @@ class Executor:
                             await registration.handler(item, ctx)
                 except BaseException as exc:  # what the handler raised is data
                     error = exc
-            # A schedule point, as the nursery's exit made: what woke with the handler's
-            # end (a heartbeat, a stop) runs before the attempt ends and is decided.
-            await trio.lowlevel.cancel_shielded_checkpoint()
             # The Worker's own cancellation, told by its own scope's state (never by
             # what the handler raised), goes on up here, before anything is decided.
             await self._unless_worker_cancelled(attempt, error)
