@@ -246,7 +246,7 @@ SELECT 'Filler', 'loop-' || (g %% 50) FROM generate_series(1, %(n)s) AS g;
 
 -- name: floor_claim
 -- The Worker's claim function for unscoped items of one kind, %(limit)s at a time.
-SELECT id, attempt FROM work_claim_v2(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s);
+SELECT id, attempt FROM work_claim_v1(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s);
 
 -- name: floor_finish
 -- The Worker's completion of many attempts in one statement.

@@ -18,7 +18,7 @@ REVOKE ALL ON ALL ROUTINES IN SCHEMA trioworker
 -- `status`, the results an application waits for), and which migrations were applied
 -- (every command checks the schema first). Not the failover guard nor the scopes noted
 -- for settling: only the transitions read those. Nothing at all on the queue's own locks
--- (work_settle_locks, work_claim_locks, migrations/0010.own-locks.sql): locking a row
+-- (work_settle_locks, work_claim_locks, migrations/0001.queue.sql): locking a row
 -- needs a privilege on its table, and only the transitions, running as the owner, take
 -- them, so no role can hold one and stop the claims or settles of its scopes.
 GRANT SELECT ON TABLE work_items, work_attempts, work_workers, work_schedules, work_pauses,
@@ -32,7 +32,7 @@ GRANT INSERT (kind, scope, payload, priority, dedup_key, run_after, trace_contex
     ON TABLE work_items TO trioworker_client, trioworker_worker, trioworker_operator;
 
 -- A Worker renews its leases and notes a success in its handler's own transaction
--- (queries.sql: `heartbeat`, `lock_attempt`, `complete_in_transaction`; a row lock needs
+-- (work_heartbeat_v1, work_fence_v1, work_complete_v1, which run as their caller; a row lock needs
 -- UPDATE of a column, as does `held_leases`, whose work_held_leases_v1 runs as its caller
 -- and tries the expired rows' locks), registers itself and keeps its schedules. Its other writes are
 -- transitions (below).
@@ -41,7 +41,9 @@ GRANT UPDATE (lease_expires_at, heartbeat_at, completed_at) ON TABLE work_items
 GRANT INSERT, UPDATE ON TABLE work_workers, work_schedules TO trioworker_worker;
 
 -- The transitions. Every version of each (work_NAME_vN) runs as the migrator (SECURITY
--- DEFINER, migrations/0011.roles.sql), so EXECUTE on it is the right to make it.
+-- DEFINER, work_secure_transitions in migrations/0001.queue.sql), so EXECUTE on it is
+-- the right to make it. The heartbeat, the fence and work_complete_v1 run as their
+-- caller, under the column grants above.
 DO $$
 DECLARE
     t record;

@@ -209,15 +209,6 @@ $function$;
 
 CREATE OR REPLACE FUNCTION public.work_claim_v1(p_worker text, p_lease double precision, p_limit integer, p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
  RETURNS SETOF work_items
- LANGUAGE sql
- SECURITY DEFINER
- SET search_path TO 'public', 'pg_temp'
-AS $function$
-    SELECT * FROM work_claim_v2(p_worker, p_lease, p_limit, p_kinds, p_scopes, p_unscoped)
-$function$;
-
-CREATE OR REPLACE FUNCTION public.work_claim_v2(p_worker text, p_lease double precision, p_limit integer, p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
- RETURNS SETOF work_items
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
@@ -393,6 +384,17 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_complete_v1(p_id bigint, p_attempt integer)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    UPDATE work_items AS w SET completed_at = COALESCE(w.completed_at, statement_timestamp())
+    WHERE w.id = p_id AND w.attempt = p_attempt AND w.status = 'Running';
+    RETURN FOUND;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_delete_finished_v1(p_statuses text[], p_after timestamp with time zone, p_older_than double precision, p_batch integer)
  RETURNS SETOF timestamp with time zone
  LANGUAGE sql
@@ -447,6 +449,18 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_fence_v1(p_id bigint, p_attempt integer)
+ RETURNS boolean
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    PERFORM FROM work_items AS w
+    WHERE w.id = p_id AND w.attempt = p_attempt AND w.status = 'Running'
+    FOR NO KEY UPDATE;
+    RETURN FOUND;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_finish_v1(p_ids bigint[], p_attempts integer[], p_status text, p_reason text DEFAULT NULL::text, p_error text DEFAULT NULL::text, p_wait boolean DEFAULT true, p_traceback text DEFAULT NULL::text)
  RETURNS SETOF bigint
  LANGUAGE plpgsql
@@ -464,71 +478,6 @@ DECLARE
 BEGIN
     IF p_status NOT IN ('Succeeded', 'Failed', 'Cancelled') THEN
         RAISE EXCEPTION 'work_finish_v1: % is not a final status', p_status;
-    END IF;
-
-    -- One UPDATE, tried at most twice: with p_wait false the first try waits 50 ms at
-    -- most for a held row, and the second passes over the rows still held.
-    FOR pass IN 1..2 LOOP
-        BEGIN
-            IF NOT p_wait AND pass = 1 THEN
-                PERFORM set_config('lock_timeout', '50ms', true);
-            END IF;
-            WITH done AS (
-                UPDATE work_items AS w
-                SET status = p_status, finished_at = now(), lease_expires_at = NULL,
-                    reason = CASE WHEN p_status = 'Succeeded' THEN w.reason ELSE p_reason END,
-                    error = CASE WHEN p_status = 'Failed' THEN p_error ELSE w.error END,
-                    traceback = CASE WHEN p_status = 'Failed' THEN p_traceback
-                                     ELSE w.traceback END,
-                    failures = w.failures + (p_status = 'Failed')::integer
-                FROM unnest(p_ids, p_attempts) AS d (id, attempt)
-                WHERE w.id = d.id AND w.attempt = d.attempt AND w.status = 'Running'
-                  AND (pass = 1 OR w.id IN (SELECT l.id FROM work_items AS l
-                                            WHERE l.id = ANY(p_ids) AND l.status = 'Running'
-                                            FOR UPDATE SKIP LOCKED))
-                RETURNING w.id, w.scope
-            )
-            SELECT array_agg(done.id),
-                   array_agg(done.scope) FILTER (WHERE done.scope IS NOT NULL)
-            INTO done_ids, done_scopes FROM done;
-            PERFORM set_config('lock_timeout', was_timeout, true);
-            EXIT;
-        EXCEPTION WHEN lock_not_available THEN
-            -- Another transaction holds one of the rows: the next pass writes the rest;
-            -- the caller writes that one on its own.
-            NULL;
-        END;
-    END LOOP;
-    IF p_status <> 'Succeeded' AND done_ids IS NOT NULL THEN
-        -- Its attempt, worker and start are still on the row.
-        PERFORM work_note_attempt(d, lower(p_status), p_error, p_traceback)
-        FROM unnest(done_ids) AS d;
-    END IF;
-    IF done_scopes IS NOT NULL THEN
-        PERFORM work_settle_scopes(done_scopes);
-    END IF;
-    PERFORM work_internal_end(was);
-    RETURN QUERY SELECT unnest(done_ids);
-END
-$function$;
-
-CREATE OR REPLACE FUNCTION public.work_finish_v2(p_ids bigint[], p_attempts integer[], p_status text, p_reason text DEFAULT NULL::text, p_error text DEFAULT NULL::text, p_wait boolean DEFAULT true, p_traceback text DEFAULT NULL::text)
- RETURNS SETOF bigint
- LANGUAGE plpgsql
- SECURITY DEFINER
- SET plan_cache_mode TO 'force_generic_plan'
- SET jit TO 'off'
- SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_temp'
-AS $function$
-DECLARE
-    was text := work_internal_begin();
-    was_timeout text := current_setting('lock_timeout');
-    done_ids bigint[];
-    done_scopes text[];
-BEGIN
-    IF p_status NOT IN ('Succeeded', 'Failed', 'Cancelled') THEN
-        RAISE EXCEPTION 'work_finish_v2: % is not a final status', p_status;
     END IF;
 
     -- One UPDATE, tried at most twice: with p_wait false the first try waits 50 ms at
@@ -596,6 +545,48 @@ BEGIN
     held := cardinality(taken);
     SELECT min(g.n) INTO slot FROM generate_series(1, p_limit) AS g (n)
     WHERE g.n <> ALL(array_remove(taken, NULL));
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_heartbeat_v1(p_ids bigint[], p_attempts integer[], p_lease double precision, p_wait boolean DEFAULT false)
+ RETURNS TABLE(id bigint, attempt integer, cancel_requested boolean, lost boolean)
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF p_wait THEN
+        RETURN QUERY
+        WITH asked AS (
+            SELECT a.id, a.attempt FROM unnest(p_ids, p_attempts) AS a (id, attempt)
+        ), renewed AS (
+            UPDATE work_items AS w
+            SET lease_expires_at = now() + make_interval(secs => p_lease), heartbeat_at = now()
+            FROM asked AS a
+            WHERE w.id = a.id AND w.attempt = a.attempt AND w.status = 'Running'
+            RETURNING w.id, w.attempt, w.cancel_requested AND w.completed_at IS NULL AS cancel
+        )
+        SELECT a.id, a.attempt, r.cancel, r.id IS NULL
+        FROM asked AS a LEFT JOIN renewed AS r ON r.id = a.id AND r.attempt = a.attempt;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH asked AS (
+        SELECT a.id, a.attempt FROM unnest(p_ids, p_attempts) AS a (id, attempt)
+    ), locked AS (
+        SELECT w.id FROM work_items AS w JOIN asked AS a ON w.id = a.id AND w.attempt = a.attempt
+        WHERE w.status = 'Running'
+        FOR NO KEY UPDATE OF w SKIP LOCKED
+    ), renewed AS (
+        UPDATE work_items AS w
+        SET lease_expires_at = now() + make_interval(secs => p_lease), heartbeat_at = now()
+        FROM locked WHERE w.id = locked.id
+        RETURNING w.id, w.attempt, w.cancel_requested AND w.completed_at IS NULL AS cancel
+    )
+    SELECT a.id, a.attempt, r.cancel,
+           r.id IS NULL AND NOT EXISTS (
+               SELECT FROM work_items AS w
+               WHERE w.id = a.id AND w.attempt = a.attempt AND w.status = 'Running'
+           )
+    FROM asked AS a LEFT JOIN renewed AS r ON r.id = a.id AND r.attempt = a.attempt;
 END
 $function$;
 
@@ -1089,53 +1080,6 @@ DECLARE
     scopes text[] := '{}';
 BEGIN
     FOR r IN
-        SELECT w.id, w.kind, w.scope, w.attempt, w.stalls, w.cancel_requested
-        FROM work_items AS w
-        WHERE w.status = 'Running' AND w.lease_expires_at < now()
-        ORDER BY w.lease_expires_at
-        LIMIT p_batch
-        FOR NO KEY UPDATE SKIP LOCKED
-    LOOP
-        IF r.stalls + 1 >= p_max_stalls OR r.cancel_requested THEN
-            PERFORM work_note_attempt(r.id, 'stalled', 'lease expired');
-            UPDATE work_items AS w
-            SET status = CASE WHEN r.stalls + 1 >= p_max_stalls THEN 'Failed' ELSE 'Cancelled' END,
-                reason = CASE WHEN r.stalls + 1 >= p_max_stalls THEN 'stalled'
-                              ELSE 'cancel requested' END,
-                stalls = w.stalls + 1, finished_at = now(), worker_id = NULL,
-                lease_expires_at = NULL
-            WHERE w.id = r.id
-            RETURNING w.status INTO ended;
-        ELSE
-            ended := work_requeue_row(r.id, 'stall', 0, NULL);
-            CONTINUE WHEN ended = 'Running';
-        END IF;
-        scopes := scopes || r.scope;
-        RETURN QUERY SELECT w.id, w.kind, w.scope, w.attempt, w.stalls, w.status, w.reason
-                     FROM work_items AS w WHERE w.id = r.id;
-    END LOOP;
-    PERFORM work_settle_scopes(scopes);
-    PERFORM work_internal_end(was);
-END
-$function$;
-
-CREATE OR REPLACE FUNCTION public.work_recover_v2(p_max_stalls integer, p_batch integer)
- RETURNS TABLE(id bigint, kind text, scope text, attempt integer, stalls integer, status text, reason text)
- LANGUAGE plpgsql
- SECURITY DEFINER
- SET plan_cache_mode TO 'force_generic_plan'
- SET jit TO 'off'
- SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_temp'
-AS $function$
-#variable_conflict use_column
-DECLARE
-    was text := work_internal_begin();
-    r record;
-    ended text;
-    scopes text[] := '{}';
-BEGIN
-    FOR r IN
         SELECT w.id, w.kind, w.scope, w.attempt, w.stalls, w.cancel_requested, w.completed_at
         FROM work_items AS w
         WHERE w.status = 'Running' AND w.lease_expires_at < now()
@@ -1200,13 +1144,6 @@ $function$;
 
 CREATE OR REPLACE FUNCTION public.work_repair_v1(p_limit integer)
  RETURNS TABLE(scope text, promoted integer)
- LANGUAGE sql
- SECURITY DEFINER
- SET search_path TO 'public', 'pg_temp'
-AS $function$ SELECT * FROM work_repair_v2(p_limit) $function$;
-
-CREATE OR REPLACE FUNCTION public.work_repair_v2(p_limit integer)
- RETURNS TABLE(scope text, promoted integer)
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET plan_cache_mode TO 'force_generic_plan'
@@ -1269,35 +1206,6 @@ END
 $function$;
 
 CREATE OR REPLACE FUNCTION public.work_request_cancel_v1(p_id bigint)
- RETURNS text
- LANGUAGE plpgsql
- SECURITY DEFINER
- SET plan_cache_mode TO 'force_generic_plan'
- SET jit TO 'off'
- SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_temp'
-AS $function$
-DECLARE
-    was text := work_internal_begin();
-    r record;
-BEGIN
-    UPDATE work_items
-    SET status = CASE WHEN status = 'Queued' THEN 'Cancelled' ELSE status END,
-        finished_at = CASE WHEN status = 'Queued' THEN now() ELSE finished_at END,
-        reason = CASE WHEN status = 'Queued' THEN 'cancelled before it ran' ELSE reason END,
-        is_head = false,
-        cancel_requested = true
-    WHERE id = p_id AND status IN ('Queued', 'Running')
-    RETURNING status, scope INTO r;
-    IF r.status = 'Cancelled' THEN
-        PERFORM work_settle_scopes(ARRAY[r.scope]);
-    END IF;
-    PERFORM work_internal_end(was);
-    RETURN r.status;
-END
-$function$;
-
-CREATE OR REPLACE FUNCTION public.work_request_cancel_v2(p_id bigint)
  RETURNS text
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -1421,47 +1329,6 @@ BEGIN
         SELECT w.id, w.scope, w.run_after FROM work_items AS w
         JOIN unnest(p_ids, p_attempts) AS d (id, attempt)
           ON w.id = d.id AND w.attempt = d.attempt
-        WHERE w.status = 'Running'
-        ORDER BY w.id
-        FOR UPDATE OF w
-    LOOP
-        ended := work_requeue_row(r.id, p_cause, p_delay, p_error, p_traceback);
-        id := r.id;
-        status := ended;
-        RETURN NEXT;
-        scopes := scopes || r.scope;
-        IF ended = 'Queued' AND r.scope IS NULL AND p_cause = 'release' THEN
-            PERFORM pg_notify('trioworker', '');
-        END IF;
-    END LOOP;
-    PERFORM work_settle_scopes(scopes);
-    PERFORM work_internal_end(was);
-END
-$function$;
-
-CREATE OR REPLACE FUNCTION public.work_requeue_v2(p_ids bigint[], p_attempts integer[], p_cause text, p_delay double precision DEFAULT 0, p_error text DEFAULT NULL::text, p_traceback text DEFAULT NULL::text)
- RETURNS TABLE(id bigint, status text)
- LANGUAGE plpgsql
- SECURITY DEFINER
- SET plan_cache_mode TO 'force_generic_plan'
- SET jit TO 'off'
- SET enable_seqscan TO 'off'
- SET search_path TO 'public', 'pg_temp'
-AS $function$
-#variable_conflict use_column
-DECLARE
-    was text := work_internal_begin();
-    r record;
-    ended text;
-    scopes text[] := '{}';
-BEGIN
-    IF p_cause NOT IN ('release', 'retry') THEN
-        RAISE EXCEPTION 'work_requeue_v2: cause must be release or retry, not %', p_cause;
-    END IF;
-    FOR r IN
-        SELECT w.id, w.scope, w.run_after FROM work_items AS w
-        JOIN unnest(p_ids, p_attempts) AS d (id, attempt)
-          ON w.id = d.id AND w.attempt = d.attempt
         WHERE w.status = 'Running' AND w.completed_at IS NULL
         ORDER BY w.id
         FOR UPDATE OF w
@@ -1521,7 +1388,7 @@ DECLARE
     scopes text[] := '{}';
 BEGIN
     FOR r IN
-        SELECT w.id, w.scope, w.dedup_key FROM work_items AS w
+        SELECT w.id, w.scope, w.dedup_key, w.attempt FROM work_items AS w
         WHERE w.id = ANY(p_ids) AND w.status IN ('Failed', 'Cancelled')
         ORDER BY w.id
         FOR UPDATE OF w SKIP LOCKED
@@ -1531,9 +1398,12 @@ BEGIN
             WHERE q.dedup_key = r.dedup_key AND q.status = 'Queued');
         UPDATE work_items
         SET status = 'Queued', is_head = false, run_after = now(), finished_at = NULL,
-            failures = 0, stalls = 0, reason = NULL, cancel_requested = false,
-            worker_id = NULL, lease_expires_at = NULL
+            failures = 0, stalls = 0, cancel_requested = false,
+            worker_id = NULL, lease_expires_at = NULL, attempt = r.attempt + 1,
+            reason = 'retried by an operator after attempt ' || r.attempt
         WHERE id = r.id;
+        INSERT INTO work_attempts (item_id, attempt, worker_id, started_at, outcome)
+        VALUES (r.id, r.attempt + 1, NULL, NULL, 'operator-retry');
         scopes := scopes || r.scope;
         IF r.scope IS NULL THEN
             PERFORM pg_notify('trioworker', '');
@@ -1542,27 +1412,6 @@ BEGIN
     END LOOP;
     PERFORM work_settle_scopes(scopes);
     PERFORM work_internal_end(was);
-END
-$function$;
-
-CREATE OR REPLACE FUNCTION public.work_retry_v2(p_ids bigint[])
- RETURNS SETOF bigint
- LANGUAGE plpgsql
- SECURITY DEFINER
- SET search_path TO 'public', 'pg_temp'
-AS $function$
-DECLARE
-    retried bigint[] := ARRAY(SELECT r.id FROM work_retry_v1(p_ids) AS r (id));
-BEGIN
-    WITH marked AS (
-        UPDATE work_items
-        SET attempt = attempt + 1, reason = 'retried by an operator after attempt ' || attempt
-        WHERE id = ANY(retried) AND status = 'Queued'
-        RETURNING id, attempt
-    )
-    INSERT INTO work_attempts (item_id, attempt, worker_id, started_at, outcome)
-    SELECT id, attempt, NULL, NULL, 'operator-retry' FROM marked;
-    RETURN QUERY SELECT unnest(retried);
 END
 $function$;
 
@@ -1601,12 +1450,6 @@ END
 $function$;
 
 CREATE OR REPLACE FUNCTION public.work_seconds_until_due_v1(p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
- RETURNS double precision
- LANGUAGE sql
- STABLE
-AS $function$ SELECT work_seconds_until_due_v2(p_kinds, p_scopes, p_unscoped) $function$;
-
-CREATE OR REPLACE FUNCTION public.work_seconds_until_due_v2(p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
  RETURNS double precision
  LANGUAGE plpgsql
  STABLE

@@ -6,7 +6,7 @@ scope): the server CPU (the backend's /proc/PID/schedstat) and the wall time an 
 - before: the fenced transaction finishes the item itself (BEGIN, lock_attempt,
   work_finish_v1 Succeeded, COMMIT), as the store did up to migration 0006;
 - noted+batch: it notes the success instead (lock_attempt, complete_in_transaction),
-  and the Worker finishes the round's items in one batched `finish` (work_finish_v2,
+  and the Worker finishes the round's items in one batched `finish` (work_finish_v1,
   as complete_batch sends it);
 - noted+one: the same, each item finished by a `finish` of its own (a Worker whose
   completions never share a batch: the most it can cost).
@@ -87,7 +87,7 @@ def main(admin: str) -> None:
                 order = MODES[round % len(MODES) :] + MODES[: round % len(MODES)]
                 for mode in order:
                     items = [(r[0], r[1]) for r in conn.execute(
-                        "SELECT id, attempt FROM work_claim_v2(%(worker_id)s, %(lease)s,"
+                        "SELECT id, attempt FROM work_claim_v1(%(worker_id)s, %(lease)s,"
                         " %(limit)s, %(kinds)s, %(scopes)s, %(unscoped)s)", claim)]  # fmt: skip
                     assert len(items) == SCOPES, len(items)
                     began, began_cpu = time.perf_counter(), cpu_ns(pid)

@@ -27,8 +27,9 @@ RETURNS boolean LANGUAGE sql AS 'SELECT false'"""
 
 
 def main(admin: str) -> None:
-    migration = Path("migrations/0003.failover.sql").read_text()
+    migration = Path("migrations/0001.queue.sql").read_text()
     guard_on = migration[migration.index("CREATE FUNCTION work_failover_hold_v1") :]
+    guard_on = guard_on[: guard_on.index("\n$$;") + 4]
     guard_on = guard_on.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
     name = f"trioworker_guard_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin, autocommit=True) as conn:

@@ -102,7 +102,7 @@ def test_the_installed_wheel_migrates_enqueues_and_reports(
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert migrated.returncode == 0, migrated.stderr
-        assert migrated.stdout.splitlines()[0] == "applied 0001.baseline"
+        assert migrated.stdout.splitlines()[0] == "applied 0001.queue"
         enqueued = outside(wheel_venv, "-m", "trioworker", "enqueue", "Crawl", "--scope", "7",
                            cwd=tmp_path, dsn=dsn)  # fmt: skip
         assert enqueued.returncode == 0 and enqueued.stdout.strip().isdigit(), enqueued.stderr

@@ -1,12 +1,11 @@
 """The schema refuses what a Worker cannot run (issue 32), on real PostgreSQL.
 
 Every time and counter that a claim, lease recovery, `show`, `status` or the dashboard
-relies on is bounded (migrations/0008.bounds.sql): plain SQL that would store a value
+relies on is bounded (migrations/0001.queue.sql): plain SQL that would store a value
 out of bounds is refused by the bound's name; the queue's own transitions carry a
 counter past its bound one at a time, so a row at the bound stops nothing; a row that
 slips past the schema anyway (a superuser's, with the triggers off) fails only its own
-item, and `show` and the dashboard's item page show it; and the migration moves the
-rows stored before it into bounds.
+item, and `show` and the dashboard's item page show it.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import attrs
 import psycopg
 import pytest
 import trio
@@ -27,18 +25,14 @@ from hypothesis import strategies as st
 
 from tests.browser.support import dashboards, request
 from tests.integration.test_cli import trioworker
-from tests.support.database import Databases, migrate_until
 from trioworker import (
     Registry,
     Settings,
     Status,
     Worker,
     WorkItem,
-    check_schema,
-    migrate,
     open_store,
 )
-from trioworker._core.jsontext import UndecodableValue
 
 Conn = psycopg.Connection[Any]
 
@@ -460,109 +454,3 @@ def test_the_dashboards_item_page_shows_a_row_with_times_python_cannot_hold(
         "0044-03-15 00:00:00+00 BC (cannot be",
     ):
         assert text in answer.body, text  # fmt: skip
-
-
-# -- rows stored before the migration ----------------------------------------------------
-
-
-RED_TEAM = """
-INSERT INTO work_items (id, kind, attempt, failures) VALUES (1, 'Quick', 2147483647, 2147483647);
-INSERT INTO work_items (id, kind, requested_at, run_after)
-VALUES (2, 'Quick', 'infinity', '-infinity'), (3, 'Quick', '0044-03-15 BC', 'infinity');
-INSERT INTO work_items (id, kind, status, attempt, stalls, lease_expires_at, heartbeat_at,
-                        started_at)
-VALUES (4, 'Quick', 'Running', 1, 2147483647, 'infinity', '10000-01-01', '-infinity');
-INSERT INTO work_items (id, kind) VALUES (5, 'Quick');
-INSERT INTO work_attempts (item_id, attempt, started_at, ended_at, outcome)
-VALUES (4, 0, '-infinity', 'infinity', 'released');
-INSERT INTO work_workers (id, host, pid, kinds, unscoped, concurrency, last_seen,
-                          advertise_every)
-VALUES ('w', 'h', 1, '{Quick}', true, 1, 'infinity', 'NaN');
-INSERT INTO work_schedules (name, kind, spec, next_due)
-VALUES ('s', 'Other', 'every 60', '-infinity');
-INSERT INTO work_pauses (kind, paused_at) VALUES ('Paused', '0044-03-15 BC');
-SELECT work_set_limit_v1('Limited', NULL, 1, 5, 60);
-UPDATE work_limits SET updated_at = 'infinity';
-UPDATE work_rate_slots SET started_at = 'infinity' WHERE slot = 1;
-INSERT INTO work_unsettled_scopes (scope, noted_at) VALUES ('s', 'infinity');
-UPDATE work_failover_guard SET lease = 'Infinity', held_until = 'infinity'
-"""
-
-
-def migrate_all_but(dsn: str, left_out: str) -> list[str]:
-    """Apply every queue migration but `left_out` (a database that took a later one
-    first: 0010 depends on 0007, not on 0008); the ids applied."""
-    from yoyo import get_backend, read_migrations
-
-    from trioworker._postgres.migrate import migrations_dir, yoyo_uri
-
-    backend = get_backend(yoyo_uri(dsn))
-    try:
-        wanted = read_migrations(str(migrations_dir())).filter(lambda m: m.id != left_out)
-        pending = backend.to_apply(wanted)
-        with backend.lock():
-            backend.apply_migrations(pending)
-        return [m.id for m in pending]
-    finally:
-        backend.connection.close()
-
-
-@pytest.fixture(params=["0007", "all but 0008"])
-def before_bounds(databases: Databases, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A database without the bounds, migrated up to 0007 or with every other migration
-    (0010 too), holding the issue's rows and their like in every table."""
-    with databases.database(migrated=False) as dsn, psycopg.connect(dsn, autocommit=True) as pg:
-        if request.param == "0007":
-            migrate_until(dsn, "0007.completed")
-        else:
-            assert "0010.own-locks" in migrate_all_but(dsn, "0008.bounds")
-        for statement in RED_TEAM.strip().split(";\n"):
-            pg.execute(statement)  # type: ignore[call-overload]
-        yield dsn
-
-
-async def test_the_migration_moves_the_rows_stored_before_it_into_bounds(
-    before_bounds: str,
-) -> None:
-    """Migration 0008 applies over the issue's rows, from 0007 or after 0010: a time
-    before 1900 becomes 1900, after 9000 becomes 9000, but an infinite lease or failover
-    hold ends now; a counter over the bound becomes the bound; a NaN advertisement
-    interval is no interval, an infinite guard lease 0. Then the queue runs: a claim
-    takes the item at the bound with the others, lease recovery takes the Running one
-    back, and the reads decode every row."""
-    dsn = before_bounds
-    assert migrate(dsn)[0] == "0008.bounds"  # then 0010, from 0007
-    check_schema(dsn)
-    with psycopg.connect(dsn, autocommit=True) as pg:
-        pg.execute("SET TimeZone = 'UTC'")
-        now = one(pg, "SELECT now()")
-        items = {r[0]: r[1:] for r in pg.execute(
-            "SELECT id, attempt, stalls, failures, requested_at, run_after, lease_expires_at,"
-            " heartbeat_at, started_at FROM work_items")}  # fmt: skip
-        assert items[1][:3] == (BOUND, 0, BOUND)
-        assert items[2][3:5] == (HIGH, LOW)
-        assert items[3][3:5] == (LOW, HIGH)
-        assert items[4][1] == BOUND and items[4][6:8] == (HIGH, LOW)
-        assert now - dt.timedelta(minutes=1) < items[4][5] <= now + dt.timedelta(minutes=1)
-        assert one(pg, "SELECT started_at, ended_at FROM work_attempts") == (LOW, HIGH)
-        assert one(pg, "SELECT last_seen, advertise_every FROM work_workers") == (HIGH, None)
-        assert one(pg, "SELECT next_due FROM work_schedules") == LOW
-        assert one(pg, "SELECT paused_at FROM work_pauses") == LOW
-        assert one(pg, "SELECT updated_at FROM work_limits") == HIGH
-        assert one(pg, "SELECT max(started_at) FROM work_rate_slots") == HIGH
-        assert one(pg, "SELECT noted_at FROM work_unsettled_scopes") == HIGH
-        lease, held_until = one(pg, "SELECT lease, held_until FROM work_failover_guard")
-        assert lease == 0 and held_until <= now + dt.timedelta(minutes=1)
-    async with open_store(dsn) as store:
-        claimed = await store.claim_batch("w1", 60, 10, kinds=["Quick"])
-        assert {i.id: i.attempt for i in claimed} == {1: BOUND + 1, 2: 1, 5: 1}  # 3: not due
-        [recovered] = await store.recover_expired_leases(max_stalls=3)
-        assert (recovered.id, recovered.stalls, recovered.status) == (4, BOUND + 1, Status.FAILED)
-        for id in (1, 2, 3, 4, 5):
-            details = await store.show(id)
-            assert details is not None
-            values = [*attrs.asdict(details.item, recurse=False).values()]
-            values += [v for a in details.attempts for v in attrs.asdict(a).values()]
-            assert not any(isinstance(v, UndecodableValue) for v in values), id
-        status = await store.status()
-        assert (len(status.workers), len(status.pauses), len(status.schedules)) == (1, 1, 1)

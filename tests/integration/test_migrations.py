@@ -118,18 +118,11 @@ def test_migrate_clears_a_stale_yoyo_lock(empty_dsn: str) -> None:
 
 #: Every released migration file and the SHA-256 of its bytes. A released migration is
 #: never edited (databases have applied it): a change is a new file, recorded here when
-#: it is released (docs/adr/0009-migrations-queue-and-applications.md).
+#: it is released (docs/adr/0009-migrations-queue-and-applications.md). 0001.queue is the
+#: first release's baseline (the pre-release chain squashed, issue 32): until 0.1.0 is
+#: on an index, changes are folded into it and its digest recorded again.
 RELEASED = {
-    "0001.baseline.sql": "5fc4ba317d062050ffa1adfc2765bfa0b59924556bd29af1f9efea9dd63c8c57",
-    "0002.limits.sql": "a06aba0c1b08d2081d6a7ca8920d932a1e5439726f88772fec6caf5e06e4c683",
-    "0004.schema.sql": "fc3b8bdcb580b6800ebf0580d41ef9965a82b1bfdfdf9b514f763861efbaea01",
-    "0005.edges.sql": "92cccc76e299357f36b8a39a930ea92c0f741302c22c01bcccff39cf154d2bdd",
-    "0003.failover.sql": "f4689d7bbc470898526ffaf4bd56cb53cda80fcec1a5be3783d1b0cb9c0d8a7a",
-    "0006.scope-checks.sql": "e15527f5a535dda23a0e29a8c43afde9f250f5c3cf9b6b971fd766bf3b9e7d9d",
-    "0007.completed.sql": "007a8ec07ed3920b1ab94bed69d7b65c9c129b6d17c4f314de57352fe929005e",
-    "0008.bounds.sql": "d7439eec98c8ceef634a1e054c4cdde6233e7fd22161a04785650376eeedb568",
-    "0010.own-locks.sql": "b203677261a07467c72e743f30dc1de34655ac84fe6b3836d57c9d39a937888f",
-    "0011.roles.sql": "5b34148795b8eb7aa288be6499f4d6a5365f29b421408a89610729ced80d23b3",
+    "0001.queue.sql": "e0f06f9952842b6fe9e3ca846571774c33782ec349cd2f36ab4f5ff8694778e7",
 }
 
 

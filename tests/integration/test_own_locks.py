@@ -26,11 +26,8 @@ from trioworker import PostgresStore, Status
 Conn = psycopg.Connection[Any]
 APP = "tests.apps.locks:registry"
 FAST = ["--lease", "4", "--heartbeat", "1", "--poll", "0.2", "--stop-grace", "1"]
-#: What a fenced transaction's first statement locks (queries.sql, lock_attempt).
-LOCK_ATTEMPT = (
-    "SELECT id FROM work_items WHERE id = %s AND attempt = %s AND status = 'Running'"
-    " FOR NO KEY UPDATE"
-)
+#: A fenced transaction's first statement, the fence (queries.sql, lock_attempt).
+LOCK_ATTEMPT = "SELECT work_fence_v1(%s, %s)"
 
 
 def enqueue(pg: Conn, kind: str, scope: str | None, payload: str = "{}") -> int:
@@ -188,9 +185,9 @@ def test_a_role_without_grants_can_lock_none_of_the_queues_rows(
             "SELECT FROM work_settle_locks FOR KEY SHARE SKIP LOCKED",
             "SELECT FROM work_items FOR KEY SHARE",
             "LOCK TABLE work_claim_locks IN ROW SHARE MODE",
-            "SELECT * FROM work_claim_v2('x', 60, 10, '{K}')",
+            "SELECT * FROM work_claim_v1('x', 60, 10, '{K}')",
             "SELECT work_set_limit_v1(NULL, NULL, 3)",
-            "SELECT * FROM work_recover_v2(3, 100)",
+            "SELECT * FROM work_recover_v1(3, 100)",
         ]:
             with pytest.raises(psycopg.errors.InsufficientPrivilege), stranger.transaction():
                 stranger.execute(statement)  # type: ignore[arg-type]
@@ -241,7 +238,7 @@ async def test_an_expired_item_held_by_a_lost_hosts_session_is_recovered_once_it
         psycopg.connect(stranger_dsn, autocommit=True) as stranger,
     ):
         hold(stranger, families(pg, ["S"]))
-        assert lost.execute(LOCK_ATTEMPT, (a, claimed.attempt)).fetchall() == [(a,)]
+        assert lost.execute(LOCK_ATTEMPT, (a, claimed.attempt)).fetchall() == [(True,)]
         referrer.execute("INSERT INTO receipts (item_id) VALUES (%s)", (a,))
         with trio.fail_after(5):
             assert await store.recover_expired_leases(3) == []

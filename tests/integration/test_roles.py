@@ -254,7 +254,6 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
     ("SELECT work_pause_v1(NULL, 's')", (CLIENT, WORKER)),
     ("SELECT work_resume_v1(NULL, 's')", (CLIENT, WORKER)),
     (f"SELECT * FROM work_retry_v1(ARRAY[{ITEM}])", (CLIENT, WORKER)),
-    (f"SELECT * FROM work_retry_v2(ARRAY[{ITEM}])", (CLIENT, WORKER)),
     # The failover guard: a claim's, through its function.
     ("UPDATE work_failover_guard SET held_until = '-infinity'", ANYONE),
     ("DELETE FROM work_failover_guard", ANYONE),
@@ -271,7 +270,7 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
     ("DELETE FROM work_schedules", ANYONE),
     ("INSERT INTO work_unsettled_scopes (scope) VALUES ('s')", ANYONE),
     ("DELETE FROM work_unsettled_scopes", ANYONE),
-    # The queue's own locks (migrations/0010.own-locks.sql): only the transitions take
+    # The queue's own locks (work_settle_locks, work_claim_locks): only the transitions take
     # them, so no role can hold a stripe and stop claims or settles.
     ("SELECT stripe FROM work_claim_locks FOR UPDATE", ANYONE),
     ("SELECT stripe FROM work_claim_locks FOR SHARE", ANYONE),
@@ -281,20 +280,22 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
     ("UPDATE work_settle_locks SET stripe = stripe", ANYONE),
     ("DELETE FROM work_claim_locks", ANYONE),
     ("TRUNCATE work_settle_locks", ANYONE),
+    # A Worker's own writes while an attempt runs: its heartbeat, the fence of its
+    # handler's transaction and the success noted in it run as their caller, and need
+    # UPDATE of the lease and completion columns, which only the Worker's role has.
+    (f"SELECT * FROM work_heartbeat_v1(ARRAY[{ITEM}], ARRAY[0], 30)", (CLIENT, OPERATOR)),
+    (f"SELECT * FROM work_heartbeat_v1(ARRAY[{ITEM}], ARRAY[0], 30, true)", (CLIENT, OPERATOR)),
+    (f"SELECT work_fence_v1({ITEM}, 0)", (CLIENT, OPERATOR)),
+    (f"SELECT work_complete_v1({ITEM}, 0)", (CLIENT, OPERATOR)),
     # Naming the leases held past every bound locks the rows it can (a Worker's).
     ("SELECT * FROM work_held_leases_v1(10)", (CLIENT, OPERATOR)),
     # A Worker's transitions.
     ("SELECT * FROM work_claim_v1('w', 30, 1, ARRAY['K'])", (CLIENT, OPERATOR)),
-    ("SELECT * FROM work_claim_v2('w', 30, 1, ARRAY['K'])", (CLIENT, OPERATOR)),
     (f"SELECT * FROM work_finish_v1(ARRAY[{ITEM}], ARRAY[0], 'Succeeded')", (CLIENT, OPERATOR)),
-    (f"SELECT * FROM work_finish_v2(ARRAY[{ITEM}], ARRAY[0], 'Succeeded')", (CLIENT, OPERATOR)),
     (f"SELECT * FROM work_requeue_v1(ARRAY[{ITEM}], ARRAY[0], 'retry')", (CLIENT, OPERATOR)),
-    (f"SELECT * FROM work_requeue_v2(ARRAY[{ITEM}], ARRAY[0], 'retry')", (CLIENT, OPERATOR)),
     ("SELECT * FROM work_recover_v1(3, 10)", (CLIENT, OPERATOR)),
-    ("SELECT * FROM work_recover_v2(3, 10)", (CLIENT, OPERATOR)),
     ("SELECT work_settle_noted_v1(10)", (CLIENT, OPERATOR)),
     ("SELECT * FROM work_repair_v1(10)", (CLIENT, OPERATOR)),
-    ("SELECT * FROM work_repair_v2(10)", (CLIENT, OPERATOR)),
     # The transitions' helpers run with their caller's privileges.
     ("SELECT work_settle_scopes(ARRAY['s'])", ANYONE),
     (f"SELECT work_note_attempt({ITEM}, 'succeeded')", ANYONE),
@@ -308,7 +309,7 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
     ("CREATE TABLE public.sneaky (id integer)", ANYONE),
     ("CREATE FUNCTION sneaky() RETURNS integer LANGUAGE sql AS 'SELECT 1'", ANYONE),
     ("DROP TRIGGER work_items_arrive ON work_items", ANYONE),
-    ("ALTER FUNCTION work_finish_v2 SECURITY INVOKER", ANYONE),
+    ("ALTER FUNCTION work_finish_v1 SECURITY INVOKER", ANYONE),
     ("UPDATE _yoyo_migration SET migration_hash = migration_hash", ANYONE),
     ("DELETE FROM yoyo_lock", ANYONE),
 ]  # fmt: skip
@@ -328,10 +329,13 @@ def test_every_forbidden_write_is_refused(
 
 # -- the transitions run as the owner ----------------------------------------------------
 
-TRANSITION = re.compile(
-    r"work_(claim|failover_hold|finish|requeue|recover|settle_noted|repair|request_cancel"
-    r"|retry|pause|resume|set_limit|clear_limit|delete_finished)_v[0-9]+"
-)
+#: The transitions that run as the schema's owner (work_secure_transitions).
+TRANSITIONS = (
+    "claim", "failover_hold", "finish", "requeue", "recover", "settle_noted", "repair",
+    "request_cancel", "retry", "pause", "resume", "set_limit", "clear_limit",
+    "delete_finished",
+)  # fmt: skip
+TRANSITION = re.compile(rf"work_({'|'.join(TRANSITIONS)})_v[0-9]+")
 #: Triggers deferred to the commit, which run as the session's role.
 DEFINER_TRIGGERS = {"work_items_confirm_place", "work_limits_settle"}
 
@@ -339,7 +343,7 @@ DEFINER_TRIGGERS = {"work_items_confirm_place", "work_limits_settle"}
 def definers(conn: Conn, schema: str) -> dict[str, tuple[bool, bool]]:
     """Each function of `schema` run as its owner: (pinned to `schema`, PUBLIC may call)."""
     pin = f"search_path={schema}, pg_catalog, pg_temp"
-    if schema == "public":  # pg_catalog first, as in a default path (0011.roles.sql)
+    if schema == "public":  # pg_catalog first, as in a default path (work_secure_transitions)
         pin = "search_path=public, pg_temp"
     rows = conn.execute(
         "SELECT p.proname, %s = ANY(COALESCE(p.proconfig, '{}')),"
@@ -364,7 +368,8 @@ def test_the_transitions_alone_run_as_the_owner_pinned_and_closed_to_public(
                 "SELECT proname FROM pg_proc WHERE pronamespace = %s::regnamespace", [schema]
             )]  # fmt: skip
             expected = {n for n in names if TRANSITION.fullmatch(n)} | DEFINER_TRIGGERS
-            assert len(expected) > 20 and {"work_claim_v2", "work_retry_v2"} <= expected
+            # One version of each (the baseline, issue 32): no alias of a newer one.
+            assert expected == {f"work_{t}_v1" for t in TRANSITIONS} | DEFINER_TRIGGERS
             assert definers(conn, schema) == dict.fromkeys(expected, (True, False)), schema
 
     with psycopg.connect(queue_roles.dsn(CLIENT), autocommit=True) as client:
@@ -372,7 +377,7 @@ def test_the_transitions_alone_run_as_the_owner_pinned_and_closed_to_public(
         client.execute("INSERT INTO pg_temp.work_items SELECT * FROM trioworker.work_items")
         with client.transaction(force_rollback=True):
             [(id,)] = client.execute("SELECT max(id) FROM trioworker.work_items").fetchall()
-            [(status,)] = client.execute("SELECT work_request_cancel_v2(%s)", [id]).fetchall()
+            [(status,)] = client.execute("SELECT work_request_cancel_v1(%s)", [id]).fetchall()
             assert status == "Cancelled"
             real = client.execute("SELECT status FROM trioworker.work_items WHERE id = %s", [id])
             temporary = client.execute("SELECT status FROM pg_temp.work_items WHERE id = %s", [id])
@@ -385,8 +390,8 @@ def test_the_transitions_alone_run_as_the_owner_pinned_and_closed_to_public(
         params = psycopg.conninfo.conninfo_to_dict(dsn) | {"user": nobody}
         with psycopg.connect(psycopg.conninfo.make_conninfo(**params)) as conn:
             calls = [
-                "SELECT work_request_cancel_v2(1)",
-                "SELECT work_finish_v2('{}', '{}', 'Succeeded')",
+                "SELECT work_request_cancel_v1(1)",
+                "SELECT work_finish_v1('{}', '{}', 'Succeeded')",
                 "SELECT work_failover_hold_v1(0)",
             ]
             for call in calls:
@@ -483,7 +488,7 @@ def test_a_worker_runs_items_end_to_end_as_the_worker_role_directly_and_through_
     refused = trioworker("migrate", dsn=worker_dsn)
     assert refused.returncode == 1
     assert refused.stderr.count("\n") == 1 and "may not change the schema" in refused.stderr
-    assert "applied 0011.roles" in cli("trioworker_migrator", "migrate")
+    assert "applied 0001.queue" in cli("trioworker_migrator", "migrate")
     with psycopg.connect(roles.dsn("trioworker_migrator"), autocommit=True) as migrator:
         migrator.execute("CREATE TABLE results (item_id bigint, attempt integer)")  # the app's
     for _ in range(2):

@@ -88,21 +88,20 @@ def test_the_script_connects_to_nothing_and_says_nothing_else() -> None:
     script: no "no DSN given" line, nothing on stderr."""
     result = trioworker("sql")
     assert result.returncode == 0 and result.stderr == ""
-    assert result.stdout.startswith("-- trioworker's migrations 0001.baseline to ")
+    assert result.stdout.startswith("-- trioworker's migrations 0001.queue to ")
     assert f"-- migration {QUEUE_MIGRATION_HEAD}\n" in result.stdout
 
 
 def test_from_starts_at_a_migration_and_an_unknown_one_is_a_usage_error() -> None:
     """`--from ID` starts there (the first migration: everything); an ID that is not
     one of the queue's is exit 2, naming those that are."""
-    assert trioworker("sql", "--from", "0001.baseline").stdout == trioworker("sql").stdout
+    assert trioworker("sql", "--from", "0001.queue").stdout == trioworker("sql").stdout
     last = trioworker("sql", "--from", QUEUE_MIGRATION_HEAD)
     assert last.returncode == 0
     assert f"-- migration {QUEUE_MIGRATION_HEAD}\n" in last.stdout
-    assert "-- migration 0001.baseline\n" not in last.stdout
     unknown = trioworker("sql", "--from", "0099.nothing")
     assert unknown.returncode == 2
-    assert "no queue migration '0099.nothing': the queue's migrations are 0001.baseline," in (
+    assert "no queue migration '0099.nothing': the queue's migrations are 0001.queue" in (
         unknown.stderr
     )
 

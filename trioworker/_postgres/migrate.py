@@ -54,9 +54,20 @@ _LOCK = (
 )
 
 #: The queue's last migration: an application's first migration depends on it
-#: (`-- depends: 0011.roles`, written from this constant by `trioworker sql`-minded
+#: (`-- depends: 0001.queue`, written from this constant by `trioworker sql`-minded
 #: tools; a test keeps it the last file of migrations/).
-QUEUE_MIGRATION_HEAD = "0011.roles"
+QUEUE_MIGRATION_HEAD = "0001.queue"
+
+#: The ids of the pre-release chain of migrations (before 0.1.0), squashed into
+#: 0001.queue (issue 32). A database that has any of them applied was made by a
+#: pre-release schema: its functions have other names and versions, and the baseline
+#: cannot be applied over it, so it is refused by name (`PreReleaseSchema`), never
+#: half-migrated.
+PRE_RELEASE_MIGRATIONS = frozenset({
+    "0001.baseline", "0002.limits", "0003.failover", "0004.schema", "0005.edges",
+    "0006.scope-checks", "0007.completed", "0008.bounds", "0010.own-locks",
+    "0011.roles", "0012.server-cost", "0013.free-scopes",
+})  # fmt: skip
 
 
 class HasMigrations(Protocol):
@@ -174,7 +185,7 @@ def migrate(dsn: str, *apps: HasMigrations, schema: str | None = None) -> list[s
 
 def pending_migrations(dsn: str, *apps: HasMigrations, schema: str | None = None) -> list[str]:
     """Migrations of the queue (and of `apps`) that the database has not applied yet
-    in `schema`.
+    in `schema`; SchemaNotReady if a pre-release schema is there (`PRE_RELEASE_MIGRATIONS`).
 
     Reads yoyo's bookkeeping table directly: a Worker's role may not create the
     tables yoyo would create on connecting.
@@ -191,7 +202,23 @@ def pending_migrations(dsn: str, *apps: HasMigrations, schema: str | None = None
         if exists and exists[0]:
             rows = conn.execute(sql.SQL("SELECT migration_id FROM {}").format(bookkeeping))
             applied = {str(r[0]) for r in rows}
+    if stale := sorted(applied & PRE_RELEASE_MIGRATIONS):
+        raise pre_release_schema(stale, schema)
     return [m for m in wanted if m not in applied]
+
+
+def pre_release_schema(applied: list[str], schema: str | None) -> SchemaNotReady:
+    """The refusal of a database made by the pre-release chain of migrations."""
+    where = "the database" if schema is None else f"the schema {schema!r}"
+    drop = "the database" if schema is None else f"the schema (DROP SCHEMA {schema} CASCADE)"
+    return SchemaNotReady(
+        f"{where} was made by a pre-release trioworker schema (migrations"
+        f" {', '.join(applied)}), which this version cannot upgrade: its migrations were"
+        f" squashed into {QUEUE_MIGRATION_HEAD} for the first release. Drop and re-create"
+        f" {drop}, then run `python -m trioworker"
+        + ("" if schema is None else f" --schema {schema}")
+        + " migrate` (docs/guide/operating.md, 'Upgrading from a pre-release schema')"
+    )
 
 
 def check_schema(dsn: str, *apps: HasMigrations, schema: str | None = None) -> None:

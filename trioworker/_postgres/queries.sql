@@ -1,13 +1,12 @@
 -- Every statement trioworker sends, each under a `-- name:` header.
 -- Parameters are psycopg named placeholders; identifiers are never interpolated.
--- The transitions themselves are SQL functions (migrations/0001.baseline.sql and
--- those after it), so
--- Python and plain SQL take the same path; writes after a claim are fenced by
--- (id, attempt) there and only touch a Running item.
+-- The transitions themselves are SQL functions, one each (migrations/0001.queue.sql,
+-- section 7), so Python and plain SQL take the same path; writes after a claim are
+-- fenced by (id, attempt) there and only touch a Running item.
 
 -- name: enqueue
 -- One row, or none when a Queued item already holds the dedup key. The triggers
--- place the item in its scope's line (migrations/0001.baseline.sql).
+-- place the item in its scope's line (migrations/0001.queue.sql, section 6).
 INSERT INTO work_items (kind, scope, payload, priority, dedup_key, run_after, trace_context)
 VALUES (%(kind)s, %(scope)s, %(payload)s::jsonb, %(priority)s, %(dedup_key)s,
         COALESCE(%(run_at)s, now() + make_interval(secs => %(delay)s)),
@@ -38,7 +37,7 @@ SELECT id FROM work_items WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 
 -- name: claim
 -- Up to %(limit)s due items of the served kinds whose scopes and kinds have room under
--- their limits (work_claim_v2, migrations/0002.limits.sql: work_scope_full and a claim
+-- their limits (work_claim_v1, migrations/0001.queue.sql: work_scope_full and a claim
 -- lock per scope; under both work_items_one_running_per_scope_slot and
 -- work_items_one_running_per_kind_slot, and work_items_take_slot's refusals
 -- work_items_slot_within_limit and work_items_rate_within_limit, whose names the
@@ -47,77 +46,51 @@ SELECT id FROM work_items WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 -- store reads requested_at as stored (trioworker/_postgres/as_stored.py): an item whose
 -- payload or time Python cannot decode fails on its own (operations.claimed_item), never
 -- the batch.
--- The failover guard (migrations/0003.failover.sql) is asked first: for one lease
+-- The failover guard (work_failover_hold_v1) is asked first: for one lease
 -- after the timeline changed, the claim is given no scopes ('{}'), so it takes
 -- unscoped items alone.
 SELECT id, kind, scope, payload::text AS payload, priority, attempt, stalls, failures,
        requested_at, dedup_key, trace_context::text AS trace_context
-FROM work_claim_v2(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s,
+FROM work_claim_v1(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s,
                    CASE WHEN work_failover_hold_v1(%(lease)s) THEN '{}'::text[]
                         ELSE %(scopes)s::text[] END,
                    %(unscoped)s);
 
 -- name: seconds_until_due
-SELECT work_seconds_until_due_v2(%(kinds)s, %(scopes)s, %(unscoped)s) AS seconds;
+SELECT work_seconds_until_due_v1(%(kinds)s, %(scopes)s, %(unscoped)s) AS seconds;
 
 -- name: heartbeat
--- An attempt that committed its success in its own transaction (completed_at) still
--- renews its lease while its handler runs on; a cancel asked of it is moot (its
--- success is durable), so it is not reported.
-UPDATE work_items
-SET lease_expires_at = now() + make_interval(secs => %(lease)s),
-    heartbeat_at = now()
-WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'Running'
-RETURNING cancel_requested AND completed_at IS NULL AS cancel_requested;
+-- One attempt's lease, waiting for its row if another transaction holds it (one row
+-- back; `lost`: the attempt no longer owns a Running item).
+SELECT id, attempt, cancel_requested, lost
+FROM work_heartbeat_v1(ARRAY[%(id)s]::bigint[], ARRAY[%(attempt)s]::integer[], %(lease)s, true);
 
 -- name: heartbeat_many
--- One statement renews every lease a Worker holds. A row another transaction holds
--- (its attempt's fenced transaction, an operator's) is passed over, never waited for;
--- `lost` reads the rows as the statement's snapshot saw them: an attempt that no longer
--- owns a Running item. A cancel asked of a completed attempt is moot, as in `heartbeat`.
-WITH asked AS (
-    SELECT a.id, a.attempt
-    FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS a (id, attempt)
-), locked AS (
-    SELECT w.id FROM work_items AS w JOIN asked AS a ON w.id = a.id AND w.attempt = a.attempt
-    WHERE w.status = 'Running'
-    FOR NO KEY UPDATE OF w SKIP LOCKED
-), renewed AS (
-    UPDATE work_items AS w
-    SET lease_expires_at = now() + make_interval(secs => %(lease)s), heartbeat_at = now()
-    FROM locked WHERE w.id = locked.id
-    RETURNING w.id, w.attempt, w.cancel_requested AND w.completed_at IS NULL AS cancel_requested
-)
-SELECT a.id, a.attempt, r.cancel_requested,
-       r.id IS NULL AND NOT EXISTS (
-           SELECT FROM work_items AS w
-           WHERE w.id = a.id AND w.attempt = a.attempt AND w.status = 'Running'
-       ) AS lost
-FROM asked AS a LEFT JOIN renewed AS r ON r.id = a.id AND r.attempt = a.attempt;
+-- One statement renews every lease a Worker holds (work_heartbeat_v1): a row another
+-- transaction holds (its attempt's fenced transaction, an operator's) is passed over,
+-- never waited for (neither renewed nor lost); a cancel asked of a completed attempt
+-- is moot.
+SELECT id, attempt, cancel_requested, lost
+FROM work_heartbeat_v1(%(ids)s::bigint[], %(attempts)s::integer[], %(lease)s);
 
 -- name: lock_attempt
--- A fenced transaction's first statement: the attempt's row, locked until the commit
--- (a heartbeat of the item waits for it), if the attempt still owns it.
-SELECT id FROM work_items
-WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'Running'
-FOR NO KEY UPDATE;
+-- A fenced transaction's first statement, the fence (work_fence_v1): the attempt's row,
+-- locked until the commit (a heartbeat of the item passes it over), if the attempt
+-- still owns it.
+SELECT work_fence_v1(%(id)s, %(attempt)s) AS fenced;
 
 -- name: complete_in_transaction
--- A fenced transaction's last statement when the handler called `tx.complete()`: the
--- attempt's success, noted in the handler's own commit (durable), on its row locked by
--- lock_attempt. The row stays Running, holding its scope's slot and its kind's, until
--- the Worker finishes it (`finish`, Succeeded) once the handler has returned, or lease
--- recovery does (migrations/0007.completed.sql). statement_timestamp(), not now(): the
--- transaction began before the handler's own statements.
-UPDATE work_items SET completed_at = COALESCE(completed_at, statement_timestamp())
-WHERE id = %(id)s AND attempt = %(attempt)s AND status = 'Running'
-RETURNING id;
+-- A fenced transaction's last statement when the handler called `tx.complete()`
+-- (work_complete_v1): the attempt's success, noted in the handler's own commit. The row
+-- stays Running, holding its slots, until the Worker finishes it Succeeded once the
+-- handler has returned, or lease recovery does.
+SELECT work_complete_v1(%(id)s, %(attempt)s) AS completed;
 
 -- name: finish
 -- Succeeded, Failed or Cancelled, for many attempts at once; the ids written. With
 -- wait false, rows another transaction holds are passed over. An attempt that
 -- committed its success in its own transaction is only ever finished Succeeded.
-SELECT id FROM work_finish_v2(%(ids)s, %(attempts)s, %(status)s, %(reason)s, %(error)s,
+SELECT id FROM work_finish_v1(%(ids)s, %(attempts)s, %(status)s, %(reason)s, %(error)s,
                            %(wait)s, %(traceback)s) AS id;
 
 -- name: requeue
@@ -125,7 +98,7 @@ SELECT id FROM work_finish_v2(%(ids)s, %(attempts)s, %(status)s, %(reason)s, %(e
 -- with the same dedup key ('Running': such an item is being enqueued; try again).
 -- An attempt that committed its success in its own transaction is passed over.
 SELECT id, status
-FROM work_requeue_v2(%(ids)s, %(attempts)s, %(cause)s, %(delay)s, %(error)s, %(traceback)s);
+FROM work_requeue_v1(%(ids)s, %(attempts)s, %(cause)s, %(delay)s, %(error)s, %(traceback)s);
 
 -- name: recover_expired_leases
 -- With the Worker of each stalled attempt: `held` reads the Running rows as they were
@@ -136,25 +109,25 @@ WITH held AS (
     WHERE status = 'Running' AND lease_expires_at < now()
 )
 SELECT r.id, r.kind, r.scope, r.attempt, r.stalls, r.status, r.reason, held.worker_id
-FROM work_recover_v2(%(max_stalls)s, %(batch)s) AS r
+FROM work_recover_v1(%(max_stalls)s, %(batch)s) AS r
 LEFT JOIN held ON held.id = r.id AND held.attempt = r.attempt;
 
 -- name: held_leases
 -- Expired items lease recovery passes over because another session holds their row, a
--- whole lease after their lease ran out (work_held_leases_v1, migrations/0010.own-locks.sql).
+-- whole lease after their lease ran out (work_held_leases_v1).
 SELECT id, kind, scope, attempt, worker_id, expired_for, holder
 FROM work_held_leases_v1(%(limit)s);
 
 -- name: request_cancel
 -- NULL for an item already finished, or whose attempt committed its success in its own
--- transaction (work_request_cancel_v2).
-SELECT work_request_cancel_v2(%(id)s) AS status;
+-- transaction (work_request_cancel_v1).
+SELECT work_request_cancel_v1(%(id)s) AS status;
 
 -- name: settle_noted_scopes
 SELECT work_settle_noted_v1(%(limit)s) AS settled;
 
 -- name: repair_heads
-SELECT scope, promoted FROM work_repair_v2(%(limit)s);
+SELECT scope, promoted FROM work_repair_v1(%(limit)s);
 
 -- name: pause
 SELECT work_pause_v1(%(kind)s, %(scope)s) AS changed;
@@ -167,8 +140,8 @@ SELECT kind, scope, paused_at FROM work_pauses ORDER BY paused_at;
 
 -- name: retry_items
 -- Each retry noted in the item's history (`operator-retry`, an attempt number of its
--- own) by the same function (work_retry_v2, migrations/0011.roles.sql).
-SELECT id FROM work_retry_v2(%(ids)s) AS id;
+-- own) by the same function (work_retry_v1).
+SELECT id FROM work_retry_v1(%(ids)s) AS id;
 
 -- name: failed_items
 -- Failed items of a kind (all kinds when NULL) that finished since %(since)s, oldest first.
@@ -217,8 +190,7 @@ SELECT status FROM work_items WHERE id = %(id)s;
 -- from %(after)s on, read from the work_items_finished index in finished_at order (no
 -- scan of the table; the caller passes the last batch's latest finished_at, so rows
 -- of other statuses are walked once in all), rows another transaction holds left
--- alone; the finished_at of each deleted (work_delete_finished_v1,
--- migrations/0011.roles.sql). Their attempt history goes with them.
+-- alone; the finished_at of each deleted (work_delete_finished_v1). Their attempt history goes with them.
 SELECT finished_at
 FROM work_delete_finished_v1(%(statuses)s, %(after)s, %(older_than)s, %(batch)s) AS finished_at;
 
@@ -349,7 +321,7 @@ WHERE NOT EXISTS (
 ORDER BY q.kind;
 
 -- name: channels
--- The NOTIFY channels of the queue's schema (work_channel, migrations/0004.schema.sql):
+-- The NOTIFY channels of the queue's schema (work_channel):
 -- trioworker and trioworker_settle in public, suffixed by the schema's name elsewhere.
 SELECT work_channel('trioworker') AS notify, work_channel('trioworker_settle') AS settle;
 
@@ -369,7 +341,7 @@ SELECT pg_notify('trioworker_probe', '');
 -- name: unlisten_probe
 UNLISTEN trioworker_probe;
 
--- -- limits (migrations/0002.limits.sql) ---------------------------------------------------
+-- -- limits (docs/design/limits.md) --------------------------------------------------------
 
 -- name: set_limit
 -- NULL keeps what is set; the row as it now is (none: the limit was removed).

@@ -68,7 +68,7 @@ log = logging.getLogger("trioworker.store")
 T = TypeVar("T")
 Op = Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]
 
-#: The unique indexes over Running rows (migrations/0002.limits.sql): a scope's slots
+#: The unique indexes over Running rows (migrations/0001.queue.sql): a scope's slots
 #: and a limited kind's. For a scope at limit 1 (the default), the first is the founding
 #: rule: at most one Running item per scope.
 RUNNING_SCOPE_INDEX = "work_items_one_running_per_scope_slot"
@@ -291,11 +291,12 @@ class PostgresStore:
         async with self._conns.transaction(refuse_commit=refuse, bounds=bounds) as conn:
             tx = PostgresFencedTransaction(self._conns, conn, id, attempt)
             params = {"id": id, "attempt": attempt}
-            if not await tx.execute(self._sql["lock_attempt"], params):
+            [(fenced,)] = await tx.execute(self._sql["lock_attempt"], params)
+            if not fenced:
                 raise Lost(f"item {id} attempt {attempt} no longer owns the item; nothing written")
             yield tx
             if tx.completes:
-                noted = await tx.execute(self._sql["complete_in_transaction"], params)
+                [(noted,)] = await tx.execute(self._sql["complete_in_transaction"], params)
                 if not noted:  # pragma: no cover - the row is locked since lock_attempt
                     raise Lost(f"item {id} attempt {attempt} could not be completed")
 
@@ -384,10 +385,10 @@ class PostgresStore:
     async def heartbeat(
         self, id: int, attempt: int, lease: float
     ) -> Heartbeat:  # pragma: no mutate block
-        rows = await self._rows("heartbeat", {"id": id, "attempt": attempt, "lease": lease})
-        if not rows:
+        [row] = await self._rows("heartbeat", {"id": id, "attempt": attempt, "lease": lease})
+        if row["lost"]:
             return Heartbeat.LOST
-        return Heartbeat.CANCEL_REQUESTED if rows[0]["cancel_requested"] else Heartbeat.OK
+        return Heartbeat.CANCEL_REQUESTED if row["cancel_requested"] else Heartbeat.OK
 
     async def heartbeat_many(
         self, attempts: Sequence[tuple[int, int]], lease: float

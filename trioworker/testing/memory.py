@@ -232,7 +232,7 @@ class MemoryStore:
     def _fenced(self, id: int, attempt: int, *, completed: bool = True) -> _Row | None:
         """The attempt's Running row (None: it is not the attempt's). With `completed`
         false, not one whose attempt committed its success in its own transaction:
-        only finishing it Succeeded applies to that (work_finish_v2)."""
+        only finishing it Succeeded applies to that (work_finish_v1)."""
         row = self._rows.get(id)
         if row is None or row.attempt != attempt or row.status is not Status.RUNNING:
             return None

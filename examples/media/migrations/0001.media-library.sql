@@ -7,7 +7,7 @@
 -- config and the content hash alone: an asset that comes back with the same content
 -- shares the folder of its soft-deleted predecessor, which is why a purge must never
 -- run beside a crawl of the same config.
--- depends: 0001.baseline
+-- depends: 0001.queue
 
 CREATE TABLE media_storage_configs (
     id          text        PRIMARY KEY,
