@@ -117,6 +117,7 @@ APPLICATIONS = [
     "failed_items",
     "count_finished",
     "kind_seen",
+    "kinds_served",
     "scope_holder",
     "seconds_until_due",
     "channels",
