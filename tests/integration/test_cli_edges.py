@@ -276,6 +276,7 @@ def test_migrate_says_one_line_per_migration(databases: Any) -> None:
         "applied 0008.bounds",
         "applied 0010.own-locks",
         "applied 0011.roles",
+        "applied 0014.results-steps",
     ]  # fmt: skip
     assert again.stdout == "schema is up to date\n"
 

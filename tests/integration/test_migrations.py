@@ -47,8 +47,8 @@ def tables(dsn: str) -> list[str]:
 QUEUE_TABLES = [
     "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_attempts", "work_claim_locks",
     "work_failover_guard", "work_items", "work_limits", "work_pauses", "work_rate_slots",
-    "work_schedules", "work_settle_locks", "work_unsettled_scopes", "work_workers",
-    "yoyo_lock",
+    "work_schedules", "work_settle_locks", "work_steps", "work_unsettled_scopes",
+    "work_workers", "yoyo_lock",
 ]  # fmt: skip
 MEDIA_TABLES = [
     "media_assets", "media_bursts", "media_proxies", "media_share_tokens",
@@ -130,6 +130,7 @@ RELEASED = {
     "0008.bounds.sql": "d7439eec98c8ceef634a1e054c4cdde6233e7fd22161a04785650376eeedb568",
     "0010.own-locks.sql": "b203677261a07467c72e743f30dc1de34655ac84fe6b3836d57c9d39a937888f",
     "0011.roles.sql": "5b34148795b8eb7aa288be6499f4d6a5365f29b421408a89610729ced80d23b3",
+    "0014.results-steps.sql": "a2844b14ca584f99c76c2b2e62ab1af862adf282542c8bd09daa547291d8fd29",
 }
 
 

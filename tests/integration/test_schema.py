@@ -87,6 +87,7 @@ def test_the_cli_a_worker_and_the_dashboard_run_in_a_schema_of_their_own(
             "applied 0008.bounds",
             "applied 0010.own-locks",
             "applied 0011.roles",
+            "applied 0014.results-steps",
         ]
         assert cli(app_dsn, "migrate", "--schema", "tenant_a").stdout == "schema is up to date\n"
         env = {"TRIOWORKER_SCHEMA": "tenant_a"}

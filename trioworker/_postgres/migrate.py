@@ -54,9 +54,9 @@ _LOCK = (
 )
 
 #: The queue's last migration: an application's first migration depends on it
-#: (`-- depends: 0011.roles`, written from this constant by `trioworker sql`-minded
+#: (`-- depends: 0014.results-steps`, written from this constant by `trioworker sql`-minded
 #: tools; a test keeps it the last file of migrations/).
-QUEUE_MIGRATION_HEAD = "0011.roles"
+QUEUE_MIGRATION_HEAD = "0014.results-steps"
 
 
 class HasMigrations(Protocol):
