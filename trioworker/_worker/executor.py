@@ -22,7 +22,7 @@ from typing import Protocol
 
 import trio
 
-from trioworker._core.errors import DatabaseUnavailable, HandlerTimeout, StoreError
+from trioworker._core.errors import DatabaseUnavailable, HandlerTimeout, Lost, StoreError
 from trioworker._core.jsontext import UndecodableValue
 from trioworker._core.model import WorkItem
 from trioworker._core.policy import (
@@ -296,6 +296,8 @@ class Executor:
         reason = attempt.reason
         if reason is not None and only_cancelled(error):
             error = None  # its own cancellation, as asked: no error of the handler's
+        elif reason is CancelReason.LOST and isinstance(error, Lost):
+            error = None  # a step's record found it lost (`Context.step`): said once
         lost = any(holds(error, link) for link in attempt.database_errors)
         outcome = Outcome(error=error, database_lost=lost)
         if reason is CancelReason.TIMEOUT:  # a handler failure, retried by the kind's policy
