@@ -22,6 +22,7 @@ from trioworker import (
     RetryPolicy,
     Settings,
     Status,
+    UnstorableResult,
     WorkItem,
 )
 
@@ -302,3 +303,72 @@ async def test_a_step_needs_a_name(autojump_clock: trio.testing.MockClock, name:
         await trio.sleep(5)
     assert ran == [] and len(raised) == 1
     assert "a step's name is a non-empty string of at most 200 characters" in str(raised[0])
+
+
+async def test_a_steps_value_that_cannot_be_stored_raises_naming_the_step(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """UnstorableResult names the step; nothing is recorded. A step returning None
+    records None, and a name of 200 characters is fine. The record is a fenced
+    transaction under the Worker's fenced_server_timeout."""
+    store, registry = ScriptedStore(), Registry()
+    raised: list[BaseException] = []
+    got: list[Any] = []
+    long_name = "s" * 200
+
+    async def unstorable() -> Any:
+        return {"when": object()}
+
+    async def nothing() -> None:
+        return None
+
+    @registry.handler("Crawl", retry=ONCE)
+    async def crawl(item: WorkItem, ctx: Context) -> None:
+        try:
+            await ctx.step("bad value", unstorable)
+        except UnstorableResult as exc:
+            raised.append(exc)
+        got.append(await ctx.step(long_name, nothing))
+        got.append(await ctx.step(long_name, unstorable))  # recorded: not called
+
+    await store.enqueue("Crawl")
+    async with running(store, registry, Settings(lease=40)):
+        await trio.sleep(5)
+    assert [str(e) for e in raised] == [
+        "step 'bad value''s value is not JSON-serialisable: Object of type object is not"
+        " JSON serializable"
+    ]
+    assert got == [None, None]
+    assert await store.step(1, "bad value") == (False, None)
+    assert await store.step(1, long_name) == (True, None)
+    assert store.server_timeouts == [Settings(lease=40).fenced_server_timeout]
+    assert store.items()[0].status is Status.SUCCEEDED
+
+
+async def test_two_tasks_of_one_attempt_in_one_step_get_the_first_recorded_value(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two tasks of the handler run a step of the same name at once: both functions run
+    (neither was recorded when they began), the first to record wins, and both tasks
+    get its value."""
+    store, registry = ScriptedStore(), Registry()
+    got: list[Any] = []
+
+    async def value(n: int, delay: float) -> int:
+        await trio.sleep(delay)
+        return n
+
+    async def take(ctx: Context, n: int, delay: float) -> None:
+        got.append(await ctx.step("same", value, n, delay))
+
+    @registry.handler("Crawl")
+    async def crawl(item: WorkItem, ctx: Context) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(take, ctx, 1, 1.0)
+            nursery.start_soon(take, ctx, 2, 2.0)
+
+    await store.enqueue("Crawl")
+    async with running(store, registry):
+        await trio.sleep(5)
+    assert got == [1, 1]
+    assert await store.step(1, "same") == (True, 1)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 import trio
 
-from trioworker._core.errors import DatabaseUnavailable, Lost, SelfStopped
+from trioworker._core.errors import DatabaseUnavailable, Lost
 from trioworker._core.model import WorkItem
 from trioworker._core.validation import result_json
 from trioworker._worker.logging import item_logger
@@ -222,9 +222,8 @@ class Context:
         except DatabaseUnavailable as exc:
             attempt.database_errors.append(exc)
             raise
-        except Lost as exc:
-            if not isinstance(exc, SelfStopped):
-                self._shared.lost(attempt)
+        except Lost:  # SelfStopped too: past its deadline, the self-stop is its reason
+            self._shared.lost(attempt)
             raise
         if not recorded:  # this attempt recorded it already, in a step of the same name
             return (await steps.step(item.id, name))[1]
