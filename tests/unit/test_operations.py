@@ -370,6 +370,7 @@ def test_result_state() -> None:
     """Waiting for a result reads the item's status: not ended yet, its result once
     Succeeded, ItemNotSucceeded naming the status and error otherwise, UnknownItem for
     no item."""
+    assert operations.result_state(7).name == "result_state"
     sent = [Query("result_state", {"id": 7})]
     row = {"status": "Running", "reason": None, "error": None, "result": None}
     assert run(operations.result_state(7), [row]) == ((False, None), sent)

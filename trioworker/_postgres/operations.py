@@ -311,12 +311,8 @@ def _show_steps(id: int) -> Steps[ItemDetails | None]:
     return ItemDetails(item, history, (yield from _steps_steps(id)))
 
 
-def steps(id: int) -> Operation[list[StepRecord]]:
-    """Item `id`'s recorded steps (`ctx.step`), in the order they were recorded."""
-    return Operation("steps", lambda: _steps_steps(id))
-
-
 def _steps_steps(id: int) -> Steps[list[StepRecord]]:
+    """Item `id`'s recorded steps (`ctx.step`), in the order they were recorded."""
     rows = yield Query("steps", {"id": id}, as_stored=True)
     return [StepRecord(**{**row, "result": loads_or_mark(row.get("result"))}) for row in rows]
 
