@@ -842,6 +842,20 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_items_result_refused()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'check_violation',
+        CONSTRAINT = 'work_items_result_bounded',
+        SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+        MESSAGE = 'new row for relation "work_items" violates work_items_result_bounded:'
+                  ' a result is at most 131072 bytes as JSON text and nests at most 64 deep',
+        DETAIL = format('Failing row has id = %s, status = %s.', NEW.id, NEW.status);
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_items_take_slot()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -2055,7 +2069,7 @@ CREATE TRIGGER work_items_counters_bounded BEFORE INSERT OR UPDATE OF attempt, s
 CREATE TRIGGER work_items_depart_delete AFTER DELETE ON public.work_items FOR EACH ROW WHEN ((((old.status = 'Running'::text) OR old.is_head) AND (old.scope IS NOT NULL) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_depart();
 CREATE TRIGGER work_items_depart_update AFTER UPDATE OF status, scope, kind, priority, run_after ON public.work_items FOR EACH ROW WHEN ((((old.status = 'Running'::text) OR old.is_head) AND (old.scope IS NOT NULL) AND (((((old.status IS DISTINCT FROM new.status) OR (old.scope IS DISTINCT FROM new.scope)) OR (old.kind IS DISTINCT FROM new.kind)) OR (old.priority IS DISTINCT FROM new.priority)) OR (old.run_after IS DISTINCT FROM new.run_after)) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_depart();
 CREATE TRIGGER work_items_notify_unscoped AFTER INSERT ON public.work_items REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION work_items_notify_unscoped();
-CREATE TRIGGER work_items_result_bounded BEFORE INSERT OR UPDATE OF result ON public.work_items FOR EACH ROW WHEN (((new.result IS NOT NULL) AND ((octet_length((new.result)::text) > 131072) OR jsonb_path_exists(new.result, 'strict $.**{64}'::jsonpath)))) EXECUTE FUNCTION work_refuse_row('work_items_result_bounded', 'a result is at most 131072 bytes as JSON text and nests at most 64 deep', 'id', 'status');
+CREATE TRIGGER work_items_result_bounded BEFORE INSERT OR UPDATE OF result ON public.work_items FOR EACH ROW WHEN (((new.result IS NOT NULL) AND ((octet_length((new.result)::text) > 131072) OR jsonb_path_exists(new.result, 'strict $.**{64}'::jsonpath)))) EXECUTE FUNCTION work_items_result_refused();
 CREATE TRIGGER work_items_take_slot BEFORE INSERT OR UPDATE OF status, scope, kind, scope_slot, kind_slot ON public.work_items FOR EACH ROW WHEN (((new.status = 'Running'::text) OR (new.scope_slot IS NOT NULL) OR (new.kind_slot IS NOT NULL))) EXECUTE FUNCTION work_items_take_slot();
 CREATE TRIGGER work_limits_changed AFTER INSERT OR DELETE OR UPDATE ON public.work_limits FOR EACH ROW EXECUTE FUNCTION work_limits_changed();
 CREATE CONSTRAINT TRIGGER work_limits_settle AFTER INSERT OR DELETE OR UPDATE ON public.work_limits DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION work_limits_settle();

@@ -29,15 +29,27 @@
 
 ALTER TABLE work_items ADD COLUMN result jsonb;
 
+-- Refuses the row, as a CHECK named work_items_result_bounded would (0008.bounds.sql's
+-- work_refuse_row does the same for its bounds; this one is its own, so that the
+-- migration stands on what it makes).
+CREATE FUNCTION work_items_result_refused() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'check_violation',
+        CONSTRAINT = 'work_items_result_bounded',
+        SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+        MESSAGE = 'new row for relation "work_items" violates work_items_result_bounded:'
+                  ' a result is at most 131072 bytes as JSON text and nests at most 64 deep',
+        DETAIL = format('Failing row has id = %s, status = %s.', NEW.id, NEW.status);
+END
+$$;
+
 CREATE TRIGGER work_items_result_bounded
     BEFORE INSERT OR UPDATE OF result ON work_items
     FOR EACH ROW WHEN (NEW.result IS NOT NULL
                        AND (octet_length(NEW.result::text) > 131072
                             OR jsonb_path_exists(NEW.result, 'strict $.**{64}')))
-    EXECUTE FUNCTION work_refuse_row(
-        'work_items_result_bounded',
-        'a result is at most 131072 bytes as JSON text and nests at most 64 deep',
-        'id', 'status');
+    EXECUTE FUNCTION work_items_result_refused();
 
 CREATE TABLE work_steps (
     item_id bigint NOT NULL REFERENCES work_items (id) ON DELETE CASCADE,

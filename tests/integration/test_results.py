@@ -216,3 +216,24 @@ async def test_two_attempts_of_one_item_the_stale_ones_step_and_result_are_refus
     assert rows.fetchall() == [(step_item, "scan", 2, 2)]
     states = pg.execute("SELECT id, status, attempt FROM work_items ORDER BY id")
     assert states.fetchall() == [(step_item, "Succeeded", 2), (result_item, "Succeeded", 2)]
+
+
+def test_the_schema_bounds_a_result_and_a_steps_value_as_a_payload(pg: Conn) -> None:
+    """Plain SQL (even the owner's) cannot store a result or a step's value nested
+    deeper than 64 or over 128 KiB: refused by the bound's name, as a CHECK would be (64
+    empty lists, a payload's bound, are stored)."""
+    id = pg.execute("INSERT INTO work_items (kind) VALUES ('K') RETURNING id").fetchone()[0]  # type: ignore[index]
+    deep = "[" * 65 + "]" * 65
+    big = json.dumps("x" * 131_072)
+    for value, bound in [(deep, "work_items_result_bounded"), (big, "work_items_result_bounded")]:
+        with pytest.raises(psycopg.errors.CheckViolation) as refused:
+            pg.execute("UPDATE work_items SET result = %s::jsonb WHERE id = %s", [value, id])
+        assert refused.value.diag.constraint_name == bound
+    for value, bound in [(deep, "work_steps_result_depth"), (big, "work_steps_result_fits")]:
+        with pytest.raises(psycopg.errors.CheckViolation) as refused:
+            pg.execute(
+                "INSERT INTO work_steps (item_id, name, attempt, result) VALUES (%s, 'n', 1, %s)",
+                [id, value],
+            )
+        assert refused.value.diag.constraint_name == bound
+    pg.execute("UPDATE work_items SET result = %s::jsonb WHERE id = %s", ["[" * 64 + "]" * 64, id])
