@@ -14,15 +14,15 @@ REVOKE ALL ON ALL SEQUENCES IN SCHEMA trioworker
 REVOKE ALL ON ALL ROUTINES IN SCHEMA trioworker
     FROM PUBLIC, trioworker_client, trioworker_worker, trioworker_operator;
 
--- Read: the items, their attempts, the Workers, schedules, pauses and limits (`show`,
--- `status`, the results an application waits for), and which migrations were applied
+-- Read: the items (their results too), their attempts and steps, the Workers, schedules,
+-- pauses and limits (`show`, `status`, the results an application waits for), and which migrations were applied
 -- (every command checks the schema first). Not the failover guard nor the scopes noted
 -- for settling: only the transitions read those. Nothing at all on the queue's own locks
 -- (work_settle_locks, work_claim_locks, migrations/0001.queue.sql): locking a row
 -- needs a privilege on its table, and only the transitions, running as the owner, take
 -- them, so no role can hold one and stop the claims or settles of its scopes.
 GRANT SELECT ON TABLE work_items, work_attempts, work_workers, work_schedules, work_pauses,
-    work_limits, work_rate_slots, _yoyo_migration
+    work_limits, work_rate_slots, work_steps, _yoyo_migration
     TO trioworker_client, trioworker_worker, trioworker_operator;
 
 -- Enqueue, by every path (the CLI, Client, AsyncClient, a plain INSERT): the columns an
@@ -55,6 +55,9 @@ BEGIN
             ('claim', 'trioworker_worker'),
             ('failover_hold', 'trioworker_worker'),
             ('finish', 'trioworker_worker'),
+            ('finish_result', 'trioworker_worker'),
+            ('complete_result', 'trioworker_worker'),
+            ('record_step', 'trioworker_worker'),
             ('requeue', 'trioworker_worker'),
             ('recover', 'trioworker_worker'),
             ('settle_noted', 'trioworker_worker'),

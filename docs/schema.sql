@@ -64,6 +64,7 @@ CREATE TABLE work_items (
     scope_slot integer,
     kind_slot integer,
     completed_at timestamp with time zone,
+    result jsonb,
     CONSTRAINT work_items_completed_only_running_or_succeeded CHECK (((completed_at IS NULL) OR (status = ANY (ARRAY['Running'::text, 'Succeeded'::text])))),
     CONSTRAINT work_items_counters_sane CHECK (((attempt >= 0) AND (stalls >= 0) AND (failures >= 0))),
     CONSTRAINT work_items_dedup_key_sane CHECK (((dedup_key <> ''::text) AND (length(dedup_key) <= 200))),
@@ -160,6 +161,22 @@ CREATE TABLE work_settle_locks (
     stripe integer NOT NULL,
     CONSTRAINT work_settle_locks_pkey PRIMARY KEY (stripe),
     CONSTRAINT work_settle_locks_stripe_check CHECK (((stripe >= 0) AND (stripe <= 16383)))
+);
+
+
+CREATE TABLE work_steps (
+    item_id bigint NOT NULL,
+    name text NOT NULL,
+    attempt integer NOT NULL,
+    result jsonb,
+    recorded_at timestamp with time zone NOT NULL DEFAULT now(),
+    CONSTRAINT work_steps_attempt_sane CHECK (((attempt >= 1) AND (attempt <= 2147483647))),
+    CONSTRAINT work_steps_item_id_fkey FOREIGN KEY (item_id) REFERENCES work_items(id) ON DELETE CASCADE,
+    CONSTRAINT work_steps_name_sane CHECK (((length(name) >= 1) AND (length(name) <= 200))),
+    CONSTRAINT work_steps_pkey PRIMARY KEY (item_id, name),
+    CONSTRAINT work_steps_recorded_in_range CHECK (((recorded_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (recorded_at <= '9000-01-01 00:00:00+00'::timestamp with time zone))),
+    CONSTRAINT work_steps_result_depth CHECK ((NOT jsonb_path_exists(result, 'strict $.**{64}'::jsonpath))),
+    CONSTRAINT work_steps_result_fits CHECK ((octet_length((result)::text) <= 131072))
 );
 
 
@@ -384,6 +401,18 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_complete_result_v1(p_id bigint, p_attempt integer, p_result jsonb)
+ RETURNS SETOF bigint
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+    UPDATE work_items
+    SET completed_at = COALESCE(completed_at, statement_timestamp()), result = p_result
+    WHERE id = p_id AND attempt = p_attempt AND status = 'Running'
+    RETURNING id;
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_complete_v1(p_id bigint, p_attempt integer)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -458,6 +487,36 @@ BEGIN
     WHERE w.id = p_id AND w.attempt = p_attempt AND w.status = 'Running'
     FOR NO KEY UPDATE;
     RETURN FOUND;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_finish_result_v1(p_ids bigint[], p_attempts integer[], p_results jsonb[], p_wait boolean DEFAULT true)
+ RETURNS SETOF bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+DECLARE
+    done_ids bigint[];
+BEGIN
+    IF cardinality(p_ids) <> cardinality(p_results)
+       OR cardinality(p_ids) <> cardinality(p_attempts) THEN
+        RAISE EXCEPTION 'work_finish_result_v1: ids, attempts and results differ in length';
+    END IF;
+    SELECT array_agg(f) INTO done_ids
+    FROM work_finish_v1(p_ids, p_attempts, 'Succeeded', NULL, NULL, p_wait, NULL) AS f;
+    IF done_ids IS NULL THEN
+        RETURN;
+    END IF;
+    UPDATE work_items AS w SET result = d.result
+    FROM unnest(p_ids, p_results) AS d (id, result)
+    WHERE w.id = d.id AND w.id = ANY (done_ids) AND d.result IS NOT NULL
+      AND w.status = 'Succeeded';
+    PERFORM pg_notify('trioworker_result', d::text) FROM unnest(done_ids) AS d;
+    RETURN QUERY SELECT unnest(done_ids);
 END
 $function$;
 
@@ -774,6 +833,20 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_items_result_refused()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'check_violation',
+        CONSTRAINT = 'work_items_result_bounded',
+        SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+        MESSAGE = 'new row for relation "work_items" violates work_items_result_bounded:'
+                  ' a result is at most 131072 bytes as JSON text and nests at most 64 deep',
+        DETAIL = format('Failing row has id = %s, status = %s.', NEW.id, NEW.status);
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_items_take_slot()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -1062,6 +1135,26 @@ CREATE OR REPLACE FUNCTION public.work_rate_room(p_limit_id bigint, p_per interv
  RETURNS integer
  LANGUAGE sql
 RETURN ((SELECT count(*) AS count FROM (SELECT 1 AS "?column?" FROM work_rate_slots s WHERE ((s.limit_id = work_rate_room.p_limit_id) AND (s.started_at <= (now() - work_rate_room.p_per))) ORDER BY s.started_at LIMIT work_rate_room.p_want FOR UPDATE OF s SKIP LOCKED) open))::integer;
+
+CREATE OR REPLACE FUNCTION public.work_record_step_v1(p_id bigint, p_attempt integer, p_name text, p_result jsonb)
+ RETURNS text
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+BEGIN
+    PERFORM 1 FROM work_items
+    WHERE id = p_id AND attempt = p_attempt AND status = 'Running'
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'lost';
+    END IF;
+    INSERT INTO work_steps (item_id, name, attempt, result)
+    VALUES (p_id, p_name, p_attempt, p_result)
+    ON CONFLICT (item_id, name) DO NOTHING;
+    RETURN CASE WHEN FOUND THEN 'recorded' ELSE 'recorded before' END;
+END
+$function$;
 
 CREATE OR REPLACE FUNCTION public.work_recover_v1(p_max_stalls integer, p_batch integer)
  RETURNS TABLE(id bigint, kind text, scope text, attempt integer, stalls integer, status text, reason text)
@@ -1528,7 +1621,8 @@ BEGIN
         WHERE ns.nspname = home
           AND (p.proname ~ ('^work_(claim|failover_hold|finish|requeue|recover|settle_noted'
                             '|repair|request_cancel|retry|pause|resume|set_limit|clear_limit'
-                            '|delete_finished)_v[0-9]+$')
+                            '|delete_finished|finish_result|complete_result|record_step)'
+                            '_v[0-9]+$')
                OR p.proname IN ('work_items_confirm_place', 'work_limits_settle'))
           AND NOT (p.prosecdef
                    AND 'search_path=' || path = ANY (COALESCE(p.proconfig, '{}'))
@@ -1818,6 +1912,7 @@ CREATE TRIGGER work_items_counters_bounded BEFORE INSERT OR UPDATE OF attempt, s
 CREATE TRIGGER work_items_depart_delete AFTER DELETE ON public.work_items FOR EACH ROW WHEN ((((old.status = 'Running'::text) OR old.is_head) AND (old.scope IS NOT NULL) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_depart();
 CREATE TRIGGER work_items_depart_update AFTER UPDATE OF status, scope, kind, priority, run_after ON public.work_items FOR EACH ROW WHEN ((((old.status = 'Running'::text) OR old.is_head) AND (old.scope IS NOT NULL) AND (((((old.status IS DISTINCT FROM new.status) OR (old.scope IS DISTINCT FROM new.scope)) OR (old.kind IS DISTINCT FROM new.kind)) OR (old.priority IS DISTINCT FROM new.priority)) OR (old.run_after IS DISTINCT FROM new.run_after)) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_depart();
 CREATE TRIGGER work_items_notify_unscoped AFTER INSERT ON public.work_items REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION work_items_notify_unscoped();
+CREATE TRIGGER work_items_result_bounded BEFORE INSERT OR UPDATE OF result ON public.work_items FOR EACH ROW WHEN (((new.result IS NOT NULL) AND ((octet_length((new.result)::text) > 131072) OR jsonb_path_exists(new.result, 'strict $.**{64}'::jsonpath)))) EXECUTE FUNCTION work_items_result_refused();
 CREATE TRIGGER work_items_take_slot BEFORE INSERT OR UPDATE OF status, scope, kind, scope_slot, kind_slot ON public.work_items FOR EACH ROW WHEN (((new.status = 'Running'::text) OR (new.scope_slot IS NOT NULL) OR (new.kind_slot IS NOT NULL))) EXECUTE FUNCTION work_items_take_slot();
 CREATE TRIGGER work_limits_changed AFTER INSERT OR DELETE OR UPDATE ON public.work_limits FOR EACH ROW EXECUTE FUNCTION work_limits_changed();
 CREATE CONSTRAINT TRIGGER work_limits_settle AFTER INSERT OR DELETE OR UPDATE ON public.work_limits DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION work_limits_settle();

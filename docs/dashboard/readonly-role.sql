@@ -30,4 +30,4 @@ END
 $$;
 
 GRANT SELECT ON TABLE work_items, work_attempts, work_workers, work_schedules, work_pauses,
-    work_limits, _yoyo_migration TO trioworker_dashboard;
+    work_limits, work_steps, _yoyo_migration TO trioworker_dashboard;

@@ -14,6 +14,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -55,6 +56,27 @@ def list_originals(root: Path) -> list[str]:
             if not name.startswith("."):
                 found.append(os.path.relpath(os.path.join(folder, name), root))
     return sorted(found)
+
+
+def by_folder(originals: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """The originals (relative paths, sorted) grouped by their folder ("" for the
+    root's own files), folders in order."""
+    folders: dict[str, list[str]] = {}
+    for relpath in originals:
+        folders.setdefault(os.path.dirname(relpath), []).append(relpath)
+    return sorted(folders.items())
+
+
+#: A step's name is at most 200 characters; a longer folder is named by its hash.
+STEP_NAME_LIMIT = 200
+
+
+def folder_step(folder: str) -> str:
+    """The name of the crawl's step that scans `folder`."""
+    name = f"scan folder {folder or '.'}"
+    if len(name) <= STEP_NAME_LIMIT:
+        return name
+    return f"scan folder #{hashlib.blake2b(folder.encode(), digest_size=16).hexdigest()}"
 
 
 def content_hash(data: bytes) -> str:

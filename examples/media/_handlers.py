@@ -53,25 +53,42 @@ async def _config(db: MediaDb, config_id: str) -> dict[str, Any]:
     return rows[0]
 
 
-async def crawl(item: WorkItem, ctx: Context) -> None:
-    """Register the config's originals and write the proxies of content that is new."""
+async def crawl(item: WorkItem, ctx: Context) -> dict[str, int]:
+    """Register the config's originals and write the proxies of content that is new,
+    one folder at a time, each a durable step: a crawl cut off halfway (a self-stop, a
+    stall, a retry) resumes at the first folder it had not finished. Its result: how
+    many originals and new assets it found."""
     config_id = _scope(item)
     db = MediaDb(ctx)
     config = await _config(db, config_id)
     if config["removed_at"] is not None:
         ctx.log.info("storage config %s was removed; nothing to crawl", config_id)
-        return
+        return {"originals": 0, "new": 0}
     root, proxy_root = Path(config["root"]), Path(config["proxy_root"])
     active = frozenset(await db.column("active_hashes", config_id=config_id))
     originals = await ctx.run_in_thread(_files.list_originals, root)
-    registered = 0
-    for batch in chunks(originals, CRAWL_BATCH):
-        scanned = await _scan_batch(ctx, batch, root, proxy_root, active)
-        new = [s for s in scanned if s.wrote_proxies]
-        await db.write([_registration(config_id, s) for s in new])
-        active |= {s.content_hash for s in new}
-        registered += len(new)
-    ctx.log.info("crawled %s: %d originals, %d new assets", config_id, len(originals), registered)
+
+    async def scan_folder(files: Sequence[str]) -> dict[str, int]:
+        # Its writes commit batch by batch; run again (its step was not recorded), it
+        # registers nothing twice: what it wrote is active now, read back above.
+        nonlocal active
+        new_assets = 0
+        for batch in chunks(files, CRAWL_BATCH):
+            scanned = await _scan_batch(ctx, batch, root, proxy_root, active)
+            new = [s for s in scanned if s.wrote_proxies]
+            await db.write([_registration(config_id, s) for s in new])
+            active |= {s.content_hash for s in new}
+            new_assets += len(new)
+        return {"originals": len(files), "new": new_assets}
+
+    found = {"originals": 0, "new": 0}
+    for folder, files in _files.by_folder(originals):
+        done = await ctx.step(_files.folder_step(folder), scan_folder, files)
+        found = {k: found[k] + done[k] for k in found}
+    ctx.log.info(
+        "crawled %s: %d originals, %d new assets", config_id, found["originals"], found["new"]
+    )
+    return found
 
 
 async def _scan_batch(

@@ -267,6 +267,7 @@ def test_migrate_says_one_line_per_migration(databases: Any) -> None:
     assert first.returncode == 0 and first.stderr == ""
     assert first.stdout.splitlines() == [
         "applied 0001.queue",
+        "applied 0002.results-steps",
     ]  # fmt: skip
     assert again.stdout == "schema is up to date\n"
 

@@ -208,3 +208,43 @@ def test_group_bursts() -> None:
     bursts = media.group_bursts(enumerate(at), gap=dt.timedelta(seconds=2))
     assert [b.asset_ids for b in bursts] == [(0, 1, 2), (4, 5)]
     assert bursts[0].started_at == at[0] and bursts[0].ended_at == at[2]
+
+
+async def test_a_crawl_cut_off_halfway_resumes_at_the_folder_it_had_not_finished(
+    library: media.Library, worker_store: PostgresStore, pg: Conn, tmp_path: Path
+) -> None:
+    """Each folder a crawl scanned is a durable step. Folder c holds a file that cannot
+    be read yet (a dangling link), so the first attempt fails after recording a and b;
+    once the file is there, a retry records c alone, a and b coming back recorded, and
+    the crawl's result counts every folder."""
+    root, proxies = tmp_path / "c1" / "originals", tmp_path / "c1" / "proxies"
+    for folder in ("a", "b", "c"):
+        (root / folder).mkdir(parents=True)
+        for n in range(3):
+            (root / folder / f"{n}.raw").write_bytes(f"{folder}{n}".encode() * 512)
+    late = tmp_path / "late.raw"
+    (root / "c" / "3.raw").symlink_to(late)
+    library.add_config("c1", "alice", root, proxies)
+    item = await worker_store.enqueue("Crawl", scope="c1")
+
+    def steps() -> list[tuple[str, int]]:
+        rows = pg.execute(
+            "SELECT name, attempt FROM work_steps WHERE item_id = %s ORDER BY name", [item.id]
+        )
+        return [(name, attempt) for name, attempt in rows.fetchall()]
+
+    attempts = "SELECT count(*) FROM work_attempts WHERE item_id = %s"
+    with trio.fail_after(30):
+        while True:  # the first attempt failed, a and b recorded
+            if pg.execute(attempts, [item.id]).fetchone() == (1,):
+                break
+            await trio.sleep(0.05)
+    assert steps() == [("scan folder a", 1), ("scan folder b", 1)]
+    late.write_bytes(b"late" * 512)
+    assert await worker_store.result(item.id, timeout=30) == {"originals": 10, "new": 10}
+    state = await worker_store.get_item(item.id)
+    assert state is not None and state.attempt >= 2
+    assert steps() == [
+        ("scan folder a", 1), ("scan folder b", 1), ("scan folder c", state.attempt),
+    ]  # fmt: skip
+    assert len(active(pg)) == 10

@@ -47,8 +47,8 @@ def tables(dsn: str) -> list[str]:
 QUEUE_TABLES = [
     "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_attempts", "work_claim_locks",
     "work_failover_guard", "work_items", "work_limits", "work_pauses", "work_rate_slots",
-    "work_schedules", "work_settle_locks", "work_unsettled_scopes", "work_workers",
-    "yoyo_lock",
+    "work_schedules", "work_settle_locks", "work_steps", "work_unsettled_scopes",
+    "work_workers", "yoyo_lock",
 ]  # fmt: skip
 MEDIA_TABLES = [
     "media_assets", "media_bursts", "media_proxies", "media_share_tokens",
@@ -123,6 +123,7 @@ def test_migrate_clears_a_stale_yoyo_lock(empty_dsn: str) -> None:
 #: on an index, changes are folded into it and its digest recorded again.
 RELEASED = {
     "0001.queue.sql": "e0f06f9952842b6fe9e3ca846571774c33782ec349cd2f36ab4f5ff8694778e7",
+    "0002.results-steps.sql": "2ba2f1c82a08447177e045769dfa7163c294649f957560fbccee513f72a280b0",
 }
 
 

@@ -103,6 +103,9 @@ APPLICATIONS = [
     "status_of",
     "get_item",
     "attempts",
+    "result_state",
+    "step",
+    "steps",
     "counts_by_kind_and_status",
     "running_items",
     "busy_scopes",
@@ -133,7 +136,10 @@ WORKERS = [
     "heartbeat_many",
     "lock_attempt",
     "complete_in_transaction",
+    "complete_in_transaction_result",
     "finish",
+    "finish_result",
+    "record_step",
     "requeue",
     "recover_expired_leases",
     "held_leases",
@@ -170,7 +176,7 @@ PARAMS: dict[str, Any] = {
     "older_than": 3600.0, "name": "n", "names": ["n"], "spec": "every 1", "specs": ["every 1"],
     "next_due": T0, "due": T0, "item": None, "host": "h", "pid": 1, "gone_pid": 0,
     "concurrency": 1, "advertise_every": 1.0, "alive_beats": 3, "alive_within": 30.0,
-    "running": 2, "rate": None, "per": None,
+    "running": 2, "rate": None, "per": None, "result": '{"a": 1}', "results": ['{"a": 1}'],
 }  # fmt: skip
 #: Where a statement takes a parameter of that name otherwise: a Worker's id is text,
 #: and a limit or a pause is of a kind or of a scope.
@@ -224,6 +230,17 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
     ("DELETE FROM work_items", ANYONE),
     ("SELECT * FROM work_delete_finished_v1('{Queued}', '-infinity', 0, 10)", (CLIENT,)),
     ("TRUNCATE work_items CASCADE", ANYONE),
+    # Results and steps: a Worker's transitions write them, fenced; nobody else.
+    ("UPDATE work_items SET result = '{}'", ANYONE),
+    ("INSERT INTO work_items (kind, result) VALUES ('K', '{}')", ANYONE),
+    (f"INSERT INTO work_steps (item_id, name, attempt) VALUES ({ITEM}, 'n', 1)", ANYONE),
+    ("UPDATE work_steps SET result = '1'", ANYONE),
+    ("DELETE FROM work_steps", ANYONE),
+    ("TRUNCATE work_steps", ANYONE),
+    (f"SELECT * FROM work_finish_result_v1(ARRAY[{ITEM}], ARRAY[0], ARRAY['1'::jsonb])",
+     (CLIENT, OPERATOR)),
+    (f"SELECT * FROM work_complete_result_v1({ITEM}, 0, '1')", (CLIENT, OPERATOR)),
+    (f"SELECT work_record_step_v1({ITEM}, 0, 'n', '1')", (CLIENT, OPERATOR)),
     # An insert is a Queued item with no attempt, lease, slot, result or id of its own.
     ("INSERT INTO work_items (kind, status) VALUES ('K', 'Succeeded')", ANYONE),
     ("INSERT INTO work_items (kind, status, worker_id, lease_expires_at)"
@@ -334,7 +351,7 @@ def test_every_forbidden_write_is_refused(
 TRANSITIONS = (
     "claim", "failover_hold", "finish", "requeue", "recover", "settle_noted", "repair",
     "request_cancel", "retry", "pause", "resume", "set_limit", "clear_limit",
-    "delete_finished",
+    "delete_finished", "finish_result", "complete_result", "record_step",
 )  # fmt: skip
 TRANSITION = re.compile(rf"work_({'|'.join(TRANSITIONS)})_v[0-9]+")
 #: Triggers deferred to the commit, which run as the session's role.
@@ -489,7 +506,7 @@ def test_a_worker_runs_items_end_to_end_as_the_worker_role_directly_and_through_
     refused = trioworker("migrate", dsn=worker_dsn)
     assert refused.returncode == 1
     assert refused.stderr.count("\n") == 1 and "may not change the schema" in refused.stderr
-    assert "applied 0001.queue" in cli("trioworker_migrator", "migrate")
+    assert "applied 0002.results-steps" in cli("trioworker_migrator", "migrate")
     with psycopg.connect(roles.dsn("trioworker_migrator"), autocommit=True) as migrator:
         migrator.execute("CREATE TABLE results (item_id bigint, attempt integer)")  # the app's
     for _ in range(2):

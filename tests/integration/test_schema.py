@@ -78,6 +78,7 @@ def test_the_cli_a_worker_and_the_dashboard_run_in_a_schema_of_their_own(
         migrated = cli(app_dsn, "--schema", "tenant_a", "migrate")
         assert migrated.stdout.splitlines() == [
             "applied 0001.queue",
+            "applied 0002.results-steps",
         ]
         assert cli(app_dsn, "migrate", "--schema", "tenant_a").stdout == "schema is up to date\n"
         env = {"TRIOWORKER_SCHEMA": "tenant_a"}

@@ -27,6 +27,7 @@ CLIENT_OPERATIONS = frozenset(
     {
         "enqueue", "enqueue_many", "cancel", "retry", "failed_items", "pause", "resume",
         "pauses", "get_item", "attempts", "show", "queue_counts", "status", "schedules",
+        "result",
     }
 )  # fmt: skip
 

@@ -15,7 +15,7 @@ from trioworker.testing import MemoryStore
 COLUMNS = (
     "id, kind, scope, payload, priority, status, attempt, stalls, failures, worker_id,"
     " requested_at, run_after, started_at, finished_at, heartbeat_at, lease_expires_at, dedup_key,"
-    " cancel_requested, reason, error, traceback, completed_at"
+    " cancel_requested, reason, error, traceback, completed_at, result"
 )
 
 

@@ -16,12 +16,15 @@ from trioworker import (
     Enqueued,
     InvalidWorkItem,
     ItemDetails,
+    ItemNotSucceeded,
     NewItem,
     Pause,
     QueueCounts,
     ScheduleState,
     Status,
+    StepRecord,
     StoreError,
+    UnknownItem,
 )
 from trioworker._core.jsontext import UndecodableValue
 from trioworker._core.limits import Limit, Rate
@@ -349,14 +352,38 @@ def test_attempts_and_show() -> None:
     )
     op = operations.show(1)
     assert op.name == "show"
-    details, sent = run(op, [ROW], [ATTEMPT])
+    step = {"name": "scan /a", "attempt": 1, "recorded_at": T0, "result": '["x.jpg"]'}
+    details, sent = run(op, [{**ROW, "result": '{"n": 2}'}], [ATTEMPT], [step])
     assert isinstance(details, ItemDetails) and details.item.id == 1
+    assert details.item.result == {"n": 2}
     assert details.attempts == [AttemptRecord(**ATTEMPT)]
+    assert details.steps == [StepRecord("scan /a", 1, T0, ["x.jpg"])]
     assert sent == [
         Query("get_item", {"id": 1}, as_stored=True),
         Query("attempts", {"id": 1}, as_stored=True),
+        Query("steps", {"id": 1}, as_stored=True),
     ]
     assert run(operations.show(2), []) == (None, [Query("get_item", {"id": 2}, as_stored=True)])
+
+
+def test_result_state() -> None:
+    """Waiting for a result reads the item's status: not ended yet, its result once
+    Succeeded, ItemNotSucceeded naming the status and error otherwise, UnknownItem for
+    no item."""
+    assert operations.result_state(7).name == "result_state"
+    sent = [Query("result_state", {"id": 7})]
+    row = {"status": "Running", "reason": None, "error": None, "result": None}
+    assert run(operations.result_state(7), [row]) == ((False, None), sent)
+    done = {**row, "status": "Succeeded", "result": '{"a": [1]}'}
+    assert run(operations.result_state(7), [done]) == ((True, {"a": [1]}), sent)
+    failed = {**row, "status": "Failed", "reason": "failed 5 of 5 attempts", "error": "E: x"}
+    with pytest.raises(ItemNotSucceeded, match="item 7 ended Failed: failed 5 of 5 attempts; E: x"):
+        run(operations.result_state(7), [failed])
+    with pytest.raises(ItemNotSucceeded, match="Cancelled") as raised:
+        run(operations.result_state(7), [{**row, "status": "Cancelled"}])
+    assert (raised.value.status, raised.value.error) == ("Cancelled", None)
+    with pytest.raises(UnknownItem, match="no item 7"):
+        run(operations.result_state(7), [])
 
 
 COUNTS = [{"kind": "A", "status": "Queued", "n": 2}]

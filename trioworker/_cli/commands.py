@@ -19,15 +19,22 @@ from typing import Any
 
 import trio
 
-from trioworker._cli.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
+from trioworker._cli.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT
 from trioworker._cli.input import UsageError, read_items, read_lines, read_payload
-from trioworker._core.errors import ConfigurationError, DatabaseUnavailable, InvalidWorkItem
+from trioworker._core.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidWorkItem,
+    ItemNotSucceeded,
+)
+from trioworker._core.jsontext import pretty
 from trioworker._core.model import FINISHED, Enqueued, Status
 from trioworker._core.registry import Registry
 from trioworker._core.retry import Backoff
 from trioworker._core.settings import Settings
-from trioworker._core.text import shell_word, short_duration
+from trioworker._core.text import shell_word, short_duration, visible
 from trioworker._core.validation import pause_target, validate_enqueue, validate_scope
+from trioworker._postgres.clients import Client
 from trioworker._postgres.dsn import resolve_dsn
 from trioworker._postgres.migrate import check_schema, migrate
 from trioworker._postgres.queries import queries_in
@@ -371,6 +378,24 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(to_json(details))
     else:
         print_item(details)
+    return EXIT_OK
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    """Wait for the item's end: its result as JSON on stdout (exit 0), or why it did not
+    succeed (exit 1) or that it had not ended within --timeout (exit 124), on stderr."""
+    check_schema(args.dsn, schema=args.schema)
+    timeout = None if args.timeout is None else args.timeout.total_seconds()
+    with Client(args.dsn, schema=args.schema, max_connections=1) as client:
+        try:
+            result = client.result(args.id, timeout=timeout)
+        except ItemNotSucceeded as exc:
+            print(f"trioworker: {visible(str(exc), lines=True)}", file=sys.stderr)
+            return EXIT_ERROR
+        except TimeoutError as exc:
+            print(f"trioworker: {exc}", file=sys.stderr)
+            return EXIT_TIMEOUT
+    print(pretty(result))
     return EXIT_OK
 
 

@@ -1,9 +1,10 @@
-"""`python -m trioworker`: run a Worker, migrate, sql, enqueue, show, status, cancel, retry,
-prune, pause, resume, quiesce, dashboard, demo.
+"""`python -m trioworker`: run a Worker, migrate, sql, enqueue, show, wait, status, cancel,
+retry, prune, pause, resume, quiesce, dashboard, demo.
 
 Exit codes: 0 done; 1 a runtime error (a bad --app, an unreachable database, an
-unmigrated schema); 2 a usage error (bad options or input, refused before anything
-connects); 70 fail-stop (a handler would not stop); 130 interrupted twice.
+unmigrated schema; `wait`: the item ended Failed or Cancelled); 2 a usage error (bad
+options or input, refused before anything connects); 70 fail-stop (a handler would not
+stop); 124 `wait` timed out; 130 interrupted twice.
 
 The global options (--dsn, --schema, --log-level, --log-format) go before or after the
 command, and no error message ever shows a password: argparse's own are redacted too.
@@ -226,6 +227,9 @@ def _globals(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
     def default(value: Any) -> Any:
         return argparse.SUPPRESS if suppress else value
 
+    if not suppress:  # before the command only
+        version = f"trioworker {_installed_version()}"
+        parser.add_argument("--version", action="version", version=version)
     parser.add_argument(
         "--dsn", type=utf8, default=default(None), help="libpq connection string or URI"
     )
@@ -262,9 +266,9 @@ def build_parser(secrets: tuple[str, ...] = (), prog: str = "python -m trioworke
         description="A PostgreSQL-backed work queue with Trio Workers.",
         epilog=f"DSN: --dsn, else ${DSN_ENV}, else libpq's PG* variables. Schema: --schema,"
         f" else ${SCHEMA_ENV}, else public. Exit codes: 0 done,"
-        " 1 runtime error, 2 usage error, 70 fail-stop, 130 interrupted twice.",
+        " 1 runtime error (wait: Failed or Cancelled), 2 usage error, 70 fail-stop,"
+        " 124 wait timed out, 130 interrupted twice.",
     )
-    parser.add_argument("--version", action="version", version=f"trioworker {_installed_version()}")
     _globals(parser, suppress=False)
     common = Parser(add_help=False)
     _globals(common, suppress=True)
@@ -370,6 +374,16 @@ def build_parser(secrets: tuple[str, ...] = (), prog: str = "python -m trioworke
     show = command("show", "one item: its fields, payload, attempts and traceback")
     show.add_argument("id", type=ITEM_ID)
     show.add_argument("--json", action="store_true", help="machine-readable output")
+
+    wait = command(
+        "wait",
+        "wait until an item has ended and print its result (exit 0 Succeeded, 1 Failed or"
+        " Cancelled, 124 timed out)",
+    )
+    wait.add_argument("id", type=ITEM_ID)
+    wait.add_argument("--timeout", type=duration_within(dt.timedelta(seconds=MAX_SECONDS)),
+                      metavar="DURATION", help="give up after this long (such as 30s;"
+                      " default: wait as long as it takes)")  # fmt: skip
 
     status = command("status", "items by kind and status, Workers, running items, failures")
     status.add_argument("--json", action="store_true", help="machine-readable output")

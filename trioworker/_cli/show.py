@@ -36,7 +36,18 @@ async def item_details(store: Client, id: int) -> dict[str, Any] | None:
         for a in details.attempts
     ]
     limits = [limit_json(lim) for lim in applying(await store.limits(), details.item)]
-    return {"item": fields, "attempts": attempts, "limits": limits}
+    steps = [
+        {k: _jsonable(v) for k, v in attrs.asdict(step, recurse=False).items()}
+        for step in details.steps
+    ]
+    return {
+        "item": fields,
+        "attempts": attempts,
+        "limits": limits,
+        # A Succeeded item's result (None: none, or not Succeeded), and its steps.
+        "result": fields["result"],
+        "steps": steps,
+    }
 
 
 def applying(limits: Sequence[Limit], item: ItemState) -> list[Limit]:
@@ -112,6 +123,7 @@ def render_item(details: dict[str, Any]) -> RenderableType:
     parts.append(fields)
     parts.append(Text("payload", style="bold"))
     parts.append(_text(pretty(item["payload"]), lines=True))
+    parts.extend(_result_and_steps(details))
     if attempts:
         table = Table(title="attempts", box=box.SIMPLE, title_justify="left")
         for column in ("#", "worker", "started", "ended", "outcome", "error"):
@@ -129,6 +141,39 @@ def render_item(details: dict[str, Any]) -> RenderableType:
         parts.append(Text("traceback (the last failed attempt's):", style="bold"))
         parts.append(_text(item["traceback"].rstrip("\n"), lines=True))
     return Group(*parts)
+
+
+def _result_and_steps(details: dict[str, Any]) -> list[RenderableType]:
+    """A Succeeded item's result, and the table of its recorded steps."""
+    item = details["item"]
+    parts: list[RenderableType] = []
+    if item["status"] == "Succeeded" or item.get("result") is not None:
+        parts.append(Text("result", style="bold"))
+        parts.append(_text(pretty(item.get("result")), lines=True))
+    if details.get("steps"):
+        steps = Table(title="steps", box=box.SIMPLE, title_justify="left")
+        for column in ("step", "attempt", "recorded", "value"):
+            steps.add_column(column, overflow="fold")
+        for step in details["steps"]:
+            steps.add_row(_text(step["name"]), str(step["attempt"]), _time(step["recorded_at"]),
+                          _text(_short(step["result"])))  # fmt: skip
+        parts.append(steps)
+    return parts
+
+
+#: A step's value is shown cut to this many characters (`show --json` has it whole).
+STEP_VALUE_LIMIT = 200
+
+
+def _short(value: Any) -> str:
+    """A step's value as one line of JSON, cut to STEP_VALUE_LIMIT characters."""
+    if isinstance(value, UndecodableValue):
+        text = f"(cannot be shown as JSON: {value.reason})"
+    else:
+        text = json.dumps(value, ensure_ascii=False)
+    if len(text) > STEP_VALUE_LIMIT:
+        return text[: STEP_VALUE_LIMIT - 3] + "..."
+    return text
 
 
 def _limit_line(lim: dict[str, Any], item: dict[str, Any]) -> str:

@@ -11,7 +11,10 @@ PostgreSQL store's `_translate`):
     │       └── StoreTimeout       no answer within the call's time bound
     ├── Lost                   this attempt no longer owns its item (not retryable)
     │   └── SelfStopped        its self-stop deadline has passed: nothing it writes is kept
-    └── HandlerTimeout         a handler ran past its kind's timeout
+    ├── HandlerTimeout         a handler ran past its kind's timeout
+    ├── UnstorableResult       a result or a step's value is not storable JSON (a ValueError too)
+    ├── ItemNotSucceeded       waited for a result: the item ended Failed or Cancelled
+    └── UnknownItem            no item has that id (a LookupError too)
 
 So `except StoreError` (retry a write) never swallows `Lost` or a missing schema.
 """
@@ -72,3 +75,26 @@ class HandlerTimeout(TrioWorkerError):
     def __init__(self, seconds: float) -> None:
         super().__init__(f"timed out after {seconds:g}s")
         self.seconds = seconds
+
+
+class UnstorableResult(TrioWorkerError, ValueError):
+    """A handler's result, or a step's value, that cannot be stored: not JSON, larger
+    or nested deeper than a payload may be. The attempt fails with this error (its
+    retry policy applies) and nothing of the value is stored."""
+
+
+class ItemNotSucceeded(TrioWorkerError):
+    """The item whose result was asked for ended Failed or Cancelled: `status` names
+    which, `error` and `reason` say why (either may be None)."""
+
+    def __init__(self, id: int, status: str, error: str | None, reason: str | None) -> None:
+        why = "; ".join(part for part in (reason, error) if part) or "no error recorded"
+        super().__init__(f"item {id} ended {status}: {why}")
+        self.id = id
+        self.status = status
+        self.error = error
+        self.reason = reason
+
+
+class UnknownItem(TrioWorkerError, LookupError):
+    """No work item has the id asked for (never enqueued, or deleted by retention)."""

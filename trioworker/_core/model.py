@@ -149,6 +149,9 @@ class ItemState:
     #: When its attempt committed its success in its own fenced transaction
     #: (`tx.complete()`): Running still, holding its scope, until the Worker finishes it.
     completed_at: Time | None = None
+    #: A Succeeded item's result (its handler's return value), None for none; an
+    #: UndecodableValue if Python cannot read what is stored.
+    result: Any = None
 
 
 @attrs.frozen
@@ -165,6 +168,17 @@ class AttemptRecord:
     outcome: str
     error: str | None = None
     traceback: str | None = None
+
+
+@attrs.frozen
+class StepRecord:
+    """A durable step of an item (`ctx.step`): its name, the attempt that recorded it,
+    when, and the value its function returned (an UndecodableValue if unreadable)."""
+
+    name: str
+    attempt: int
+    recorded_at: Time
+    result: Any = None
 
 
 @attrs.frozen

@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from trioworker._core.errors import InvalidWorkItem
+from trioworker._core.errors import InvalidWorkItem, UnstorableResult
 from trioworker._core.jsontext import MAX_DEPTH, depth
 from trioworker._core.model import NewItem
 
@@ -159,8 +159,8 @@ def _check_priority(priority: object) -> int:
     return priority
 
 
-def _payload_json(payload: Any) -> str:
-    too_deep = f"payload nests deeper than {MAX_DEPTH} levels (the table's limit)"
+def _payload_json(payload: Any, what: str = "payload") -> str:
+    too_deep = f"{what} nests deeper than {MAX_DEPTH} levels (the table's limit)"
     try:
         text = json.dumps(
             payload, allow_nan=False, ensure_ascii=False, separators=(",", ":")
@@ -168,18 +168,30 @@ def _payload_json(payload: Any) -> str:
     except RecursionError:
         raise InvalidWorkItem(too_deep) from None
     except (TypeError, ValueError) as exc:
-        raise InvalidWorkItem(f"payload is not JSON-serialisable: {exc}") from exc
+        raise InvalidWorkItem(f"{what} is not JSON-serialisable: {exc}") from exc
     if "\\u0000" in text:
-        raise InvalidWorkItem("payload must not contain NUL characters (jsonb rejects them)")
+        raise InvalidWorkItem(f"{what} must not contain NUL characters (jsonb rejects them)")
     # Each level of nesting is a bracket in the text, so fewer brackets than the limit
     # cannot nest too deeply; only a payload with more is measured.
     if text.count("[") + text.count("{") >= MAX_DEPTH and depth(payload) > MAX_DEPTH:
         raise InvalidWorkItem(too_deep)
-    _check_unicode("payload", text)
+    _check_unicode(what, text)
     size = len(text.encode())
     if size > MAX_PAYLOAD_BYTES:
-        raise InvalidWorkItem(f"payload is {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}")
+        raise InvalidWorkItem(f"{what} is {size} bytes as JSON; the limit is {MAX_PAYLOAD_BYTES}")
     return text
+
+
+def result_json(value: Any, what: str = "result") -> str | None:
+    """A handler's result (or a step's value, `what` naming it) as the JSON text to
+    store, under a payload's bounds; None for None (no result). UnstorableResult says
+    why it cannot be stored: nothing of it is."""
+    if value is None:
+        return None
+    try:
+        return _payload_json(value, what)
+    except InvalidWorkItem as exc:
+        raise UnstorableResult(str(exc)) from None
 
 
 def _trace_context_json(trace_context: object) -> str | None:

@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
-from trioworker._core.errors import StoreError
+from trioworker._core.errors import StoreError, UnknownItem
 from trioworker._core.jsontext import UndecodableValue, loads_or_mark
 from trioworker._core.limits import Limit, Rate
 from trioworker._core.model import (
@@ -35,6 +35,7 @@ from trioworker._core.model import (
     ScheduleState,
     ScopeHolder,
     Status,
+    StepRecord,
     WorkItem,
 )
 from trioworker._core.validation import (
@@ -53,6 +54,7 @@ from trioworker._store.reads import (
     RunningItem,
     WorkerState,
     counts_by_kind,
+    finished_result,
 )
 from trioworker._store.tracing import trace_context_or_current, with_current_trace
 
@@ -284,7 +286,10 @@ def _get_item_steps(id: int) -> Steps[ItemState | None]:
     rows = yield Query("get_item", {"id": id}, as_stored=True)
     if not rows:
         return None
-    return ItemState(**{**decoded(rows[0]), "status": Status(rows[0]["status"])})
+    row = decoded(rows[0])
+    return ItemState(
+        **{**row, "status": Status(row["status"]), "result": loads_or_mark(row.get("result"))}
+    )
 
 
 def attempts(id: int) -> Operation[list[AttemptRecord]]:
@@ -302,7 +307,30 @@ def _show_steps(id: int) -> Steps[ItemDetails | None]:
     item = yield from _get_item_steps(id)
     if item is None:
         return None
-    return ItemDetails(item, (yield from _attempts_steps(id)))
+    history = yield from _attempts_steps(id)
+    return ItemDetails(item, history, (yield from _steps_steps(id)))
+
+
+def _steps_steps(id: int) -> Steps[list[StepRecord]]:
+    """Item `id`'s recorded steps (`ctx.step`), in the order they were recorded."""
+    rows = yield Query("steps", {"id": id}, as_stored=True)
+    return [StepRecord(**{**row, "result": loads_or_mark(row.get("result"))}) for row in rows]
+
+
+def result_state(id: int) -> Operation[tuple[bool, Any]]:
+    """Whether item `id` has ended, and its result if it Succeeded (`finished_result`:
+    ItemNotSucceeded if it ended otherwise, UnknownItem if there is no such item)."""
+    return Operation("result_state", lambda: _result_state_steps(id))
+
+
+def _result_state_steps(id: int) -> Steps[tuple[bool, Any]]:
+    rows = yield Query("result_state", {"id": id})
+    if not rows:
+        raise UnknownItem(f"no item {id} (never enqueued, or deleted by retention)")
+    row = rows[0]
+    return finished_result(
+        id, row["status"], loads_or_mark(row["result"]), row["error"], row["reason"]
+    )
 
 
 def _attempts_steps(id: int) -> Steps[list[AttemptRecord]]:

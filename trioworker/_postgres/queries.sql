@@ -86,6 +86,39 @@ SELECT work_fence_v1(%(id)s, %(attempt)s) AS fenced;
 -- handler has returned, or lease recovery does.
 SELECT work_complete_v1(%(id)s, %(attempt)s) AS completed;
 
+-- name: complete_in_transaction_result
+-- complete_in_transaction with the handler's result (`tx.complete(result=...)`), written
+-- by work_complete_result_v1 (migrations/0002.results-steps.sql): a Worker may not
+-- write the result column itself.
+SELECT count(*) = 1 AS completed
+FROM work_complete_result_v1(%(id)s, %(attempt)s, %(result)s::jsonb);
+
+-- name: finish_result
+-- Succeeded with the handlers' results (JSON text; NULL: none, or the one its own
+-- transaction stored), for many attempts at once; the ids written. The finish is
+-- work_finish_v1's; each result is set on the rows it wrote, in the same statement.
+SELECT id FROM work_finish_result_v1(%(ids)s, %(attempts)s, %(results)s::jsonb[], %(wait)s)
+    AS id;
+
+-- name: record_step
+-- A step's result, recorded by the attempt in its fenced transaction: 'recorded',
+-- 'recorded before' (an earlier attempt's stands) or 'lost' (work_record_step_v1).
+SELECT work_record_step_v1(%(id)s, %(attempt)s, %(name)s, %(result)s::jsonb) AS recorded;
+
+-- name: step
+-- A step's recorded result, as text; no row: not recorded.
+SELECT result::text AS result FROM work_steps WHERE item_id = %(id)s AND name = %(name)s;
+
+-- name: steps
+-- An item's recorded steps, in the order they were recorded.
+SELECT name, attempt, recorded_at, result::text AS result
+FROM work_steps WHERE item_id = %(id)s
+ORDER BY recorded_at, name;
+
+-- name: result_state
+-- What waiting for an item's result reads: its status, and its result or why not.
+SELECT status, reason, error, result::text AS result FROM work_items WHERE id = %(id)s;
+
 -- name: finish
 -- Succeeded, Failed or Cancelled, for many attempts at once; the ids written. With
 -- wait false, rows another transaction holds are passed over. An attempt that
@@ -234,7 +267,7 @@ ORDER BY r.scope_slot, r.id;
 SELECT id, kind, scope, payload::text AS payload, priority, status, attempt, stalls,
        failures, worker_id, requested_at, run_after, started_at, finished_at, heartbeat_at,
        lease_expires_at, dedup_key, cancel_requested, reason, error, traceback,
-       trace_context::text AS trace_context, completed_at
+       trace_context::text AS trace_context, completed_at, result::text AS result
 FROM work_items WHERE id = %(id)s;
 
 -- name: attempts

@@ -25,6 +25,7 @@ from trioworker._core.errors import (
     SelfStopped,
     StoreError,
 )
+from trioworker._core.jsontext import loads_or_mark
 from trioworker._core.limits import Limit, LimitChange, Rate, limit_target, validate_limit
 from trioworker._core.model import (
     FINISHED,
@@ -46,6 +47,7 @@ from trioworker._core.model import (
     WorkItem,
 )
 from trioworker._core.schedule import Schedule, first_due, plan, schedule_request
+from trioworker._core.validation import result_json
 from trioworker._postgres import drive, operations
 from trioworker._postgres.as_stored import read_as_stored
 from trioworker._postgres.connection import Connections
@@ -62,6 +64,7 @@ from trioworker._store.reads import (
     id_in_use,
     process_gone,
 )
+from trioworker._store.waiting import wait_result
 
 log = logging.getLogger("trioworker.store")
 
@@ -152,13 +155,17 @@ class PostgresFencedTransaction(PostgresTransaction):
         self.attempt = attempt
         #: Whether the commit notes the attempt's success (`complete()` was called).
         self.completes = False
+        #: The result given to `complete`, as JSON text (None: none).
+        self.result_json: str | None = None
 
-    def complete(self) -> None:
+    def complete(self, result: Any = None) -> None:
         """Commit the attempt's success with this transaction, so the handler's writes
         and its success commit together (exactly once for its database effects): once
         committed, no attempt runs the item again. The item stays Running, holding its
         scope's slot (and its kind's), until the Worker finishes it Succeeded after the
-        handler has returned (or lease recovery does)."""
+        handler has returned (or lease recovery does). `result` (JSON) is the item's
+        result, stored in the same commit (UnstorableResult, here: it cannot be)."""
+        self.result_json = result_json(result)
         self.completes = True
 
 
@@ -296,7 +303,13 @@ class PostgresStore:
                 raise Lost(f"item {id} attempt {attempt} no longer owns the item; nothing written")
             yield tx
             if tx.completes:
-                [(noted,)] = await tx.execute(self._sql["complete_in_transaction"], params)
+                # The success (with the handler's result, if it gave one), noted in
+                # the handler's own commit.
+                query, values = self._sql["complete_in_transaction"], dict[str, object](params)
+                if tx.result_json is not None:
+                    query = self._sql["complete_in_transaction_result"]
+                    values["result"] = tx.result_json
+                [(noted,)] = await tx.execute(query, values)
                 if not noted:  # pragma: no cover - the row is locked since lock_attempt
                     raise Lost(f"item {id} attempt {attempt} could not be completed")
 
@@ -434,18 +447,72 @@ class PostgresStore:
         return bool(await self._finish([(id, attempt)], Status.SUCCEEDED))
 
     async def complete_batch(
-        self, attempts: Sequence[tuple[int, int]]
+        self, attempts: Sequence[tuple[int, int]], results: Sequence[str | None] | None = None
     ) -> set[int]:  # pragma: no mutate block
         """Complete many (id, attempt) pairs at once; the ids whose write applied.
+        `results`: each one's result as JSON text (None: none), written with its
+        Succeeded (work_finish_result_v1); without any, the plain finish.
 
         Rows another transaction holds are passed over by the batch and completed one
         by one afterwards, so a row an operator holds delays only its own item.
         """
-        applied = await self._finish(attempts, Status.SUCCEEDED, wait=False)
-        for id, attempt in attempts:
-            if id not in applied and await self.complete(id, attempt):
+        if results is None or all(r is None for r in results):
+            applied = await self._finish(attempts, Status.SUCCEEDED, wait=False)
+            for id, attempt in attempts:
+                if id not in applied and await self.complete(id, attempt):
+                    applied.add(id)
+            return applied
+        applied = await self._finish_result(attempts, results, wait=False)
+        for (id, attempt), result in zip(attempts, results, strict=True):
+            if id not in applied and await self._finish_result([(id, attempt)], [result]):
                 applied.add(id)
         return applied
+
+    async def _finish_result(
+        self,
+        attempts: Sequence[tuple[int, int]],
+        results: Sequence[str | None],
+        *,
+        wait: bool = True,
+    ) -> set[int]:  # pragma: no mutate block
+        params = {
+            "ids": [id for id, _ in attempts],
+            "attempts": [a for _, a in attempts],
+            "results": list(results),
+            "wait": wait,
+        }
+        return {row["id"] for row in await self._rows("finish_result", params)}
+
+    # -- durable steps -----------------------------------------------------------
+
+    async def step(self, id: int, name: str) -> tuple[bool, Any]:  # pragma: no mutate block
+        """Whether item `id` has step `name` recorded, and its value."""
+        rows = await self._rows("step", {"id": id, "name": name})
+        if not rows:
+            return False, None
+        return True, loads_or_mark(rows[0]["result"])
+
+    async def record_step(
+        self,
+        id: int,
+        attempt: int,
+        name: str,
+        result: str | None,
+        *,
+        until: Callable[[], float] | None = None,
+        server_timeout: float | None = None,
+    ) -> bool:  # pragma: no mutate block
+        """Record step `name`'s value for the attempt in a fenced transaction of its
+        own (Lost, SelfStopped as there); False: one was recorded before, and stands."""
+        params = {"id": id, "attempt": attempt, "name": name, "result": result}
+        async with self.fenced_transaction(
+            id, attempt, until=until, server_timeout=server_timeout
+        ) as tx:
+            rows = await tx.execute(self._sql["record_step"], params)
+        recorded = rows[0][0]
+        if recorded == "lost":  # pragma: no cover - the row is locked since lock_attempt
+            raise Lost(f"item {id} attempt {attempt} no longer owns the item; step not recorded")
+        return bool(recorded == "recorded")
 
     async def fail(
         self,
@@ -773,6 +840,18 @@ class PostgresStore:
 
     async def queue_counts(self) -> QueueCounts:  # pragma: no mutate block
         return await self._run(operations.queue_counts())
+
+    async def result(
+        self,
+        id: int,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109  issue 34 names it, as Client does
+    ) -> Any:  # pragma: no mutate block
+        """Wait until item `id` has ended (TimeoutError after `timeout` seconds; None:
+        no bound); its result if it Succeeded, else ItemNotSucceeded naming its status
+        and error; UnknownItem if there is no such item (`waiting.wait_result`)."""
+        op = operations.result_state(id)
+        return await wait_result(lambda: self._run(op), id, timeout)
 
     async def status(self, *, failures: int = 10) -> QueueStatus:  # pragma: no mutate block
         """What `status` shows: counts, Running items, the latest `failures` failures,

@@ -70,11 +70,15 @@ class FencedTransaction(Transaction, Protocol):
     attempt: int
     #: Whether the commit notes the attempt's success (`complete()` was called).
     completes: bool
+    #: The result `complete(result=...)` was given, as the JSON text to store (None:
+    #: none).
+    result_json: str | None
 
-    def complete(self) -> None:
+    def complete(self, result: Any = None) -> None:
         """Commit the attempt's success with this transaction: durable once committed,
         while the item stays Running, holding its scope, until the Worker finishes it
-        after the handler has returned."""
+        after the handler has returned. `result` (JSON) is the item's result, stored in
+        the same commit; one that cannot be stored raises UnstorableResult here."""
         ...
 
 
@@ -164,6 +168,17 @@ class Client(Protocol):
 
     async def show(self, id: int) -> ItemDetails | None: ...
 
+    async def result(
+        self,
+        id: int,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109  issue 34 names it, as Client does
+    ) -> Any:
+        """Wait until item `id` has ended (at most `timeout` seconds, else TimeoutError;
+        None: no bound); its result if it Succeeded, else ItemNotSucceeded naming its
+        status and error (UnknownItem: no such item)."""
+        ...
+
     async def queue_counts(self) -> QueueCounts: ...
 
     async def status(self, *, failures: int = 10) -> QueueStatus: ...
@@ -218,7 +233,32 @@ class WorkerStore(Protocol):
 
     async def complete(self, id: int, attempt: int) -> bool: ...
 
-    async def complete_batch(self, attempts: Sequence[tuple[int, int]]) -> set[int]: ...
+    async def complete_batch(
+        self, attempts: Sequence[tuple[int, int]], results: Sequence[str | None] | None = None
+    ) -> set[int]:
+        """Finish many attempts Succeeded; the ids written. `results`: each one's result
+        as JSON text (None: none, or the one its own transaction stored), written with
+        its Succeeded or not at all."""
+        ...
+
+    async def step(self, id: int, name: str) -> tuple[bool, Any]:
+        """Whether item `id` has a step `name` recorded, and its value."""
+        ...
+
+    async def record_step(
+        self,
+        id: int,
+        attempt: int,
+        name: str,
+        result: str | None,
+        *,
+        until: Callable[[], float] | None = None,
+        server_timeout: float | None = None,
+    ) -> bool:
+        """Record step `name`'s value (JSON text) for attempt (`id`, `attempt`), fenced
+        as `fenced_transaction` is (Lost, SelfStopped). True: recorded now; False: a
+        value was recorded before, and stands."""
+        ...
 
     async def fail(
         self,
@@ -320,5 +360,5 @@ CLIENT_METHODS = (
     "enqueue", "enqueue_many", "transaction", "cancel", "retry", "failed_items", "pause",
     "resume", "pauses", "delete_finished", "scope_holder", "get_item", "attempts", "show",
     "queue_counts", "status", "schedules", "statistics", "scope_holders", "set_limit",
-    "clear_limit", "limits",
+    "clear_limit", "limits", "result",
 )  # fmt: skip

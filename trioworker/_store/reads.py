@@ -13,9 +13,16 @@ from typing import Any
 
 import attrs
 
-from trioworker._core.errors import ConfigurationError
+from trioworker._core.errors import ConfigurationError, ItemNotSucceeded
 from trioworker._core.limits import Limit
-from trioworker._core.model import AttemptRecord, ItemState, Pause, ScheduleState, Status
+from trioworker._core.model import (
+    AttemptRecord,
+    ItemState,
+    Pause,
+    ScheduleState,
+    Status,
+    StepRecord,
+)
 
 #: A Worker is alive while its advertisement is younger than this many of its own
 #: advertisement intervals (`Settings.recovery_every`, a quarter lease): a SIGKILLed
@@ -162,10 +169,37 @@ class QueueStatus:
 
 @attrs.frozen
 class ItemDetails:
-    """One item as `show` shows it: its row and how its attempts ended."""
+    """One item as `show` shows it: its row, how its attempts ended, and its
+    recorded steps."""
 
     item: ItemState
     attempts: Sequence[AttemptRecord]
+    steps: Sequence[StepRecord] = ()
+
+
+def finished_result(
+    id: int, status: str, result: Any, error: str | None, reason: str | None
+) -> tuple[bool, Any]:
+    """What waiting for item `id`'s result makes of its row: (False, None) while it
+    has not ended; (True, its result) once Succeeded; ItemNotSucceeded, naming the
+    status and why, once Failed or Cancelled."""
+    if status == Status.SUCCEEDED.value:
+        return True, result
+    if status in (Status.FAILED.value, Status.CANCELLED.value):
+        raise ItemNotSucceeded(id, status, error, reason)
+    return False, None
+
+
+#: Waiting for a result polls the item this often at first, doubling up to
+#: RESULT_POLL_MAX: a notification (`trioworker_result`) ends a wait sooner where the
+#: client listens for one.
+RESULT_POLL_FIRST = 0.05
+RESULT_POLL_MAX = 0.5
+
+
+def next_poll(interval: float) -> float:
+    """The interval after `interval` while waiting for a result."""
+    return min(interval * 2, RESULT_POLL_MAX)
 
 
 def limit_json(limit: Limit) -> dict[str, Any]:

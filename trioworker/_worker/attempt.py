@@ -35,6 +35,7 @@ class Attempt:
         "database_errors",
         "deadline",
         "item",
+        "result",
         "scope",
         "slot",
         "stop_at",
@@ -60,6 +61,9 @@ class Attempt:
         #: Whether its handler completed the item in its fenced transaction (committed):
         #: its success is durable, and the write after it finishes the item Succeeded.
         self.completed = False
+        #: What its handler returned, as the JSON text to store with its Succeeded
+        #: (None: it returned None, or completed in its own transaction).
+        self.result: str | None = None
         #: The lost database links its fenced transactions raised: the Worker's
         #: problem, not the handler's.
         self.database_errors: list[BaseException] = []

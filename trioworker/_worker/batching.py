@@ -51,10 +51,12 @@ class CompletionBatcher:
             if not batch:  # all given up: the next completion starts a new series
                 backoff.reset()
                 continue
+            attempts = [(a.item.id, a.item.attempt) for a in batch]
             try:
-                applied = await self._store.complete_batch(
-                    [(a.item.id, a.item.attempt) for a in batch]
-                )
+                if any(a.result is not None for a in batch):
+                    applied = await self._store.complete_batch(attempts, [a.result for a in batch])
+                else:  # no results: the plain finish, as before there were any
+                    applied = await self._store.complete_batch(attempts)
             except StoreError as exc:
                 delay = backoff.next()
                 log.warning(

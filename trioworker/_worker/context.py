@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 import trio
 
-from trioworker._core.errors import DatabaseUnavailable
+from trioworker._core.errors import DatabaseUnavailable, Lost
 from trioworker._core.model import WorkItem
+from trioworker._core.validation import result_json
 from trioworker._worker.logging import item_logger
 
 if TYPE_CHECKING:
@@ -24,7 +26,16 @@ T = TypeVar("T")
 class Shared:
     """What every attempt of one Worker shares: built once, not per item."""
 
-    __slots__ = ("asyncio_loop", "limiter", "log", "open_fenced", "store", "worker_id")
+    __slots__ = (
+        "asyncio_loop",
+        "limiter",
+        "log",
+        "lost",
+        "open_fenced",
+        "steps",
+        "store",
+        "worker_id",
+    )
 
     def __init__(
         self,
@@ -33,12 +44,19 @@ class Shared:
         store: Client,
         open_fenced: OpenFenced,
         log: logging.Logger,
+        *,
+        steps: Steps,
+        lost: Callable[[Attempt], None],
     ) -> None:
         self.worker_id = worker_id
         self.limiter = limiter
         self.store = store
         self.open_fenced = open_fenced
         self.log = log
+        #: Where `Context.step` reads and records steps (the Worker's store).
+        self.steps = steps
+        #: Stops an attempt as lost (the executor's: it owns the attempt's scope).
+        self.lost = lost
         #: Where `Context.run_asyncio` runs asyncio code (the Worker sets it as it starts).
         self.asyncio_loop: AsyncioLoop | None = None
 
@@ -175,5 +193,65 @@ class Context:
         if tx.completes:
             attempt.completed = True
 
+    async def step(self, name: str, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """Run `await fn(*args)` once for this item, across its attempts: its value
+        (JSON) is recorded, fenced by this attempt and before its self-stop deadline,
+        and a later attempt (after a self-stop, a stall, a retry) gets the recorded
+        value back without calling `fn`. What it returns is the value as stored JSON
+        reads back (a tuple comes back a list), on every attempt alike.
+
+        `fn` runs again on a later attempt if this one ends before the record commits
+        (its process killed, its link lost, its deadline passed): make its effects safe
+        to repeat. A value that cannot be stored raises UnstorableResult; if another
+        attempt owns the item now, the record is refused, the attempt stops as lost and
+        this raises `trioworker.Lost` (SelfStopped past the deadline).
+
+            folders = await ctx.step("scan /photos/2024", scan, "/photos/2024")
+        """
+        check_step_name(name)
+        attempt = self._attempt
+        item, steps = attempt.item, self._shared.steps
+        try:
+            found, value = await steps.step(item.id, name)
+            if found:
+                return value
+            text = result_json(await fn(*args), f"step {name!r}'s value")
+            recorded = await steps.record_step(
+                item.id, item.attempt, name, text, until=self._deadline
+            )
+        except DatabaseUnavailable as exc:
+            attempt.database_errors.append(exc)
+            raise
+        except Lost:  # SelfStopped too: past its deadline, the self-stop is its reason
+            self._shared.lost(attempt)
+            raise
+        if not recorded:  # this attempt recorded it already, in a step of the same name
+            return (await steps.step(item.id, name))[1]
+        return None if text is None else json.loads(text)
+
     def _deadline(self) -> float:
         return self._attempt.deadline
+
+
+class Steps(Protocol):
+    """What `Context.step` needs of the Worker's store (`WorkerStore.step`,
+    `record_step`)."""
+
+    async def step(self, id: int, name: str) -> tuple[bool, Any]: ...
+
+    async def record_step(
+        self, id: int, attempt: int, name: str, result: str | None, *, until: Callable[[], float]
+    ) -> bool: ...
+
+
+def check_step_name(name: object) -> None:
+    """A step's name: a non-empty string of at most 200 characters (ValueError)."""
+    if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME:
+        raise ValueError(
+            f"a step's name is a non-empty string of at most {MAX_STEP_NAME} characters,"
+            f" not {name!r:.80}"
+        )
+
+
+#: The longest step name (the table's work_steps_name_sane).
+MAX_STEP_NAME = 200

@@ -22,7 +22,7 @@ from typing import Protocol
 
 import trio
 
-from trioworker._core.errors import DatabaseUnavailable, HandlerTimeout, StoreError
+from trioworker._core.errors import DatabaseUnavailable, HandlerTimeout, Lost, StoreError
 from trioworker._core.jsontext import UndecodableValue
 from trioworker._core.model import WorkItem
 from trioworker._core.policy import (
@@ -40,6 +40,7 @@ from trioworker._core.policy import (
 from trioworker._core.registry import Registration, Registry
 from trioworker._core.retry import Backoff
 from trioworker._core.settings import Settings
+from trioworker._core.validation import result_json
 from trioworker._store.api import Store, client_view
 from trioworker._worker.asyncio_loop import AsyncioLoop
 from trioworker._worker.attempt import Attempt, Slot
@@ -150,6 +151,8 @@ class Executor:
                 store.fenced_transaction, server_timeout=settings.fenced_server_timeout
             ),
             log,
+            steps=_StepStore(store, settings.fenced_server_timeout),
+            lost=self._lost,
         )
         #: Why every attempt that starts from now on is stopped at once (the shutdown).
         self._stop_all: CancelReason | None = None
@@ -247,13 +250,18 @@ class Executor:
                     scope.cancel()
                 try:
                     if registration.timeout is None:
-                        await registration.handler(item, ctx)
+                        returned = await registration.handler(item, ctx)
                     else:
                         timeout = trio.CancelScope(deadline=started + registration.timeout)
                         attempt.timeout = timeout
                         self._moved(attempt)
                         with timeout:
-                            await registration.handler(item, ctx)
+                            returned = await registration.handler(item, ctx)
+                    # Its result, as stored with its Succeeded: one that cannot be
+                    # stored (UnstorableResult) fails the attempt, as an error of its
+                    # handler. One completed in its transaction stored its own there.
+                    if returned is not None and not attempt.completed:
+                        attempt.result = result_json(returned)
                 except BaseException as exc:  # what the handler raised is data
                     error = exc
             # The Worker's own cancellation, told by its own scope's state (never by
@@ -290,6 +298,8 @@ class Executor:
         reason = attempt.reason
         if reason is not None and only_cancelled(error):
             error = None  # its own cancellation, as asked: no error of the handler's
+        elif reason is CancelReason.LOST and isinstance(error, Lost):
+            error = None  # a step's record found it lost (`Context.step`): said once
         if error is None:
             outcome = RETURNED
         else:
@@ -313,6 +323,11 @@ class Executor:
         self.running.discard(attempt)
         self.stops.discard(attempt.bound)
         attempt.bound = math.inf
+
+    def _lost(self, attempt: Attempt) -> None:
+        """A step's record found the item taken: the attempt stops as lost."""
+        attempt.stop(CancelReason.LOST)
+        self._moved(attempt)
 
     def _moved(self, attempt: Attempt) -> None:
         """The attempt's deadline moved, or it was asked to stop: its bound follows."""
@@ -534,6 +549,22 @@ class Executor:
     def _observe(self, event: str, kind: str, value: float | None = None) -> None:
         if self.events is not None:
             self.events.observe(event, kind, value)
+
+
+class _StepStore:
+    """The store's steps, recorded under the Worker's `fenced_server_timeout`."""
+
+    def __init__(self, store: Store, server_timeout: float | None) -> None:
+        self.step = store.step
+        self._store = store
+        self._server_timeout = server_timeout
+
+    async def record_step(
+        self, id: int, attempt: int, name: str, result: str | None, *, until: Callable[[], float]
+    ) -> bool:
+        return await self._store.record_step(
+            id, attempt, name, result, until=until, server_timeout=self._server_timeout
+        )
 
 
 def too_late(now: float, delay: float, give_up_at: float) -> bool:

@@ -30,7 +30,7 @@ Rows = list[dict[str, Any]]
 
 #: The statements of one item's page, which must show any row, whatever it holds: a
 #: time Python cannot hold comes back as an UndecodableValue (as_stored.py).
-AS_STORED = frozenset({"item", "item_attempts"})
+AS_STORED = frozenset({"item", "item_attempts", "item_steps"})
 
 
 @functools.cache

@@ -127,17 +127,22 @@ async def failures(reader: Reader, kind: str | None, offset: int) -> dict[str, A
 
 
 async def item(reader: Reader, id: int) -> dict[str, Any] | None:
-    got = await reader.snapshot(clock={}, item={"id": id}, item_attempts={"id": id})
+    got = await reader.snapshot(
+        clock={}, item={"id": id}, item_attempts={"id": id}, item_steps={"id": id}
+    )
     if not got["item"]:
         return None
     row = dict(got["item"][0])
     # Read as text, decoded here: what Python cannot decode stands as an UndecodableValue.
     row["payload"] = loads_or_mark(row["payload"])
     row["trace_context"] = loads_or_mark(row["trace_context"])
+    row["result"] = loads_or_mark(row["result"])
+    steps = [{**step, "result": loads_or_mark(step["result"])} for step in got["item_steps"]]
     return {
         "now": got["clock"][0]["now"],
         "item": row,
         "attempts": attempt_history(row, got["item_attempts"]),
+        "steps": steps,
     }
 
 

@@ -161,7 +161,7 @@ ORDER BY p.paused_at, p.id;
 SELECT id, kind, scope, payload::text AS payload, trace_context::text AS trace_context,
        priority, status, attempt, stalls, failures, worker_id,
        requested_at, run_after, started_at, finished_at, heartbeat_at, lease_expires_at,
-       dedup_key, cancel_requested, reason, error, traceback,
+       dedup_key, cancel_requested, reason, error, traceback, result::text AS result,
        CASE WHEN isfinite(run_after) THEN EXTRACT(EPOCH FROM run_after - now())::float8
        END AS due_in,
        CASE WHEN isfinite(lease_expires_at)
@@ -179,3 +179,10 @@ SELECT attempt, worker_id, started_at, ended_at, outcome, error, traceback,
             THEN EXTRACT(EPOCH FROM ended_at - started_at)::float8 END AS took
 FROM work_attempts WHERE item_id = %(id)s
 ORDER BY attempt;
+
+-- name: item_steps
+-- The item's recorded steps (`ctx.step`), in the order they were recorded; each value
+-- as text, decoded by the dashboard, as the payload is. Read as stored, as `item` is.
+SELECT name, attempt, recorded_at, result::text AS result
+FROM work_steps WHERE item_id = %(id)s
+ORDER BY recorded_at, name;
