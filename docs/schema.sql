@@ -88,9 +88,10 @@ CREATE INDEX work_items_heads ON public.work_items USING btree (kind, priority, 
 CREATE INDEX work_items_heads_by_scope ON public.work_items USING btree (scope) WHERE ((status = 'Queued'::text) AND is_head AND (scope IS NOT NULL));
 CREATE INDEX work_items_lines ON public.work_items USING btree (scope, kind, priority, run_after, id) WHERE ((status = 'Queued'::text) AND (scope IS NOT NULL));
 CREATE UNIQUE INDEX work_items_one_queued_per_dedup_key ON public.work_items USING btree (dedup_key) WHERE ((status = 'Queued'::text) AND (dedup_key IS NOT NULL));
-CREATE UNIQUE INDEX work_items_one_running_per_kind_slot ON public.work_items USING btree (kind, kind_slot) WHERE (status = 'Running'::text);
-CREATE UNIQUE INDEX work_items_one_running_per_scope_slot ON public.work_items USING btree (scope, scope_slot) WHERE ((status = 'Running'::text) AND (scope IS NOT NULL));
+CREATE UNIQUE INDEX work_items_one_running_per_kind_slot ON public.work_items USING btree (kind, kind_slot) WHERE (kind_slot IS NOT NULL);
+CREATE UNIQUE INDEX work_items_one_running_per_scope_slot ON public.work_items USING btree (scope, scope_slot) WHERE (scope_slot IS NOT NULL);
 CREATE INDEX work_items_running_lease ON public.work_items USING btree (lease_expires_at) WHERE (status = 'Running'::text);
+CREATE INDEX work_items_running_unslotted_kind ON public.work_items USING btree (kind) WHERE ((status = 'Running'::text) AND (kind_slot IS NULL));
 CREATE INDEX work_items_unscoped ON public.work_items USING btree (kind, priority, run_after, id) WHERE ((status = 'Queued'::text) AND (scope IS NULL));
 
 CREATE TABLE work_limits (
@@ -241,6 +242,12 @@ DECLARE
     refused text[];
     got record;  -- (not r: the claim's statement names a table alias r)
     roomy text[] := '{}';  -- claimed scopes whose limit lets more start
+    -- The running limit of scopes without one of their own.
+    default_running integer := COALESCE((SELECT l.running FROM work_limits AS l
+                                         WHERE l.kind IS NULL AND l.scope IS NULL), 1);
+    -- Whether any scope may run more than one (else no claimed scope is roomy).
+    any_roomy boolean := EXISTS (SELECT FROM work_limits AS l
+                                 WHERE l.kind IS NULL AND l.running > 1);
 BEGIN
     FOR pass IN 1..5 LOOP
         refused := NULL;
@@ -288,7 +295,11 @@ BEGIN
                     WHERE p_scopes IS NULL AND h.kind = l.kind AND h.priority = l.priority
                       AND h.status = 'Queued' AND h.is_head AND h.run_after <= now()
                       AND h.scope <> ALL(passed)
-                      AND NOT work_scope_full(h.scope)
+                      AND NOT EXISTS (  -- its limit's worth Running already: full
+                          SELECT FROM work_items AS r
+                          WHERE r.scope = h.scope AND r.scope_slot IS NOT NULL
+                          OFFSET COALESCE((SELECT l.running FROM work_limits AS l
+                                           WHERE l.scope = h.scope), default_running) - 1)
                     ORDER BY h.run_after, h.id
                     LIMIT window_size
                     FOR UPDATE SKIP LOCKED) AS c
@@ -310,7 +321,11 @@ BEGIN
                     WHERE h.scope = s.scope AND h.status = 'Queued' AND h.is_head
                       AND h.kind IN (SELECT kind FROM kinds) AND h.run_after <= now()
                       AND h.scope <> ALL(passed)
-                      AND NOT work_scope_full(h.scope)
+                      AND NOT EXISTS (  -- its limit's worth Running already: full
+                          SELECT FROM work_items AS r
+                          WHERE r.scope = h.scope AND r.scope_slot IS NOT NULL
+                          OFFSET COALESCE((SELECT l.running FROM work_limits AS l
+                                           WHERE l.scope = h.scope), default_running) - 1)
                     ORDER BY h.priority DESC, h.run_after, h.id
                     LIMIT 1
                     FOR UPDATE SKIP LOCKED) AS c
@@ -321,7 +336,9 @@ BEGIN
                     FROM due AS d
                     WHERE d.scope IS NULL
                        OR (NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = d.scope)
-                           AND work_scope_rate_open(d.scope))
+                           AND NOT EXISTS (SELECT FROM work_limits AS l  -- rate spent
+                                           WHERE l.scope = d.scope AND l.rate IS NOT NULL
+                                             AND work_rate_room(l.id, l.per, 1) = 0))
                     ORDER BY COALESCE(d.scope, d.id::text), d.priority DESC, d.run_after, d.id
                 ) AS d
                 ORDER BY d.priority DESC, d.run_after, d.id
@@ -368,7 +385,7 @@ BEGIN
             refused := got.refused;
             IF (got.item).id IS NOT NULL THEN
                 wanted := wanted - 1;
-                IF (got.item).scope IS NOT NULL
+                IF any_roomy AND (got.item).scope IS NOT NULL
                    AND work_scope_running_limit((got.item).scope) > 1 THEN
                     roomy := roomy || (got.item).scope;
                 END IF;
@@ -593,15 +610,28 @@ CREATE OR REPLACE FUNCTION public.work_free_slot(p_scope text, p_kind text, p_li
 AS $function$
 DECLARE
     taken integer[];
+    unslotted integer := 0;
+    own integer;
 BEGIN
     IF p_kind IS NULL THEN
         SELECT COALESCE(array_agg(r.scope_slot), '{}') INTO taken FROM work_items AS r
-        WHERE r.scope = p_scope AND r.status = 'Running' AND r.id <> p_except;
+        WHERE r.scope = p_scope AND r.scope_slot IS NOT NULL;
+        SELECT e.scope_slot INTO own FROM work_items AS e
+        WHERE e.id = p_except AND e.scope = p_scope AND e.scope_slot IS NOT NULL;
     ELSE
         SELECT COALESCE(array_agg(r.kind_slot), '{}') INTO taken FROM work_items AS r
-        WHERE r.kind = p_kind AND r.status = 'Running' AND r.id <> p_except;
+        WHERE r.kind = p_kind AND r.kind_slot IS NOT NULL;
+        SELECT count(*) INTO unslotted FROM work_items AS r
+        WHERE r.kind = p_kind AND r.status = 'Running' AND r.kind_slot IS NULL
+          AND r.id IS DISTINCT FROM p_except;
+        SELECT e.kind_slot INTO own FROM work_items AS e
+        WHERE e.id = p_except AND e.kind = p_kind AND e.kind_slot IS NOT NULL;
     END IF;
-    held := cardinality(taken);
+    IF FOUND AND own IS NOT NULL THEN
+        taken := taken[:array_position(taken, own) - 1]
+                 || taken[array_position(taken, own) + 1:];
+    END IF;
+    held := cardinality(taken) + unslotted;
     SELECT min(g.n) INTO slot FROM generate_series(1, p_limit) AS g (n)
     WHERE g.n <> ALL(array_remove(taken, NULL));
 END
@@ -918,7 +948,7 @@ CREATE OR REPLACE FUNCTION public.work_kind_room(p_kind text)
  RETURNS integer
  LANGUAGE sql
  STABLE
-RETURN (SELECT GREATEST((l.running - (SELECT count(*) AS count FROM work_items r WHERE ((r.kind = work_kind_room.p_kind) AND (r.status = 'Running'::text)))), (0)::bigint) AS "greatest" FROM work_limits l WHERE ((l.kind = work_kind_room.p_kind) AND (l.running IS NOT NULL)));
+RETURN (SELECT GREATEST(((l.running - (SELECT count(*) AS count FROM work_items r WHERE ((r.kind = work_kind_room.p_kind) AND (r.kind_slot IS NOT NULL)))) - (SELECT count(*) AS count FROM work_items r WHERE ((r.kind = work_kind_room.p_kind) AND (r.status = 'Running'::text) AND (r.kind_slot IS NULL)))), (0)::bigint) AS "greatest" FROM work_limits l WHERE ((l.kind = work_kind_room.p_kind) AND (l.running IS NOT NULL)));
 
 CREATE OR REPLACE FUNCTION public.work_limits_changed()
  RETURNS trigger
@@ -1515,12 +1545,18 @@ CREATE OR REPLACE FUNCTION public.work_scope_full(p_scope text, p_except bigint 
 AS $function$
 DECLARE
     allowed integer := work_scope_running_limit(p_scope);
+    held integer;
 BEGIN
-    RETURN (SELECT count(*) FROM (
-                SELECT 1 FROM work_items AS r
-                WHERE r.scope = p_scope AND r.status = 'Running'
-                  AND r.id IS DISTINCT FROM p_except
-                LIMIT allowed) AS held) >= allowed;
+    SELECT count(*) INTO held FROM (
+        SELECT r.scope_slot FROM work_items AS r
+        WHERE r.scope = p_scope AND r.scope_slot IS NOT NULL
+        LIMIT allowed + 1) AS running;
+    IF held >= allowed AND p_except IS NOT NULL
+       AND EXISTS (SELECT FROM work_items AS e
+                   WHERE e.id = p_except AND e.scope = p_scope AND e.scope_slot IS NOT NULL) THEN
+        held := held - 1;
+    END IF;
+    RETURN held >= allowed;
 END
 $function$;
 
@@ -1692,87 +1728,96 @@ CREATE OR REPLACE FUNCTION public.work_settle_locked(p_scopes text[], OUT promot
  SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
-    wanted bigint[];
-    missing bigint[];
-    missing_scopes text[];
-    missing_kinds text[];
-    missing_priorities integer[];
-    made_ids bigint[] := '{}';
-    line record;
-    stand_in bigint;
+    default_running integer := COALESCE((SELECT l.running FROM work_limits AS l
+                                         WHERE l.kind IS NULL AND l.scope IS NULL), 1);
+    stepped_down integer;
+    announced_scopes integer;
+    missed_scopes text[];
+    missed_kinds text[];
+    missed_priorities integer[];
+    missed record;
+    stand_in timestamptz;
 BEGIN
-    -- The first item of each line of each scope with room (not full, not paused), and those of them not heads yet:
-    -- a skip scan over each scope's lines, each step landing on the next line's first.
+    unsettled := '{}';
     WITH RECURSIVE
     free AS (
         SELECT f.scope FROM unnest(p_scopes) AS f (scope)
-        WHERE NOT work_scope_full(f.scope)
-          AND NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = f.scope)
+        WHERE NOT EXISTS (  -- its limit's worth Running already: full
+                  SELECT FROM work_items AS r
+                  WHERE r.scope = f.scope AND r.scope_slot IS NOT NULL
+                  OFFSET COALESCE((SELECT l.running FROM work_limits AS l
+                                   WHERE l.scope = f.scope), default_running) - 1)
+          AND NOT EXISTS (SELECT FROM work_pauses AS p WHERE p.scope = f.scope)
     ),
     firsts AS (
-        SELECT n.id, n.scope, n.kind, n.priority, n.is_head
-        FROM free AS f
+        -- A skip scan over each scope's lines, each step landing on the next line's first.
+        SELECT n.* FROM free AS f
         CROSS JOIN LATERAL (
-            SELECT w.id, w.scope, w.kind, w.priority, w.is_head FROM work_items AS w
+            SELECT w.id, w.scope, w.kind, w.priority, w.run_after, w.is_head
+            FROM work_items AS w
             WHERE w.scope = f.scope AND w.status = 'Queued'
             ORDER BY w.kind, w.priority, w.run_after, w.id LIMIT 1) AS n
         UNION ALL
-        SELECT n.id, n.scope, n.kind, n.priority, n.is_head
-        FROM firsts AS f
+        SELECT n.* FROM firsts AS f
         CROSS JOIN LATERAL (
-            SELECT w.id, w.scope, w.kind, w.priority, w.is_head FROM work_items AS w
+            SELECT w.id, w.scope, w.kind, w.priority, w.run_after, w.is_head
+            FROM work_items AS w
             WHERE w.scope = f.scope AND w.status = 'Queued'
               AND (w.kind, w.priority) > (f.kind, f.priority)
             ORDER BY w.kind, w.priority, w.run_after, w.id LIMIT 1) AS n
-    )
-    SELECT COALESCE(array_agg(id), '{}'),
-           COALESCE(array_agg(id) FILTER (WHERE NOT is_head), '{}'),
-           array_agg(scope) FILTER (WHERE NOT is_head),
-           array_agg(kind) FILTER (WHERE NOT is_head),
-           array_agg(priority) FILTER (WHERE NOT is_head)
-    INTO wanted, missing, missing_scopes, missing_kinds, missing_priorities
-    FROM firsts;
-    IF cardinality(missing) > 0 THEN
-        WITH made AS (
-            UPDATE work_items SET is_head = true
-            WHERE id IN (SELECT id FROM work_items
-                         WHERE id = ANY(missing) AND status = 'Queued'
-                         FOR UPDATE SKIP LOCKED)
-            RETURNING id
-        )
-        SELECT COALESCE(array_agg(id), '{}') FROM made INTO made_ids;
-    END IF;
-    promoted := cardinality(made_ids);
-    unsettled := '{}';
-    -- Held by another transaction: the line's next unheld item stands in.
-    FOR line IN
-        SELECT m.scope, m.kind, m.priority
-        FROM unnest(missing, missing_scopes, missing_kinds, missing_priorities)
-             AS m (id, scope, kind, priority)
-        WHERE m.id <> ALL(made_ids)
-    LOOP
-        unsettled := unsettled || line.scope;
+    ),
+    -- Rows are looked up by primary key from arrays (ARRAY(...), not IN (...)): a
+    -- generic plan joins an IN list by scanning the whole table.
+    made AS (
         UPDATE work_items SET is_head = true
-        WHERE id = (SELECT id FROM work_items
-                    WHERE scope = line.scope AND kind = line.kind
-                      AND priority = line.priority AND status = 'Queued'
-                    ORDER BY run_after, id LIMIT 1 FOR UPDATE SKIP LOCKED)
-        RETURNING id INTO stand_in;
-        IF stand_in IS NOT NULL THEN
-            wanted := wanted || stand_in;
+        WHERE id = ANY(ARRAY(SELECT w.id FROM work_items AS w
+                             WHERE w.id = ANY(ARRAY(SELECT f.id FROM firsts AS f
+                                                    WHERE NOT f.is_head))
+                               AND w.status = 'Queued'
+                             FOR UPDATE SKIP LOCKED))
+        RETURNING id
+    ),
+    stepped AS (
+        UPDATE work_items SET is_head = false
+        WHERE id = ANY(ARRAY(SELECT w.id FROM work_items AS w
+                             WHERE w.scope = ANY(p_scopes) AND w.status = 'Queued'
+                               AND w.is_head
+                               AND w.id <> ALL(ARRAY(SELECT f.id FROM firsts AS f))
+                             FOR UPDATE SKIP LOCKED))
+        RETURNING id
+    ),
+    announced AS (
+        SELECT count(pg_notify('trioworker', d.scope)) AS scopes
+        FROM (SELECT DISTINCT f.scope FROM firsts AS f
+              WHERE f.run_after <= now()
+                AND (f.is_head OR f.id = ANY(ARRAY(SELECT m.id FROM made AS m)))) AS d
+    )
+    SELECT (SELECT count(*) FROM made), (SELECT count(*) FROM stepped),
+           (SELECT a.scopes FROM announced AS a),
+           array_agg(f.scope), array_agg(f.kind), array_agg(f.priority)
+    INTO promoted, stepped_down, announced_scopes, missed_scopes, missed_kinds, missed_priorities
+    FROM firsts AS f
+    WHERE NOT f.is_head AND f.id <> ALL(ARRAY(SELECT m.id FROM made AS m));
+    -- Firsts another transaction holds: the line's next unheld item stands in.
+    FOR missed IN
+        SELECT m.scope, m.kind, m.priority
+        FROM unnest(missed_scopes, missed_kinds, missed_priorities) AS m (scope, kind, priority)
+    LOOP
+        unsettled := unsettled || missed.scope;
+        UPDATE work_items SET is_head = true
+        WHERE id = (SELECT w.id FROM work_items AS w
+                    WHERE w.scope = missed.scope AND w.kind = missed.kind
+                      AND w.priority = missed.priority AND w.status = 'Queued'
+                    ORDER BY w.run_after, w.id LIMIT 1 FOR UPDATE SKIP LOCKED)
+        RETURNING run_after INTO stand_in;
+        IF FOUND THEN
             promoted := promoted + 1;
+            IF stand_in <= now() THEN
+                PERFORM pg_notify('trioworker', missed.scope);
+            END IF;
         END IF;
     END LOOP;
     unsettled := ARRAY(SELECT DISTINCT u FROM unnest(unsettled) AS u);
-    -- Every other head of those scopes steps down.
-    UPDATE work_items SET is_head = false
-    WHERE id IN (SELECT id FROM work_items
-                 WHERE scope = ANY(p_scopes) AND status = 'Queued' AND is_head
-                   AND id <> ALL(wanted)
-                 FOR UPDATE SKIP LOCKED);
-    PERFORM pg_notify('trioworker', d.scope)
-    FROM (SELECT DISTINCT scope FROM work_items
-          WHERE id = ANY(wanted) AND is_head AND run_after <= now()) AS d;
 END
 $function$;
 

@@ -13,17 +13,19 @@
 --      retry, pause and resume, limits, settle and repair, retention.
 --
 -- This is the first release's baseline (issue 32): the schema a database built by the
--- pre-release chain of migrations (0001.baseline .. 0011.roles) had, written again as
--- one file, with every public transition at one version, work_NAME_v1. From here it is
+-- pre-release chain of migrations (0001.baseline .. 0011.roles, then 0013.free-scopes:
+-- a scope's Running items found through its slots alone) had, written again as one
+-- file, with every public transition at one version, work_NAME_v1. From here it is
 -- append-only: a change is a new migration, and a changed entry point a new _vN beside
 -- the old one, never an old one redefined in place nor aliased to a newer one (ADR 0009).
 --
 -- The rule (docs/design/claim.md): a scope runs at most its running limit of items at
--- once (1 by default), held by the schema (a unique index over Running rows' slots and
--- the work_items_take_slot trigger), whoever writes. Heads make the claim cheap: the
--- first Queued item of each line (scope, kind, priority) of a free scope is a head; a
--- busy or paused scope has none. An extra head is harmless (the slot index and the
--- claim's locks hold the rule); a missing one would leave due work unclaimed, a wedge.
+-- once (1 by default), held by the schema (a unique index over the rows holding a scope
+-- slot, and the work_items_take_slot trigger), whoever writes. Heads make the claim
+-- cheap: the first Queued item of each line (scope, kind, priority) of a free scope is
+-- a head; a busy or paused scope has none. An extra head is harmless (the slot index
+-- and the claim's locks hold the rule); a missing one would leave due work unclaimed, a
+-- wedge.
 --
 -- Two parties change lines, and they never wait on each other:
 --
@@ -318,15 +320,34 @@ INSERT INTO work_claim_locks (stripe) SELECT g FROM generate_series(0, 16383) AS
 -- =====================================================================================
 
 -- The rule as a schema invariant: each slot of a scope held by one Running item at
--- most, and (work_items_take_slot) never a slot past the scope's limit. Read by
--- work_free_slot (a claim's, a hand-made start's).
+-- most, and (work_items_take_slot) never a slot past the scope's limit. It holds
+-- exactly the rows with a scope slot, which are the Running rows of scopes (a row has
+-- a slot only while Running, work_items_slots_only_running; a Running scoped row always
+-- has one, work_items_take_slot): the index of busy scopes. Every question about a
+-- scope's Running items asks for `scope_slot IS NOT NULL`, which no other index's
+-- predicate follows from, so this index is the only one that can answer it, whatever
+-- the statistics say. (Taken while the queue is idle, they see no Running row, and the
+-- planner found reading every Running row through an index whose predicate was
+-- `status = 'Running'` alone, and filtering by scope, as cheap: with 300 busy scopes a
+-- settle touched 574 buffers instead of 19; tests/integration/test_scope_probes.py,
+-- docs/benchmarks.md "Issue 32: 50 scopes".) Read by the claim's and the settle's "is
+-- this scope full?" (work_claim_v1, work_settle_locked: is there a row at the position
+-- of its limit), by work_scope_full (the enqueue's triggers) and by work_free_slot (the
+-- slot a start takes).
 CREATE UNIQUE INDEX work_items_one_running_per_scope_slot
-    ON work_items (scope, scope_slot) WHERE status = 'Running' AND scope IS NOT NULL;
+    ON work_items (scope, scope_slot) WHERE scope_slot IS NOT NULL;
 
--- The same for kinds; it also counts a kind's Running items (work_kind_room; a NULL
--- slot, Running before the kind had a limit, is counted and never collides).
+-- The same for kinds, over the rows with a kind slot (a limited kind's Running items):
+-- work_free_slot and work_kind_room read a kind's slots here.
 CREATE UNIQUE INDEX work_items_one_running_per_kind_slot
-    ON work_items (kind, kind_slot) WHERE status = 'Running';
+    ON work_items (kind, kind_slot) WHERE kind_slot IS NOT NULL;
+
+-- A kind's Running items without a kind slot (started before the kind had a running
+-- limit): work_kind_room and work_free_slot count them against the limit. With the kind
+-- slots' index it holds what one index over every Running row would, so an item writes
+-- no more index entries than that.
+CREATE INDEX work_items_running_unslotted_kind
+    ON work_items (kind) WHERE status = 'Running' AND kind_slot IS NULL;
 
 -- At most one Queued item per dedup key: the enqueue's ON CONFLICT (queries.sql).
 CREATE UNIQUE INDEX work_items_one_queued_per_dedup_key
@@ -550,14 +571,18 @@ $$;
 -- 4. Heads: settling a scope's lines
 -- =====================================================================================
 
--- Put heads where they belong in each of `p_scopes`: none in a busy or paused scope,
--- else the first item of each line. A scope is busy when it has as many Running items
--- as its limit allows. Each step is one statement over all the scopes (a completion
--- batch ends items in many; a statement per scope costs its executor start-up and the
--- table's CHECK constraints, prepared again for every statement that writes a row).
--- Rows other transactions hold are passed over (the next unheld item of the line stands
--- in) and their scopes are returned as unsettled. Call it holding the scopes' settle
--- locks. Returns how many items became heads.
+-- Put heads where they belong in each of `p_scopes`, whose settle locks the caller
+-- holds: none in a busy or paused scope, else the first item of each line. A scope is
+-- busy when it has as many Running items as its limit allows (a row at the position of
+-- its limit in work_items_one_running_per_scope_slot). One statement over all the
+-- scopes reads the firsts (a skip scan over each scope's lines), promotes those not
+-- heads yet, steps every other head of those scopes down and announces the scopes with
+-- a due head: a completion batch ends items in many scopes, and each statement costs
+-- its executor start-up and the table's CHECK constraints, prepared again for every
+-- statement that writes a row. A first another transaction holds is passed over and
+-- its line's next unheld item stands in (a statement of its own, run only then); its
+-- scope is returned in `unsettled`, for a later settle. Returns how many items became
+-- heads.
 CREATE FUNCTION work_settle_locked(
     p_scopes text[], OUT promoted integer, OUT unsettled text[]
 )
@@ -565,87 +590,96 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off
 AS $$
 DECLARE
-    wanted bigint[];
-    missing bigint[];
-    missing_scopes text[];
-    missing_kinds text[];
-    missing_priorities integer[];
-    made_ids bigint[] := '{}';
-    line record;
-    stand_in bigint;
+    default_running integer := COALESCE((SELECT l.running FROM work_limits AS l
+                                         WHERE l.kind IS NULL AND l.scope IS NULL), 1);
+    stepped_down integer;
+    announced_scopes integer;
+    missed_scopes text[];
+    missed_kinds text[];
+    missed_priorities integer[];
+    missed record;
+    stand_in timestamptz;
 BEGIN
-    -- The first item of each line of each scope with room (not full, not paused), and those of them not heads yet:
-    -- a skip scan over each scope's lines, each step landing on the next line's first.
+    unsettled := '{}';
     WITH RECURSIVE
     free AS (
         SELECT f.scope FROM unnest(p_scopes) AS f (scope)
-        WHERE NOT work_scope_full(f.scope)
-          AND NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = f.scope)
+        WHERE NOT EXISTS (  -- its limit's worth Running already: full
+                  SELECT FROM work_items AS r
+                  WHERE r.scope = f.scope AND r.scope_slot IS NOT NULL
+                  OFFSET COALESCE((SELECT l.running FROM work_limits AS l
+                                   WHERE l.scope = f.scope), default_running) - 1)
+          AND NOT EXISTS (SELECT FROM work_pauses AS p WHERE p.scope = f.scope)
     ),
     firsts AS (
-        SELECT n.id, n.scope, n.kind, n.priority, n.is_head
-        FROM free AS f
+        -- A skip scan over each scope's lines, each step landing on the next line's first.
+        SELECT n.* FROM free AS f
         CROSS JOIN LATERAL (
-            SELECT w.id, w.scope, w.kind, w.priority, w.is_head FROM work_items AS w
+            SELECT w.id, w.scope, w.kind, w.priority, w.run_after, w.is_head
+            FROM work_items AS w
             WHERE w.scope = f.scope AND w.status = 'Queued'
             ORDER BY w.kind, w.priority, w.run_after, w.id LIMIT 1) AS n
         UNION ALL
-        SELECT n.id, n.scope, n.kind, n.priority, n.is_head
-        FROM firsts AS f
+        SELECT n.* FROM firsts AS f
         CROSS JOIN LATERAL (
-            SELECT w.id, w.scope, w.kind, w.priority, w.is_head FROM work_items AS w
+            SELECT w.id, w.scope, w.kind, w.priority, w.run_after, w.is_head
+            FROM work_items AS w
             WHERE w.scope = f.scope AND w.status = 'Queued'
               AND (w.kind, w.priority) > (f.kind, f.priority)
             ORDER BY w.kind, w.priority, w.run_after, w.id LIMIT 1) AS n
-    )
-    SELECT COALESCE(array_agg(id), '{}'),
-           COALESCE(array_agg(id) FILTER (WHERE NOT is_head), '{}'),
-           array_agg(scope) FILTER (WHERE NOT is_head),
-           array_agg(kind) FILTER (WHERE NOT is_head),
-           array_agg(priority) FILTER (WHERE NOT is_head)
-    INTO wanted, missing, missing_scopes, missing_kinds, missing_priorities
-    FROM firsts;
-    IF cardinality(missing) > 0 THEN
-        WITH made AS (
-            UPDATE work_items SET is_head = true
-            WHERE id IN (SELECT id FROM work_items
-                         WHERE id = ANY(missing) AND status = 'Queued'
-                         FOR UPDATE SKIP LOCKED)
-            RETURNING id
-        )
-        SELECT COALESCE(array_agg(id), '{}') FROM made INTO made_ids;
-    END IF;
-    promoted := cardinality(made_ids);
-    unsettled := '{}';
-    -- Held by another transaction: the line's next unheld item stands in.
-    FOR line IN
-        SELECT m.scope, m.kind, m.priority
-        FROM unnest(missing, missing_scopes, missing_kinds, missing_priorities)
-             AS m (id, scope, kind, priority)
-        WHERE m.id <> ALL(made_ids)
-    LOOP
-        unsettled := unsettled || line.scope;
+    ),
+    -- Rows are looked up by primary key from arrays (ARRAY(...), not IN (...)): a
+    -- generic plan joins an IN list by scanning the whole table.
+    made AS (
         UPDATE work_items SET is_head = true
-        WHERE id = (SELECT id FROM work_items
-                    WHERE scope = line.scope AND kind = line.kind
-                      AND priority = line.priority AND status = 'Queued'
-                    ORDER BY run_after, id LIMIT 1 FOR UPDATE SKIP LOCKED)
-        RETURNING id INTO stand_in;
-        IF stand_in IS NOT NULL THEN
-            wanted := wanted || stand_in;
+        WHERE id = ANY(ARRAY(SELECT w.id FROM work_items AS w
+                             WHERE w.id = ANY(ARRAY(SELECT f.id FROM firsts AS f
+                                                    WHERE NOT f.is_head))
+                               AND w.status = 'Queued'
+                             FOR UPDATE SKIP LOCKED))
+        RETURNING id
+    ),
+    stepped AS (
+        UPDATE work_items SET is_head = false
+        WHERE id = ANY(ARRAY(SELECT w.id FROM work_items AS w
+                             WHERE w.scope = ANY(p_scopes) AND w.status = 'Queued'
+                               AND w.is_head
+                               AND w.id <> ALL(ARRAY(SELECT f.id FROM firsts AS f))
+                             FOR UPDATE SKIP LOCKED))
+        RETURNING id
+    ),
+    announced AS (
+        SELECT count(pg_notify('trioworker', d.scope)) AS scopes
+        FROM (SELECT DISTINCT f.scope FROM firsts AS f
+              WHERE f.run_after <= now()
+                AND (f.is_head OR f.id = ANY(ARRAY(SELECT m.id FROM made AS m)))) AS d
+    )
+    SELECT (SELECT count(*) FROM made), (SELECT count(*) FROM stepped),
+           (SELECT a.scopes FROM announced AS a),
+           array_agg(f.scope), array_agg(f.kind), array_agg(f.priority)
+    INTO promoted, stepped_down, announced_scopes, missed_scopes, missed_kinds, missed_priorities
+    FROM firsts AS f
+    WHERE NOT f.is_head AND f.id <> ALL(ARRAY(SELECT m.id FROM made AS m));
+    -- Firsts another transaction holds: the line's next unheld item stands in.
+    FOR missed IN
+        SELECT m.scope, m.kind, m.priority
+        FROM unnest(missed_scopes, missed_kinds, missed_priorities) AS m (scope, kind, priority)
+    LOOP
+        unsettled := unsettled || missed.scope;
+        UPDATE work_items SET is_head = true
+        WHERE id = (SELECT w.id FROM work_items AS w
+                    WHERE w.scope = missed.scope AND w.kind = missed.kind
+                      AND w.priority = missed.priority AND w.status = 'Queued'
+                    ORDER BY w.run_after, w.id LIMIT 1 FOR UPDATE SKIP LOCKED)
+        RETURNING run_after INTO stand_in;
+        IF FOUND THEN
             promoted := promoted + 1;
+            IF stand_in <= now() THEN
+                PERFORM pg_notify('trioworker', missed.scope);
+            END IF;
         END IF;
     END LOOP;
     unsettled := ARRAY(SELECT DISTINCT u FROM unnest(unsettled) AS u);
-    -- Every other head of those scopes steps down.
-    UPDATE work_items SET is_head = false
-    WHERE id IN (SELECT id FROM work_items
-                 WHERE scope = ANY(p_scopes) AND status = 'Queued' AND is_head
-                   AND id <> ALL(wanted)
-                 FOR UPDATE SKIP LOCKED);
-    PERFORM pg_notify('trioworker', d.scope)
-    FROM (SELECT DISTINCT scope FROM work_items
-          WHERE id = ANY(wanted) AND is_head AND run_after <= now()) AS d;
 END
 $$;
 
@@ -705,27 +739,38 @@ END
 $$;
 
 -- Whether `p_scope` has as many Running items as its limit allows (not counting item
--- `p_except`, one being changed by hand); the limit read once.
+-- `p_except`, one being changed by hand: the enqueue's triggers ask); the limit read
+-- once, the scope's slots read from its own index.
 CREATE FUNCTION work_scope_full(p_scope text, p_except bigint DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     allowed integer := work_scope_running_limit(p_scope);
+    held integer;
 BEGIN
-    RETURN (SELECT count(*) FROM (
-                SELECT 1 FROM work_items AS r
-                WHERE r.scope = p_scope AND r.status = 'Running'
-                  AND r.id IS DISTINCT FROM p_except
-                LIMIT allowed) AS held) >= allowed;
+    SELECT count(*) INTO held FROM (
+        SELECT r.scope_slot FROM work_items AS r
+        WHERE r.scope = p_scope AND r.scope_slot IS NOT NULL
+        LIMIT allowed + 1) AS running;
+    IF held >= allowed AND p_except IS NOT NULL
+       AND EXISTS (SELECT FROM work_items AS e
+                   WHERE e.id = p_except AND e.scope = p_scope AND e.scope_slot IS NOT NULL) THEN
+        held := held - 1;
+    END IF;
+    RETURN held >= allowed;
 END
 $$;
 
 -- How many more items of `p_kind` may start now by its running limit (NULL: it has
--- none).
+-- none): its Running rows with a kind slot and without, each through its own index.
 CREATE FUNCTION work_kind_room(p_kind text) RETURNS integer
 LANGUAGE sql STABLE
-RETURN (SELECT GREATEST(l.running - (SELECT count(*) FROM work_items AS r
-                                     WHERE r.kind = p_kind AND r.status = 'Running'), 0)
+RETURN (SELECT GREATEST(l.running
+                        - (SELECT count(*) FROM work_items AS r
+                           WHERE r.kind = p_kind AND r.kind_slot IS NOT NULL)
+                        - (SELECT count(*) FROM work_items AS r
+                           WHERE r.kind = p_kind AND r.status = 'Running'
+                             AND r.kind_slot IS NULL), 0)
         FROM work_limits AS l WHERE l.kind = p_kind AND l.running IS NOT NULL);
 
 -- How many starts a rate limit allows now, up to `p_want`. The
@@ -763,7 +808,8 @@ END
 $$;
 
 -- Whether a scope's rate allows a start now (true without a rate limit); locks the
--- open rate slot it found, as work_rate_room does.
+-- open rate slot it found, as work_rate_room does. (The claim no longer calls it: it
+-- asks the same in its own statement, work_rate_room only for a scope with a rate.)
 CREATE FUNCTION work_scope_rate_open(p_scope text) RETURNS boolean
 LANGUAGE sql VOLATILE
 RETURN COALESCE((SELECT work_rate_room(l.id, l.per, 1) > 0 FROM work_limits AS l
@@ -780,7 +826,8 @@ $$;
 
 -- The lowest slot in 1..p_limit that no other Running item of the scope (p_kind NULL)
 -- or kind holds, as this statement's snapshot sees them (NULL: all are held), and how
--- many other Running items it has.
+-- many other Running items it has (a kind's without a slot included). Not counting
+-- item `p_except`, the row being started.
 CREATE FUNCTION work_free_slot(
     p_scope text, p_kind text, p_limit integer, p_except bigint,
     OUT slot integer, OUT held integer
@@ -788,15 +835,28 @@ CREATE FUNCTION work_free_slot(
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     taken integer[];
+    unslotted integer := 0;
+    own integer;
 BEGIN
     IF p_kind IS NULL THEN
         SELECT COALESCE(array_agg(r.scope_slot), '{}') INTO taken FROM work_items AS r
-        WHERE r.scope = p_scope AND r.status = 'Running' AND r.id <> p_except;
+        WHERE r.scope = p_scope AND r.scope_slot IS NOT NULL;
+        SELECT e.scope_slot INTO own FROM work_items AS e
+        WHERE e.id = p_except AND e.scope = p_scope AND e.scope_slot IS NOT NULL;
     ELSE
         SELECT COALESCE(array_agg(r.kind_slot), '{}') INTO taken FROM work_items AS r
-        WHERE r.kind = p_kind AND r.status = 'Running' AND r.id <> p_except;
+        WHERE r.kind = p_kind AND r.kind_slot IS NOT NULL;
+        SELECT count(*) INTO unslotted FROM work_items AS r
+        WHERE r.kind = p_kind AND r.status = 'Running' AND r.kind_slot IS NULL
+          AND r.id IS DISTINCT FROM p_except;
+        SELECT e.kind_slot INTO own FROM work_items AS e
+        WHERE e.id = p_except AND e.kind = p_kind AND e.kind_slot IS NOT NULL;
     END IF;
-    held := cardinality(taken);
+    IF FOUND AND own IS NOT NULL THEN
+        taken := taken[:array_position(taken, own) - 1]
+                 || taken[array_position(taken, own) + 1:];
+    END IF;
+    held := cardinality(taken) + unslotted;
     SELECT min(g.n) INTO slot FROM generate_series(1, p_limit) AS g (n)
     WHERE g.n <> ALL(array_remove(taken, NULL));
 END
@@ -1320,15 +1380,18 @@ $$;
 --   items rather than the same ones;
 -- * claims of one scope take turns on its claim lock (the row of its stripe in
 --   work_claim_locks, try only: a scope another claim is taking is passed over);
--- * a scope is passed over when it is full (as many Running as its limit) or its rate
---   window has no start left; a kind at its running limit or out of rate is not read;
---   a batch takes no more of a kind than its limits let start;
+-- * a scope is passed over when it is full (as many Running as its limit: a Running
+--   row at the position of its limit, `OFFSET limit - 1`, one probe of the busy scopes'
+--   index) or its rate window has no start left (work_rate_room, called only for a
+--   scope with a rate); both asked in the claim's own statement, planned with it once a
+--   session, not through a function call per head read. A kind at its running limit or
+--   out of rate is not read; a batch takes no more of a kind than its limits let start;
 -- * the candidates, locked as they were read, become Running. The heads of a claimed
 --   scope's other lines stay until the scope is settled when its item ends; claims
 --   pass over them with one probe each, so a busy scope costs a claim at most one
 --   probe per line, never one per item waiting in it. After the claim, each claimed
 --   scope whose limit is over one is settled, so its next item is a head while it has
---   room.
+--   room (asked only when some limit lets a scope run more than one).
 --
 -- A candidate whose scope's claim lock is taken does not empty the batch: each round
 -- claims what it locked, passes over the refused scopes, and looks further, until the
@@ -1358,6 +1421,12 @@ DECLARE
     refused text[];
     got record;  -- (not r: the claim's statement names a table alias r)
     roomy text[] := '{}';  -- claimed scopes whose limit lets more start
+    -- The running limit of scopes without one of their own.
+    default_running integer := COALESCE((SELECT l.running FROM work_limits AS l
+                                         WHERE l.kind IS NULL AND l.scope IS NULL), 1);
+    -- Whether any scope may run more than one (else no claimed scope is roomy).
+    any_roomy boolean := EXISTS (SELECT FROM work_limits AS l
+                                 WHERE l.kind IS NULL AND l.running > 1);
 BEGIN
     FOR pass IN 1..5 LOOP
         refused := NULL;
@@ -1405,7 +1474,11 @@ BEGIN
                     WHERE p_scopes IS NULL AND h.kind = l.kind AND h.priority = l.priority
                       AND h.status = 'Queued' AND h.is_head AND h.run_after <= now()
                       AND h.scope <> ALL(passed)
-                      AND NOT work_scope_full(h.scope)
+                      AND NOT EXISTS (  -- its limit's worth Running already: full
+                          SELECT FROM work_items AS r
+                          WHERE r.scope = h.scope AND r.scope_slot IS NOT NULL
+                          OFFSET COALESCE((SELECT l.running FROM work_limits AS l
+                                           WHERE l.scope = h.scope), default_running) - 1)
                     ORDER BY h.run_after, h.id
                     LIMIT window_size
                     FOR UPDATE SKIP LOCKED) AS c
@@ -1427,7 +1500,11 @@ BEGIN
                     WHERE h.scope = s.scope AND h.status = 'Queued' AND h.is_head
                       AND h.kind IN (SELECT kind FROM kinds) AND h.run_after <= now()
                       AND h.scope <> ALL(passed)
-                      AND NOT work_scope_full(h.scope)
+                      AND NOT EXISTS (  -- its limit's worth Running already: full
+                          SELECT FROM work_items AS r
+                          WHERE r.scope = h.scope AND r.scope_slot IS NOT NULL
+                          OFFSET COALESCE((SELECT l.running FROM work_limits AS l
+                                           WHERE l.scope = h.scope), default_running) - 1)
                     ORDER BY h.priority DESC, h.run_after, h.id
                     LIMIT 1
                     FOR UPDATE SKIP LOCKED) AS c
@@ -1438,7 +1515,9 @@ BEGIN
                     FROM due AS d
                     WHERE d.scope IS NULL
                        OR (NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = d.scope)
-                           AND work_scope_rate_open(d.scope))
+                           AND NOT EXISTS (SELECT FROM work_limits AS l  -- rate spent
+                                           WHERE l.scope = d.scope AND l.rate IS NOT NULL
+                                             AND work_rate_room(l.id, l.per, 1) = 0))
                     ORDER BY COALESCE(d.scope, d.id::text), d.priority DESC, d.run_after, d.id
                 ) AS d
                 ORDER BY d.priority DESC, d.run_after, d.id
@@ -1485,7 +1564,7 @@ BEGIN
             refused := got.refused;
             IF (got.item).id IS NOT NULL THEN
                 wanted := wanted - 1;
-                IF (got.item).scope IS NOT NULL
+                IF any_roomy AND (got.item).scope IS NOT NULL
                    AND work_scope_running_limit((got.item).scope) > 1 THEN
                     roomy := roomy || (got.item).scope;
                 END IF;

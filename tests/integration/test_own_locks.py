@@ -1,10 +1,10 @@
 """The queue's locks are its own (issue 32; docs/design/claim.md, "Locks"): a role granted
 nothing, which any role that can connect is, holds every advisory key the Workers were
 seen to take and every key the queue ever used, and the queue runs on; it can lock none
-of the queue's rows. Lease recovery (docs/design/claim.md, "Lease recovery and a held
-row") takes an expired item back once the session holding its row ends, without
-waiting for it meanwhile, and names it once it has been held past every bound the queue
-sets.
+of the queue's rows. Lease recovery (docs/adr/0014-scope-lines-and-heads.md, "Lease
+recovery and a held row") takes an expired item back once the session holding its row
+ends, without waiting for it meanwhile, and names it once it has been held past every
+bound the queue sets.
 """
 
 from __future__ import annotations

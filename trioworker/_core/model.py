@@ -103,7 +103,7 @@ Time: TypeAlias = dt.datetime | UndecodableValue
 class HeldLease:
     """An expired item lease recovery cannot take back: another session has held its
     row for a whole lease after the lease ran out, past every bound the queue sets on
-    one (docs/design/claim.md, "Lease recovery and a held row")."""
+    one (docs/adr/0014-scope-lines-and-heads.md, "Lease recovery and a held row")."""
 
     id: int
     kind: str

@@ -37,8 +37,8 @@ SELECT id FROM work_items WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 
 -- name: claim
 -- Up to %(limit)s due items of the served kinds whose scopes and kinds have room under
--- their limits (work_claim_v1, migrations/0001.queue.sql: work_scope_full and a claim
--- lock per scope; under both work_items_one_running_per_scope_slot and
+-- their limits (work_claim_v1, migrations/0001.queue.sql: a probe of the busy scopes'
+-- index and a claim lock per scope; under both work_items_one_running_per_scope_slot and
 -- work_items_one_running_per_kind_slot, and work_items_take_slot's refusals
 -- work_items_slot_within_limit and work_items_rate_within_limit, whose names the
 -- store recognises). For limit 1, the default, a scope runs one item at a time.
