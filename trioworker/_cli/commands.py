@@ -399,14 +399,16 @@ def check_run_arguments(args: argparse.Namespace) -> None:
             import prometheus_client  # noqa: F401
         except ImportError:
             raise ConfigurationError(
-                "--metrics-port needs the metrics extra: pip install 'trioworker[metrics]'"
+                "--metrics-port needs the metrics extra: pip install prometheus-client"
+                " (or install trioworker with [metrics])"
             ) from None
     if args.otel:
         try:
             import opentelemetry.sdk.trace  # noqa: F401
         except ImportError:
             raise UsageError(
-                "--otel needs the otel extra: pip install 'trioworker[otel]'"
+                "--otel needs the otel extra: pip install opentelemetry-api opentelemetry-sdk"
+                " (or install trioworker with [otel])"
             ) from None
 
 

@@ -319,10 +319,10 @@ def build_parser(secrets: tuple[str, ...] = (), prog: str = "python -m trioworke
                      " periodic item that one Worker at a time runs")  # fmt: skip
     run.add_argument("--metrics-port", type=number(integer=True, minimum=0, maximum=65535),
                      metavar="PORT", help="serve Prometheus metrics on this port (0: any free"
-                     " one, logged); needs pip install 'trioworker[metrics]'")  # fmt: skip
+                     " one, logged); needs the metrics extra (prometheus-client)")  # fmt: skip
     run.add_argument("--otel", action="store_true",
                      help="trace each attempt with OpenTelemetry, set up by the OTEL_*"
-                     " variables; needs pip install 'trioworker[otel]'")  # fmt: skip
+                     " variables; needs the otel extra (opentelemetry-sdk)")  # fmt: skip
 
     migrate = command("migrate", "apply database migrations (safe to run concurrently)")
     migrate.add_argument(
@@ -437,8 +437,8 @@ def _dashboard(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     when it runs."""
     dashboard = command(
         "dashboard",
-        "serve the web dashboard (read-only unless --allow-actions); needs pip install"
-        " 'trioworker[dashboard]'",
+        "serve the web dashboard (read-only unless --allow-actions); needs the dashboard"
+        " extra (starlette, hypercorn, jinja2)",
     )
     dashboard.allow_abbrev = False  # `--token SECRET` must not pass for --token-file
     dashboard.add_argument(
