@@ -31,6 +31,7 @@ from tests.unit._fakes import (
 from trioworker import (
     ConfigurationError,
     Context,
+    IdTakenOver,
     Registry,
     SchemaNotReady,
     Settings,
@@ -429,8 +430,10 @@ class HeldStore(ScriptedStore):
 
     async def held_leases(self, *, batch: int = 100) -> list[HeldLease]:
         await super().held_leases(batch=batch)
-        return [HeldLease(7, "Orphan", "g", 2, "ghost", 61.4, 4242),
-                HeldLease(8, "Orphan", None, 1, "ghost", 90.0, None)]
+        return [
+            HeldLease(7, "Orphan", "g", 2, "ghost", 61.4, 4242),
+            HeldLease(8, "Orphan", None, 1, "ghost", 90.0, None),
+        ]
 
 
 async def test_a_lease_held_past_every_bound_is_reported_every_pass(
@@ -703,28 +706,47 @@ async def test_a_worker_id_whose_holder_is_gone_is_taken_afresh(
         assert state.started_at == state.last_seen  # afresh, not the dead one's
 
 
-async def test_a_worker_whose_id_is_taken_over_logs_it_and_records_no_stop(
+async def test_a_worker_whose_id_is_taken_over_stops_claiming_and_says_so(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A Worker cut off long enough to seem gone, whose id another took meanwhile: its
-    next advertisement is refused (an error in the log, the loop goes on), and its own
-    stop is not recorded over the other's row."""
+    next advertisement is refused; it logs that once, claims nothing more, lets its
+    running item have the shutdown grace (then releases it, fenced), records no stop
+    over the other's row, and its run ends with IdTakenOver (issue 35, item 10)."""
     store, registry = ScriptedStore(), Registry()
     registry.handler("A")(sleeping())
-    async with running(store, registry):
-        await trio.sleep(1)
-        store.workers.pop("w1")
-        store._seen.pop("w1")
-        store._advertised.pop("w1")
-        await store.advertise(holder())
-        await trio.sleep(15)
-    assert messages(caplog, WORKER, logging.ERROR) == [
+    first = await store.enqueue("A")
+    settings = Settings(concurrency=2, shutdown_grace=5.0)
+    worker = Worker(store, registry, settings, worker_id="w1", fail_stop=Failstops())
+    taken = pytest.RaisesExc(IdTakenOver, match="worker id 'w1' is in use by a live Worker")
+    with trio.fail_after(120), pytest.RaisesGroup(taken):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await trio.testing.wait_all_tasks_blocked()
+            assert worker.statistics().running == 1
+            store.workers.pop("w1")
+            store._seen.pop("w1")
+            store._advertised.pop("w1")
+            await store.advertise(holder())
+            taken_at = trio.current_time()
+            await trio.sleep(settings.recovery_every + 1)  # found at the next advertisement
+            second = await store.enqueue("A")  # a free slot, and an item for it
+            await trio.sleep(2)
+            assert worker.statistics().claimed == 1
+    assert trio.current_time() - taken_at <= settings.recovery_every + settings.shutdown_grace + 1
+    [error] = messages(caplog, WORKER, logging.ERROR)
+    assert error.startswith(
         "this Worker's id was taken over while it seemed gone: worker id 'w1' is in use by"
-        " a live Worker (host elsewhere, pid 1, seen 14.0s ago): give each Worker its own"
-        " --worker-id"
-    ]
+        " a live Worker (host elsewhere, pid 1, seen "
+    )
+    assert error.endswith(
+        "give each Worker its own --worker-id; stopping: no new claims, running items end"
+        " by their fence"
+    )
     assert "worker_stopped" not in store.times
     assert store.workers["w1"] == holder()
+    assert (await store.get_item(second.id)).status is Status.QUEUED  # type: ignore[union-attr]
+    assert (await store.get_item(first.id)).status is Status.QUEUED  # type: ignore[union-attr]
 
 
 async def test_a_worker_serving_every_scope_advertises_none(

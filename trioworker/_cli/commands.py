@@ -19,9 +19,14 @@ from typing import Any
 
 import trio
 
-from trioworker._cli.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
+from trioworker._cli.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TAKEN_OVER
 from trioworker._cli.input import UsageError, read_items, read_lines, read_payload
-from trioworker._core.errors import ConfigurationError, DatabaseUnavailable, InvalidWorkItem
+from trioworker._core.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    IdTakenOver,
+    InvalidWorkItem,
+)
 from trioworker._core.model import FINISHED, Enqueued, Status
 from trioworker._core.registry import Registry
 from trioworker._core.retry import Backoff
@@ -458,6 +463,7 @@ def run_worker(
         registry.retention(args.retain)
     wait_for_schema(args.dsn, args.schema, args.startup_timeout, registry)
     interrupted = trio.Event()
+    taken_over = trio.Event()
 
     async def main() -> None:
         async with open_store(
@@ -491,10 +497,15 @@ def run_worker(
                 nursery.start_soon(on_signals, worker, nursery.cancel_scope, interrupted)
                 if metrics is not None:
                     nursery.start_soon(metrics.run)  # the queue-depth refresh
-                await worker.run()
+                try:
+                    await worker.run()
+                except IdTakenOver:  # logged when found, with what the Worker does about it
+                    taken_over.set()
                 nursery.cancel_scope.cancel()
 
     trio.run(main)
+    if taken_over.is_set():
+        return EXIT_TAKEN_OVER
     return EXIT_INTERRUPTED if interrupted.is_set() else EXIT_OK
 
 

@@ -3,7 +3,8 @@ prune, pause, resume, quiesce, dashboard, demo.
 
 Exit codes: 0 done; 1 a runtime error (a bad --app, an unreachable database, an
 unmigrated schema); 2 a usage error (bad options or input, refused before anything
-connects); 70 fail-stop (a handler would not stop); 130 interrupted twice.
+connects); 70 fail-stop (a handler would not stop); 75 `run`: another Worker took over
+this Worker's id while it seemed gone, so it stopped; 130 interrupted twice.
 
 The global options (--dsn, --schema, --log-level, --log-format) go before or after the
 command, and no error message ever shows a password: argparse's own are redacted too.
@@ -262,7 +263,8 @@ def build_parser(secrets: tuple[str, ...] = (), prog: str = "python -m trioworke
         description="A PostgreSQL-backed work queue with Trio Workers.",
         epilog=f"DSN: --dsn, else ${DSN_ENV}, else libpq's PG* variables. Schema: --schema,"
         f" else ${SCHEMA_ENV}, else public. Exit codes: 0 done,"
-        " 1 runtime error, 2 usage error, 70 fail-stop, 130 interrupted twice.",
+        " 1 runtime error, 2 usage error, 70 fail-stop, 75 id taken over (run),"
+        " 130 interrupted twice.",
     )
     parser.add_argument("--version", action="version", version=f"trioworker {_installed_version()}")
     _globals(parser, suppress=False)
