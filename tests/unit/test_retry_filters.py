@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -108,6 +109,15 @@ def test_a_group_is_retried_only_if_all_it_holds_would_be() -> None:
     )
 
 
+def test_a_group_of_one_is_named_as_a_group() -> None:
+    """A nursery that raised one exception raises a group of one: the reason names the
+    group and what it holds."""
+    assert after(ExceptionGroup("x", [ValueError()]), NETWORK).reason == (
+        "not retried: ExceptionGroup holds ValueError, which is not in retry_on"
+        " (ConnectionError, TimeoutError)"
+    )
+
+
 def test_a_group_class_in_a_filter_matches_the_group_s_members_not_the_group() -> None:
     """retry_on=(ExceptionGroup,) says nothing about what a group holds: its members are
     what is matched, so a group of ValueErrors is not retried."""
@@ -149,6 +159,29 @@ def test_a_group_that_cannot_be_walked_stands_for_itself() -> None:
     assert after(unreadable, NETWORK).reason == (
         "not retried: _Unreadable is not in retry_on (ConnectionError, TimeoutError)"
     )
+
+
+class _Counted(ExceptionGroup[Exception]):
+    """A group whose members are counted as they are read."""
+
+    read = 0
+
+    @property  # type: ignore[override]
+    def exceptions(self) -> Iterator[Exception]:  # type: ignore[override]
+        for _ in range(100):
+            _Counted.read += 1
+            yield ValueError()
+
+
+def test_a_walk_reads_no_more_members_than_its_limit() -> None:
+    """However many members a group says it has, a walk reads at most `limit` of them,
+    and the default limit is a thousand steps."""
+    group = _Counted("c", [ValueError()])
+    assert exceptions_in(group, limit=10) == [group]
+    assert _Counted.read == 10
+    assert len(exceptions_in(ExceptionGroup("g", [ValueError()] * 999))) == 999
+    wide = ExceptionGroup("g", [ValueError()] * 1000)
+    assert exceptions_in(wide) == [wide]
 
 
 def test_a_walk_gives_up_at_its_limit() -> None:

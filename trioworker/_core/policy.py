@@ -147,9 +147,12 @@ def exceptions_in(error: BaseException, limit: int = 1000) -> list[BaseException
 
 def _first_match(error: BaseException, types: ExceptionTypes) -> type[BaseException] | None:
     try:
-        return next((each for each in types if isinstance(error, each)), None)
+        for each in types:
+            if isinstance(error, each):
+                return each
     except BaseException:  # a hostile __class__: it matches nothing
-        return None
+        pass
+    return None
 
 
 def _reason(error: BaseException, leaf: BaseException, grouped: bool, rule: str) -> str:
