@@ -749,6 +749,48 @@ async def test_a_worker_whose_id_is_taken_over_stops_claiming_and_says_so(
     assert (await store.get_item(first.id)).status is Status.QUEUED  # type: ignore[union-attr]
 
 
+async def test_a_worker_that_seemed_gone_claims_only_once_it_has_advertised_again(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No advertisement for three recovery intervals (others may take the id over): the
+    claim loop advertises first, quietly (the presence loop logs the failures), and
+    claims nothing until one succeeds; then it claims as before."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping())
+    worker = Worker(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        store.script["advertise"] = ["fail"] * 1000
+        advertised = len(store.times["advertise"])  # at 0: claim_id, the presence loop
+        await trio.sleep(50)  # the last good advertisement was at 0: gone for others at 45
+        await store.enqueue("A")
+        await trio.sleep(10)
+        assert worker.statistics().claimed == 0
+        failed = len(store.times["advertise"]) - advertised
+        warned = messages(caplog, WORKER, logging.WARNING)
+        assert set(warned) == {"could not advertise this Worker: advertise: down"}
+        assert 3 <= len(warned) < failed  # at 15, 30, 45 (60): the presence loop's only
+        store.script["advertise"].clear()
+        await trio.sleep(15)  # the claim loop's backoff: at most 10 s, and its jitter
+        assert worker.statistics().claimed == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_worker_seems_gone_after_three_recovery_intervals_without_advertising(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Exactly three intervals since the last advertisement is gone (others take the id
+    at `last_seen <= now() - 3 intervals`); never advertised is not."""
+    worker = Worker(ScriptedStore(), Registry(), Settings(), worker_id="w1", fail_stop=Failstops())
+    assert not worker._seemed_gone()
+    now = trio.current_time()
+    worker._advertised_at = now - 45.0
+    assert trio.current_time() - worker._advertised_at == 45.0
+    assert worker._seemed_gone()
+    worker._advertised_at = now - 44.0
+    assert not worker._seemed_gone()
+
+
 async def test_a_worker_serving_every_scope_advertises_none(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -216,10 +216,9 @@ class Worker:
             slots = [first, *self._slots.take_free()]  # one claim fills every free slot
             # Stopped or cut off for as long as others wait before taking its id: no
             # claim until this Worker has advertised itself again (its id its own).
+            # Taken over, it has stopped: the wait ends at once, and so does the loop.
             if self._seemed_gone() and not await self._advertise(quiet=True):
                 self._slots.unused(slots)
-                if self._taken_over is not None:
-                    break
                 with trio.move_on_after(backoff.next()):  # the presence loop logs why
                     await self._stopping.wait()
                 continue
