@@ -758,11 +758,11 @@ async def test_a_worker_that_seemed_gone_claims_only_once_it_has_advertised_agai
     store, registry = ScriptedStore(), Registry()
     registry.handler("A")(sleeping())
     worker = Worker(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
+    store.script["advertise"] = ["ok", *["fail"] * 1000]  # only claim_id's, at 0, is made
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
-        store.script["advertise"] = ["fail"] * 1000
-        advertised = len(store.times["advertise"])  # at 0: claim_id, the presence loop
-        await trio.sleep(50)  # the last good advertisement was at 0: gone for others at 45
+        advertised = 1
+        await trio.sleep(50)  # the only good advertisement was at 0: gone for others at 45
         await store.enqueue("A")
         await trio.sleep(10)
         assert worker.statistics().claimed == 0
@@ -788,6 +788,11 @@ async def test_a_worker_seems_gone_after_three_recovery_intervals_without_advert
     assert trio.current_time() - worker._advertised_at == 45.0
     assert worker._seemed_gone()
     worker._advertised_at = now - 44.0
+    assert not worker._seemed_gone()
+    await trio.sleep(50)
+    assert worker._seemed_gone()
+    assert await worker._advertise()  # each advertisement starts the count again
+    assert worker._advertised_at == trio.current_time()
     assert not worker._seemed_gone()
 
 
