@@ -1,6 +1,6 @@
 """OpenTelemetry tracing: one span per attempt, joined to the request that asked for it.
 
-Needs the otel extra (`pip install 'trioworker[otel]'`). A Worker given an `OtelTracer`
+Needs the otel extra (`opentelemetry-api`, `opentelemetry-sdk`). A Worker given an `OtelTracer`
 traces each attempt as one span, from its claim to its one write:
 
     worker = Worker(store, registry, fail_stop=end_the_process, tracer=OtelTracer())

@@ -383,3 +383,18 @@ def test_shown_output_is_compared_by_words_in_order() -> None:
     assert mismatch("Greet · 1\nkind Queued", actual) is not None
     assert mismatch("Greet 1", actual) is not None
     assert mismatch("4", actual) is not None  # not a word of `vm-42`
+
+
+def test_the_guide_says_what_the_self_stop_does_not_end() -> None:
+    """handlers.md says which things a handler starts are its own to end (threads,
+    executors, system tasks, child processes), what the cancel does end, and what the
+    fail-stop cannot (issue 35, item 11); its example runs with the rest of the page."""
+    page = (GUIDE / "handlers.md").read_text()
+    section = page.split("### What the self-stop ends, and what is the handler's own to end")[1]
+    section = section.split("\n## ")[0]
+    said = [
+        "`threading.Thread`", "`concurrent.futures`", "`trio.lowlevel.spawn_system_task`",
+        "`subprocess.Popen`", "`ctx.run_in_thread`", "exit status 70", "finally",
+        "only what runs inside the\nattempt", "nor undoes what anything has already written",
+    ]  # fmt: skip
+    assert [s for s in said if s not in section] == []

@@ -5,20 +5,26 @@ in a fresh venv, from the wheel or from the checkout, it works as the guide says
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.support.database import Databases
+from tests.support.docblocks import install_commands, pip_install
 from tests.support.processes import ROOT
 
 
@@ -145,3 +151,114 @@ def test_the_checkout_installs_with_the_dashboard_extra(
             proc.terminate()
             proc.wait(timeout=30)
             log.close()
+
+
+# -- every install command the docs show (issue 35, item 1) ------------------------------
+
+
+def _documented_installs() -> dict[str, str]:
+    """Each distinct `pip install ...` of README.md and docs/, and where it is first shown."""
+    found: dict[str, str] = {}
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for where, command in install_commands(path):
+            found.setdefault(command, f"{path.relative_to(ROOT).parent}/{where}")
+    return found
+
+
+DOCUMENTED_INSTALLS = _documented_installs()
+
+
+def requirements_of(name: str, extras: list[str]) -> list[Requirement]:
+    """What installing NAME[EXTRAS] must bring: for trioworker, its dependencies and those
+    of each extra named (from pyproject.toml, as the wheel declares them); for another
+    package, that package."""
+    if name != "trioworker":
+        return [Requirement(name)]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [Requirement(r) for r in project["dependencies"]]
+    for extra in extras:
+        assert extra in project["optional-dependencies"], f"trioworker has no extra {extra!r}"
+        for text in project["optional-dependencies"][extra]:
+            requirement = Requirement(text)
+            if canonicalize_name(requirement.name) == "trioworker":
+                wanted += requirements_of("trioworker", sorted(requirement.extras))
+            else:
+                wanted.append(requirement)
+    return wanted
+
+
+def test_the_docs_show_install_commands_and_none_names_an_unpublished_package() -> None:
+    """The collection below sees the guide's install lines (so an empty list cannot pass),
+    and trioworker is installed from its checkout or its wheel, never by a name an index
+    would be asked for (nothing is published under it, and something else could be)."""
+    assert "pip install ." in DOCUMENTED_INSTALLS
+    assert any(".whl" in command for command in DOCUMENTED_INSTALLS)
+    by_name = [c for c in DOCUMENTED_INSTALLS if re.search(r"(?<![\w/.-])trioworker\b(?!-)", c)]
+    assert not by_name, [(c, DOCUMENTED_INSTALLS[c]) for c in by_name]
+
+
+@attrs.frozen
+class Installed:
+    """What one documented install command did in its own fresh venv."""
+
+    where: str
+    returncode: int
+    stderr: str
+    installed: dict[str, str]  # canonical name -> version
+
+
+def run_documented_install(command: str, where: Path, wheel: Path) -> Installed:
+    """COMMAND, run by bash as written with a fresh venv's `pip` first on PATH: in the
+    checkout, or, for a `dist/...whl` one, where `dist/` holds the wheel the guide builds."""
+    cwd = ROOT
+    if "dist/" in command:
+        cwd = where / "app"
+        (cwd / "dist").mkdir(parents=True)
+        (cwd / "dist" / wheel.name).symlink_to(wheel)
+    python = fresh_venv(where / "venv")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
+    env["VIRTUAL_ENV"] = str(python.parent.parent)
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    ran = subprocess.run(["bash", "-c", command], cwd=cwd, env=env,
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    listed = subprocess.run([str(python), "-m", "pip", "list", "--format", "json"], env=env,
+                            capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+    installed = {canonicalize_name(d["name"]): d["version"] for d in json.loads(listed.stdout)}
+    return Installed(DOCUMENTED_INSTALLS[command], ran.returncode, ran.stderr, installed)
+
+
+@pytest.fixture(scope="session")
+def documented_installs(
+    wheel: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Installed]:
+    """Every documented install command, each in its own fresh venv, four at a time (most
+    of an install is waiting on the indexes and the disk): about a minute in all."""
+    base = tmp_path_factory.mktemp("installs")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {
+            command: pool.submit(run_documented_install, command, base / str(i), wheel)
+            for i, command in enumerate(sorted(DOCUMENTED_INSTALLS))
+        }
+        return {command: future.result() for command, future in futures.items()}
+
+
+@pytest.mark.parametrize("command", sorted(DOCUMENTED_INSTALLS))
+def test_each_documented_install_command_works_as_written_in_a_fresh_venv(
+    command: str, documented_installs: dict[str, Installed]
+) -> None:
+    """The command exits 0 in a fresh venv and leaves installed everything the packages
+    and extras it names require (trioworker's own from pyproject.toml)."""
+    ran = documented_installs[command]
+    assert ran.returncode == 0, f"{ran.where}: `{command}` exited {ran.returncode}:\n{ran.stderr}"
+    packages = pip_install(command)
+    assert packages, command
+    for name, extras in packages:
+        assert canonicalize_name(name) in ran.installed, (ran.where, command, name)
+        for requirement in requirements_of(name, extras):
+            if requirement.marker is not None and not requirement.marker.evaluate():
+                continue
+            version = ran.installed.get(canonicalize_name(requirement.name))
+            assert version is not None, f"{ran.where}: `{command}` left {requirement} out"
+            ok = requirement.specifier.contains(version, prereleases=True)
+            assert ok, f"{ran.where}: `{command}` installed {version}, not {requirement}"

@@ -220,7 +220,7 @@ def test_run_otel_without_the_extra_says_what_to_install(dsn: str, no_openteleme
         env={"PYTHONPATH": no_opentelemetry},
     )  # fmt: skip
     assert result.returncode == 2
-    assert "pip install 'trioworker[otel]'" in result.stderr
+    assert "pip install opentelemetry-api opentelemetry-sdk" in result.stderr
 
 
 def test_run_otel_with_an_exporter_not_installed_is_one_clear_line(dsn: str) -> None:

@@ -104,8 +104,13 @@ def test_a_fail_stop_in_one_worker_drains_the_other_and_ends_the_supervisor_with
 
 
 def test_the_supervisor_exit_code_is_the_gravest_of_its_workers() -> None:
-    """A fail-stop anywhere is 70, else an interrupt 130, else any other end 1, else 0."""
+    """A fail-stop anywhere is 70, else an interrupt 130, else an id taken over 75, else
+    any other end 1, else 0."""
     assert exit_code([0, 0]) == 0
+    assert exit_code([0, 75]) == 75
+    assert exit_code([1, 75]) == 75
+    assert exit_code([75, 130]) == 130
+    assert exit_code([70, 75]) == 70
     assert exit_code([0, 70]) == 70
     assert exit_code([130, 70, 1]) == 70
     assert exit_code([0, 130]) == 130

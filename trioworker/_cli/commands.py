@@ -19,11 +19,18 @@ from typing import Any
 
 import trio
 
-from trioworker._cli.exits import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_TIMEOUT
+from trioworker._cli.exits import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TAKEN_OVER,
+    EXIT_TIMEOUT,
+)
 from trioworker._cli.input import UsageError, read_items, read_lines, read_payload
 from trioworker._core.errors import (
     ConfigurationError,
     DatabaseUnavailable,
+    IdTakenOver,
     InvalidWorkItem,
     ItemNotSucceeded,
 )
@@ -424,14 +431,16 @@ def check_run_arguments(args: argparse.Namespace) -> None:
             import prometheus_client  # noqa: F401
         except ImportError:
             raise ConfigurationError(
-                "--metrics-port needs the metrics extra: pip install 'trioworker[metrics]'"
+                "--metrics-port needs the metrics extra: pip install prometheus-client"
+                " (or install trioworker with [metrics])"
             ) from None
     if args.otel:
         try:
             import opentelemetry.sdk.trace  # noqa: F401
         except ImportError:
             raise UsageError(
-                "--otel needs the otel extra: pip install 'trioworker[otel]'"
+                "--otel needs the otel extra: pip install opentelemetry-api opentelemetry-sdk"
+                " (or install trioworker with [otel])"
             ) from None
 
 
@@ -481,6 +490,7 @@ def run_worker(
         registry.retention(args.retain)
     wait_for_schema(args.dsn, args.schema, args.startup_timeout, registry)
     interrupted = trio.Event()
+    taken_over = trio.Event()
 
     async def main() -> None:
         async with open_store(
@@ -514,10 +524,15 @@ def run_worker(
                 nursery.start_soon(on_signals, worker, nursery.cancel_scope, interrupted)
                 if metrics is not None:
                     nursery.start_soon(metrics.run)  # the queue-depth refresh
-                await worker.run()
+                try:
+                    await worker.run()
+                except IdTakenOver:  # logged when found, with what the Worker does about it
+                    taken_over.set()
                 nursery.cancel_scope.cancel()
 
     trio.run(main)
+    if taken_over.is_set():
+        return EXIT_TAKEN_OVER
     return EXIT_INTERRUPTED if interrupted.is_set() else EXIT_OK
 
 

@@ -6,4 +6,5 @@ EXIT_USAGE = 2
 #: `wait`: the item had not ended within --timeout (as timeout(1) exits).
 EXIT_TIMEOUT = 124
 EXIT_FAIL_STOP = 70
+EXIT_TAKEN_OVER = 75
 EXIT_INTERRUPTED = 130

@@ -4,7 +4,8 @@ retry, prune, pause, resume, quiesce, dashboard, demo.
 Exit codes: 0 done; 1 a runtime error (a bad --app, an unreachable database, an
 unmigrated schema; `wait`: the item ended Failed or Cancelled); 2 a usage error (bad
 options or input, refused before anything connects); 70 fail-stop (a handler would not
-stop); 124 `wait` timed out; 130 interrupted twice.
+stop); 75 `run`: another Worker took over this Worker's id while it seemed gone, so it
+stopped; 124 `wait` timed out; 130 interrupted twice.
 
 The global options (--dsn, --schema, --log-level, --log-format) go before or after the
 command, and no error message ever shows a password: argparse's own are redacted too.
@@ -267,7 +268,7 @@ def build_parser(secrets: tuple[str, ...] = (), prog: str = "python -m trioworke
         epilog=f"DSN: --dsn, else ${DSN_ENV}, else libpq's PG* variables. Schema: --schema,"
         f" else ${SCHEMA_ENV}, else public. Exit codes: 0 done,"
         " 1 runtime error (wait: Failed or Cancelled), 2 usage error, 70 fail-stop,"
-        " 124 wait timed out, 130 interrupted twice.",
+        " 75 id taken over (run), 124 wait timed out, 130 interrupted twice.",
     )
     _globals(parser, suppress=False)
     common = Parser(add_help=False)
@@ -323,10 +324,10 @@ def build_parser(secrets: tuple[str, ...] = (), prog: str = "python -m trioworke
                      " periodic item that one Worker at a time runs")  # fmt: skip
     run.add_argument("--metrics-port", type=number(integer=True, minimum=0, maximum=65535),
                      metavar="PORT", help="serve Prometheus metrics on this port (0: any free"
-                     " one, logged); needs pip install 'trioworker[metrics]'")  # fmt: skip
+                     " one, logged); needs the metrics extra (prometheus-client)")  # fmt: skip
     run.add_argument("--otel", action="store_true",
                      help="trace each attempt with OpenTelemetry, set up by the OTEL_*"
-                     " variables; needs pip install 'trioworker[otel]'")  # fmt: skip
+                     " variables; needs the otel extra (opentelemetry-sdk)")  # fmt: skip
 
     migrate = command("migrate", "apply database migrations (safe to run concurrently)")
     migrate.add_argument(
@@ -451,8 +452,8 @@ def _dashboard(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     when it runs."""
     dashboard = command(
         "dashboard",
-        "serve the web dashboard (read-only unless --allow-actions); needs pip install"
-        " 'trioworker[dashboard]'",
+        "serve the web dashboard (read-only unless --allow-actions); needs the dashboard"
+        " extra (starlette, hypercorn, jinja2)",
     )
     dashboard.allow_abbrev = False  # `--token SECRET` must not pass for --token-file
     dashboard.add_argument(

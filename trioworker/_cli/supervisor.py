@@ -39,7 +39,13 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
-from trioworker._cli.exits import EXIT_ERROR, EXIT_FAIL_STOP, EXIT_INTERRUPTED, EXIT_OK
+from trioworker._cli.exits import (
+    EXIT_ERROR,
+    EXIT_FAIL_STOP,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TAKEN_OVER,
+)
 from trioworker._cli.log_thread import LogThread
 from trioworker._worker.watchdog import Bound
 
@@ -67,12 +73,15 @@ def child_argv(argv: Sequence[str], worker_id: str, *extra: str) -> list[str]:
 
 def exit_code(codes: Sequence[int]) -> int:
     """The supervisor's exit code from its Workers': 70 if any fail-stopped; else 130 if
-    any was interrupted (stopped at once); else 1 if any ended otherwise than 0 (an
-    error, a usage error, a signal nobody handled); else 0."""
+    any was interrupted (stopped at once); else 75 if any found its id taken over; else 1
+    if any ended otherwise than 0 (an error, a usage error, a signal nobody handled);
+    else 0."""
     if EXIT_FAIL_STOP in codes:
         return EXIT_FAIL_STOP
     if EXIT_INTERRUPTED in codes:
         return EXIT_INTERRUPTED
+    if EXIT_TAKEN_OVER in codes:
+        return EXIT_TAKEN_OVER
     return EXIT_OK if all(code == EXIT_OK for code in codes) else EXIT_ERROR
 
 

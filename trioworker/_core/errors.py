@@ -44,6 +44,12 @@ class SchemaNotReady(ConfigurationError):
     """The database lacks migrations this version needs (run `trioworker migrate`)."""
 
 
+class IdTakenOver(TrioWorkerError):
+    """Another Worker took this Worker's id while this one seemed gone (stopped, cut off
+    for longer than its liveness window): it stopped claiming, let its running attempts
+    end by their fence and the shutdown grace, and stopped. Raised by `Worker.run`."""
+
+
 class StoreError(TrioWorkerError):
     """The database refused or failed a store call."""
 

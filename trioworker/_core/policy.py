@@ -13,7 +13,7 @@ import enum
 import itertools
 import random
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 
@@ -67,9 +67,34 @@ class DoNotRetry(Exception):
     """Raise from a handler to fail the item now, without further attempts."""
 
 
+ExceptionTypes = tuple[type[BaseException], ...]
+
+
+def _exception_types(given: type[BaseException] | Iterable[type[BaseException]]) -> ExceptionTypes:
+    """One exception class, or several, as a tuple; anything else is refused."""
+    types = (given,) if isinstance(given, type) else tuple(given)
+    for each in types:
+        if not (isinstance(each, type) and issubclass(each, BaseException)):
+            raise TypeError(f"{each!r} is not an exception class")
+    return types
+
+
+def _exception_types_or_none(
+    given: type[BaseException] | Iterable[type[BaseException]] | None,
+) -> ExceptionTypes | None:
+    return None if given is None else _exception_types(given)
+
+
 @attrs.frozen
 class RetryPolicy:
-    """Per-kind retry policy for handler errors (self-stops and stalls are not errors)."""
+    """Per-kind retry policy for handler errors (self-stops and stalls are not errors).
+
+    `retry_on`: retry only errors of these classes (None: any error; Celery's
+    `autoretry_for`, procrastinate's `retry_exceptions`). `never_retry`: never retry
+    errors of these classes, even when `retry_on` names a base class of theirs (Celery's
+    `dont_autoretry_for`). An error not retried fails its item at once, the reason saying
+    which rule stopped it. An exception group is retried only if every exception in it
+    would be."""
 
     max_attempts: int = attrs.field(default=5, validator=attrs.validators.ge(1))
     initial_delay: float = attrs.field(default=2.0, validator=attrs.validators.ge(0))
@@ -77,6 +102,66 @@ class RetryPolicy:
     jitter: float = attrs.field(
         default=0.2, validator=[attrs.validators.ge(0), attrs.validators.le(1)]
     )
+    retry_on: ExceptionTypes | None = attrs.field(
+        default=None, converter=_exception_types_or_none, kw_only=True
+    )
+    never_retry: ExceptionTypes = attrs.field(default=(), converter=_exception_types, kw_only=True)
+
+    def refusal(self, error: BaseException) -> str | None:
+        """Why `error` is not retried under `retry_on` and `never_retry` (None: it may be,
+        attempts allowing), naming the error's class and the rule. Never raises."""
+        leaves = exceptions_in(error)
+        grouped = not (len(leaves) == 1 and leaves[0] is error)
+        for leaf in leaves:
+            match = _first_match(leaf, self.never_retry)
+            if match is not None:
+                return _reason(error, leaf, grouped, f"matches never_retry ({match.__name__})")
+        if self.retry_on is None:
+            return None
+        for leaf in leaves:
+            if _first_match(leaf, self.retry_on) is None:
+                named = ", ".join(each.__name__ for each in self.retry_on)
+                return _reason(error, leaf, grouped, f"is not in retry_on ({named})")
+        return None
+
+
+def exceptions_in(error: BaseException, limit: int = 1000) -> list[BaseException]:
+    """The exceptions `error` stands for: itself, or each member of a group, groups in
+    groups walked (at most `limit` steps; a group that cannot be walked so, or that
+    holds nothing, stands for itself)."""
+    found: list[BaseException] = []
+    stack = [error]
+    try:
+        for _ in range(limit):
+            current = stack.pop()
+            if isinstance(current, BaseExceptionGroup):
+                stack.extend(reversed(list(itertools.islice(current.exceptions, limit))))
+            else:
+                found.append(current)
+            if not stack:
+                return found or [error]
+    except BaseException:  # part of what the handler raised
+        pass
+    return [error]
+
+
+def _first_match(error: BaseException, types: ExceptionTypes) -> type[BaseException] | None:
+    try:
+        for each in types:
+            if isinstance(error, each):
+                return each
+    except BaseException:  # a hostile __class__: it matches nothing
+        pass
+    return None
+
+
+def _reason(error: BaseException, leaf: BaseException, grouped: bool, rule: str) -> str:
+    """`not retried: ValueError is not in retry_on (OSError)`; of a group, `not retried:
+    ExceptionGroup holds ValueError, which is not in retry_on (OSError)`."""
+    subject = _type_name(leaf)
+    if grouped:
+        subject = f"{_type_name(error)} holds {subject}, which"
+    return storable(f"not retried: {subject} {rule}", ERROR_LIMIT)
 
 
 @attrs.frozen
@@ -265,6 +350,9 @@ def decide(  # noqa: PLR0911  one return per rule reads like the rule
         return Decision(
             Action.FAIL, reason="handler said not to retry", error=error, traceback=trace
         )
+    refused = policy.refusal(outcome.error)
+    if refused is not None:
+        return Decision(Action.FAIL, reason=refused, error=error, traceback=trace)
     if failures >= policy.max_attempts:
         gave_up = f"failed {failures} of {policy.max_attempts} attempts"
         return Decision(Action.FAIL, reason=gave_up, error=error, traceback=trace)

@@ -25,12 +25,13 @@ from typing import Protocol
 import attrs
 import trio
 
-from trioworker._core.errors import ConfigurationError, StoreError
+from trioworker._core.errors import ConfigurationError, IdTakenOver, StoreError
 from trioworker._core.model import HeldLease, Recovered, Status, WorkerInfo
 from trioworker._core.registry import Registry
 from trioworker._core.retry import Backoff
 from trioworker._core.settings import Settings
 from trioworker._store.api import Store
+from trioworker._store.reads import ALIVE_BEATS
 from trioworker._worker.attempt import Slot, Slots
 from trioworker._worker.executor import EventSink, Executor, FailStop, Tracer
 
@@ -113,6 +114,11 @@ class Worker:
         self._settle_wake = trio.Event()
         self._stopping = trio.Event()
         self._slot_wait = trio.CancelScope()
+        #: Why this Worker's id is no longer its own (another Worker took it over).
+        self._taken_over: str | None = None
+        #: When this Worker last advertised itself (Trio's clock; None: not yet, which
+        #: its presence loop keeps trying).
+        self._advertised_at: float | None = None
         #: A slot per running attempt; a slot given back wakes the claim loop.
         self._slots = Slots(self.settings.concurrency, self._wake_claims)
 
@@ -160,7 +166,8 @@ class Worker:
     # -- the loops ----------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Claim and run items until `stop()` (graceful) or cancellation (at once)."""
+        """Claim and run items until `stop()` (graceful) or cancellation (at once).
+        IdTakenOver, once stopped as by `stop()`, if another Worker took over its id."""
         log.info(
             "worker %s starting: kinds %s; %s, concurrency %d, lease %gs, heartbeat %gs, poll %gs",
             self.worker_id,
@@ -194,6 +201,8 @@ class Worker:
             await executor.idle()  # completions handed over are answered (or given up)
             asyncio_loop.close()
             background.cancel_scope.cancel()
+        if self._taken_over is not None:
+            raise IdTakenOver(self._taken_over)
         log.info("worker %s stopped", self.worker_id)
 
     def _describe_scopes(self) -> str:
@@ -205,6 +214,14 @@ class Worker:
         run = self.executor.run
         while (first := await self._free_slot()) is not None:
             slots = [first, *self._slots.take_free()]  # one claim fills every free slot
+            # Stopped or cut off for as long as others wait before taking its id: no
+            # claim until this Worker has advertised itself again (its id its own).
+            # Taken over, it has stopped: the wait ends at once, and so does the loop.
+            if self._seemed_gone() and not await self._advertise(quiet=True):
+                self._slots.unused(slots)
+                with trio.move_on_after(backoff.next()):  # the presence loop logs why
+                    await self._stopping.wait()
+                continue
             self._wake = trio.Event()  # before the claim: a NOTIFY during it is not lost
             sent_at = trio.current_time()
             try:
@@ -422,6 +439,7 @@ class Worker:
         never run, or stop, as one. PostgreSQL unreachable: the presence loop retries."""
         with contextlib.suppress(StoreError):  # the presence loop tries at once, and says so
             await self.store.advertise(self.info())
+            self._advertised_at = trio.current_time()
 
     def info(self) -> WorkerInfo:
         """What this Worker advertises in the Workers table."""
@@ -436,24 +454,47 @@ class Worker:
             advertise_every=self.settings.recovery_every,
         )
 
+    def _seemed_gone(self) -> bool:
+        """Whether other Workers may take this one for gone: it has not advertised itself
+        for as long as they allow (a SIGSTOP, a stalled link), so its id may be another's."""
+        if self._advertised_at is None:
+            return False
+        since = trio.current_time() - self._advertised_at
+        return since >= self.settings.recovery_every * ALIVE_BEATS
+
+    async def _advertise(self, *, quiet: bool = False) -> bool:
+        """Advertise this Worker once; whether it did (`quiet`: a failure is not logged).
+        Its id taken over meanwhile (it seemed gone, and another Worker started under
+        it): say so, once, and stop."""
+        try:
+            await self.store.advertise(self.info())
+        except StoreError as exc:
+            if not quiet:
+                log.warning("could not advertise this Worker: %s", exc)
+        except ConfigurationError as exc:  # taken over while it seemed gone
+            if self._taken_over is None:
+                self._taken_over = f"this Worker's id was taken over while it seemed gone: {exc}"
+                log.error(
+                    "%s; stopping: no new claims, running items end by their fence",
+                    self._taken_over,
+                )
+            self.stop()
+        else:
+            self._advertised_at = trio.current_time()
+            return True
+        return False
+
     async def _presence_loop(self) -> None:
         """Advertise this Worker every recovery interval (the table's last_seen says it
-        is alive); on the way out, record that it stopped."""
+        is alive); on the way out, record that it stopped, unless its id was taken over
+        (the other Worker's stop is not this one's to record)."""
         advertised = False  # pragma: no mutate  (None is as false)
         try:
-            while True:
-                try:
-                    await self.store.advertise(self.info())
-                    advertised = True
-                except StoreError as exc:
-                    log.warning("could not advertise this Worker: %s", exc)
-                except ConfigurationError as exc:  # taken over while it seemed gone
-                    log.error("this Worker's id was taken over while it seemed gone: %s", exc)
-                    # its stop is not this Worker's to record
-                    advertised = False  # pragma: no mutate  (None is as false)
+            while self._taken_over is None:
+                advertised = await self._advertise() or advertised
                 await trio.sleep(self.settings.recovery_every)
         finally:
-            if advertised:
+            if advertised and self._taken_over is None:
                 with trio.CancelScope(shield=True), trio.move_on_after(self.settings.poll):
                     try:
                         await self.store.worker_stopped(self.worker_id)

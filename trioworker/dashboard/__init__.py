@@ -2,7 +2,7 @@
 
 A Starlette app served by Hypercorn's Trio worker, reading through a PostgresStore.
 Read-only unless started with actions allowed, which then need the operator's token.
-Needs the extra: `pip install 'trioworker[dashboard]'`.
+Needs the dashboard extra (Starlette, Hypercorn, Jinja2).
 """
 
 try:
@@ -11,7 +11,8 @@ try:
     import starlette  # noqa: F401
 except ImportError as exc:  # pragma: no cover  (the test environment has the extra)
     raise ImportError(
-        f"the dashboard needs its extra: pip install 'trioworker[dashboard]' ({exc})"
+        "the dashboard needs its extra: pip install starlette hypercorn jinja2"
+        f" (or install trioworker with [dashboard]) ({exc})"
     ) from exc
 
 from trioworker._core.public import public_names as _public_names
