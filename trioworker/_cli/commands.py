@@ -163,10 +163,9 @@ def unserved_warnings(kinds: Collection[str], served: Mapping[str, bool]) -> lis
     for kind in dict.fromkeys(kinds):
         if served.get(kind):
             continue
-        close = difflib.get_close_matches(kind, sorted(served), n=3, cutoff=0.75)
         if kind in served:
             hint = " now (Workers served it before)"
-        elif close:
+        elif close := difflib.get_close_matches(kind, sorted(served), n=3, cutoff=0.75):
             hint = f": a typo for {' or '.join(repr(c) for c in close)}?"
         else:
             hint = f" (live Workers serve: {', '.join(live) or 'nothing'})"
