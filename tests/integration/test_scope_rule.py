@@ -26,7 +26,9 @@ from tests.support.lines import (
     wedges,
 )
 from trioworker import PostgresStore, Status
+from trioworker._postgres.connection import PROBE_CHANNEL, _probe_arrives
 from trioworker._postgres.store import RUNNING_SCOPE_INDEX
+from trioworker._postgres.trio_connection import TrioConnection
 
 LEASE = 30.0
 KINDS = ("A", "B", "C", "X", "K", "Crawl", "Purge")
@@ -497,6 +499,29 @@ async def test_a_change_by_hand_is_announced_and_settled(store: PostgresStore, p
     assert await store.settle_noted_scopes() == 1
     item = await store.claim("w", LEASE, kinds=KINDS)
     assert item and item.id == nxt.id
+
+
+async def test_a_notification_in_the_probes_batch_is_relayed(dsn: str, pg: Conn) -> None:
+    """The listener's delivery probe reads notifications a batch at a time: a settle
+    notification that arrives in one read with the probe, after it, is relayed (it was
+    dropped when the probe's reader stopped at the probe, and a scope changed by hand
+    right after a Worker started waited for the next sweep)."""
+    conn = await TrioConnection.connect(dsn, autocommit=True)
+    try:
+        await conn.execute(f"LISTEN {PROBE_CHANNEL}")
+        await conn.execute("LISTEN new_work")
+        await conn.execute("LISTEN settle")
+        with pg.transaction():  # delivered together at commit, in this order
+            pg.execute(f"NOTIFY {PROBE_CHANNEL}")
+            pg.execute("NOTIFY settle, '7'")
+            pg.execute("NOTIFY new_work, '8'")
+        await trio.sleep(0.2)  # all three in the socket's buffer: one read takes them
+        heard, settle = Heard(), Heard()
+        channels = ("new_work", "settle")
+        assert await _probe_arrives(conn, channels, heard, settle, 3.0)
+        assert (settle.scopes, heard.scopes) == (["7"], ["8"])
+    finally:
+        await conn.close()
 
 
 async def test_enqueue_in_the_callers_transaction(store: PostgresStore, pg: Conn) -> None:

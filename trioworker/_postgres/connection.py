@@ -389,14 +389,20 @@ async def _probe_arrives(
     seconds: float,
 ) -> bool:  # pragma: no mutate block
     # Whether the probe arrives within `seconds`; notifications about work that come
-    # before it are relayed as usual. (Closed here, not when collected: notifies()
-    # holds the connection's lock until it ends.)
-    async with aclosing(conn.notifies(timeout=seconds)) as notifies:
-        async for notify in notifies:
-            if notify.channel == PROBE_CHANNEL:
-                return True
-            _dispatch(notify, channels, on_notify, on_settle)
-    return False
+    # with it are relayed as usual. notifies() reads one batch at a time and ends after
+    # the whole batch (stop_after=1): a notification sent just after the probe often
+    # comes in the probe's batch, and closing notifies() at the probe would lose it.
+    # (Closed here, not when collected: notifies() holds the connection's lock.)
+    deadline = trio.current_time() + seconds
+    arrived = False
+    while not arrived and (remaining := deadline - trio.current_time()) > 0:
+        async with aclosing(conn.notifies(timeout=remaining, stop_after=1)) as notifies:
+            async for notify in notifies:
+                if notify.channel == PROBE_CHANNEL:
+                    arrived = True
+                else:
+                    _dispatch(notify, channels, on_notify, on_settle)
+    return arrived
 
 
 async def _relay(
