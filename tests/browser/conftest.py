@@ -33,6 +33,11 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[webdriver.Chro
     for arg in [*CHROMIUM_ARGS, f"--user-data-dir={profile}"]:
         options.add_argument(arg)
     driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
+    # Bounds on every call, so a stalled chromedriver fails a test instead of hanging it
+    # (selenium's own HTTP client otherwise waits as long as the socket default: forever).
+    driver.command_executor.client_config.timeout = 120
+    driver.set_page_load_timeout(60)
+    driver.set_script_timeout(30)
     try:
         yield driver
     finally:

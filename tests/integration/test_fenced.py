@@ -240,7 +240,7 @@ async def test_a_self_stopped_attempt_writes_nothing_through_its_transaction(
             await trio.sleep_forever()
         except trio.Cancelled:
             stopped.set()
-            with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True), trio.fail_after(60):
                 await taken.wait()
                 try:
                     async with ctx.transaction() as tx:

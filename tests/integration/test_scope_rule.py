@@ -36,9 +36,12 @@ Conn = psycopg.Connection[Any]
 
 
 def session(dsn: str, isolation: str = "read committed") -> Conn:
-    """A connection for a transaction held open across steps (not autocommit)."""
+    """A connection for a transaction held open across steps (not autocommit). A
+    statement waits at most a minute on a lock: a test that fails while another of
+    its sessions holds the lock then ends, instead of waiting on its thread forever."""
     conn = psycopg.connect(dsn)
     conn.execute(f"SET default_transaction_isolation = '{isolation}'")
+    conn.execute("SET lock_timeout = '60s'")
     conn.commit()
     return conn
 

@@ -33,6 +33,9 @@ CLIENT_OPERATIONS = frozenset(
 
 Invoke = Callable[[str, tuple[Any, ...], dict[str, Any]], Any]
 
+#: Seconds a client call may take before the test fails (a thread cannot be cancelled).
+CALL_BOUND = 120.0
+
 
 class EventLoopThread:
     """An asyncio event loop running in a thread of its own."""
@@ -50,11 +53,17 @@ class EventLoopThread:
         async def main() -> T:
             return await make()
 
-        return asyncio.run_coroutine_threadsafe(main(), self.loop).result()
+        future = asyncio.run_coroutine_threadsafe(main(), self.loop)
+        try:
+            return future.result(timeout=CALL_BOUND)
+        except TimeoutError:
+            future.cancel()
+            raise AssertionError(f"an asyncio client call took over {CALL_BOUND} s") from None
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join()
+        self._thread.join(CALL_BOUND)
+        assert not self._thread.is_alive(), "the asyncio client's loop did not stop"
         self.loop.close()
 
 
