@@ -796,6 +796,27 @@ async def test_a_worker_seems_gone_after_three_recovery_intervals_without_advert
     assert not worker._seemed_gone()
 
 
+async def test_an_advertisement_counts_from_when_it_was_sent_not_when_its_answer_came(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A Worker stopped (SIGSTOP, a stalled link) after sending an advertisement and
+    before reading its answer seemed gone to others all that while, and its id may be
+    another's: the count starts when it was sent, so the claim loop advertises again
+    before it claims. (A resumed Worker whose answer came after its pause claimed at
+    once, under an id taken over meanwhile: test_id_taken_over.)"""
+    store = ScriptedStore()
+    worker = Worker(store, Registry(), Settings(), worker_id="w1", fail_stop=Failstops())
+    store.script["advertise"] = [50.0, 50.0]  # the answers come 50 s late (gone at 45)
+    sent_at = trio.current_time()
+    await worker.claim_id()
+    assert worker._advertised_at == sent_at
+    assert worker._seemed_gone()
+    sent_at = trio.current_time()
+    assert await worker._advertise()
+    assert worker._advertised_at == sent_at
+    assert worker._seemed_gone()
+
+
 async def test_a_worker_serving_every_scope_advertises_none(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -437,9 +437,10 @@ class Worker:
         """Advertise this Worker before it claims anything: ConfigurationError if a
         live Worker holds its id (a second `--worker-id w1` beside a live w1), so two
         never run, or stop, as one. PostgreSQL unreachable: the presence loop retries."""
+        sent_at = trio.current_time()
         with contextlib.suppress(StoreError):  # the presence loop tries at once, and says so
             await self.store.advertise(self.info())
-            self._advertised_at = trio.current_time()
+            self._advertised_at = sent_at
 
     def info(self) -> WorkerInfo:
         """What this Worker advertises in the Workers table."""
@@ -465,7 +466,9 @@ class Worker:
     async def _advertise(self, *, quiet: bool = False) -> bool:
         """Advertise this Worker once; whether it did (`quiet`: a failure is not logged).
         Its id taken over meanwhile (it seemed gone, and another Worker started under
-        it): say so, once, and stop."""
+        it): say so, once, and stop. An advertisement counts from when it was sent: a
+        Worker stopped between sending one and reading its answer seemed gone meanwhile."""
+        sent_at = trio.current_time()
         try:
             await self.store.advertise(self.info())
         except StoreError as exc:
@@ -480,7 +483,7 @@ class Worker:
                 )
             self.stop()
         else:
-            self._advertised_at = trio.current_time()
+            self._advertised_at = sent_at
             return True
         return False
 
