@@ -10,6 +10,7 @@ the Worker's face (claim, heartbeat, the fenced writes) is the Trio store's.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -54,11 +55,11 @@ class EventLoopThread:
             return await make()
 
         future = asyncio.run_coroutine_threadsafe(main(), self.loop)
-        try:
-            return future.result(timeout=CALL_BOUND)
-        except TimeoutError:
+        done, _ = concurrent.futures.wait([future], timeout=CALL_BOUND)
+        if not done:  # (not future.result(timeout=...): a call may raise TimeoutError)
             future.cancel()
-            raise AssertionError(f"an asyncio client call took over {CALL_BOUND} s") from None
+            raise AssertionError(f"an asyncio client call took over {CALL_BOUND} s")
+        return future.result()
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
