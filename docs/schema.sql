@@ -67,19 +67,11 @@ CREATE TABLE work_items (
     result jsonb,
     CONSTRAINT work_items_completed_only_running_or_succeeded CHECK (((completed_at IS NULL) OR (status = ANY (ARRAY['Running'::text, 'Succeeded'::text])))),
     CONSTRAINT work_items_counters_sane CHECK (((attempt >= 0) AND (stalls >= 0) AND (failures >= 0))),
-    CONSTRAINT work_items_dedup_key_sane CHECK (((dedup_key <> ''::text) AND (length(dedup_key) <= 200))),
     CONSTRAINT work_items_heads_are_queued_and_scoped CHECK (((NOT is_head) OR ((status = 'Queued'::text) AND (scope IS NOT NULL)))),
-    CONSTRAINT work_items_kind_sane CHECK (((kind <> ''::text) AND (length(kind) <= 200))),
-    CONSTRAINT work_items_names_not_blank CHECK ((work_not_blank(kind) AND ((scope IS NULL) OR work_not_blank(scope)) AND ((dedup_key IS NULL) OR work_not_blank(dedup_key)))),
-    CONSTRAINT work_items_payload_depth CHECK ((NOT jsonb_path_exists(payload, 'strict $.**{64}'::jsonpath))),
-    CONSTRAINT work_items_payload_fits CHECK ((octet_length((payload)::text) <= 131072)),
     CONSTRAINT work_items_pkey PRIMARY KEY (id),
-    CONSTRAINT work_items_priority_sane CHECK (((priority >= '-1000'::integer) AND (priority <= 1000))),
     CONSTRAINT work_items_running_has_lease CHECK (((status = 'Running'::text) = (lease_expires_at IS NOT NULL))),
-    CONSTRAINT work_items_scope_sane CHECK (((scope <> ''::text) AND (length(scope) <= 200))),
     CONSTRAINT work_items_slots_only_running CHECK (((status = 'Running'::text) OR ((scope_slot IS NULL) AND (kind_slot IS NULL)))),
     CONSTRAINT work_items_status_known CHECK ((status = ANY (ARRAY['Queued'::text, 'Running'::text, 'Succeeded'::text, 'Failed'::text, 'Cancelled'::text]))),
-    CONSTRAINT work_items_trace_context_sane CHECK (((jsonb_typeof(trace_context) = 'object'::text) AND (NOT jsonb_path_exists(trace_context, '$.*?(@.type() != "string")'::jsonpath)) AND (octet_length((trace_context)::text) <= 8192))),
     CONSTRAINT work_items_traceback_fits CHECK ((length(traceback) <= 20000))
 );
 
@@ -90,7 +82,6 @@ CREATE INDEX work_items_lines ON public.work_items USING btree (scope, kind, pri
 CREATE UNIQUE INDEX work_items_one_queued_per_dedup_key ON public.work_items USING btree (dedup_key) WHERE ((status = 'Queued'::text) AND (dedup_key IS NOT NULL));
 CREATE UNIQUE INDEX work_items_one_running_per_kind_slot ON public.work_items USING btree (kind, kind_slot) WHERE (kind_slot IS NOT NULL);
 CREATE UNIQUE INDEX work_items_one_running_per_scope_slot ON public.work_items USING btree (scope, scope_slot) WHERE (scope_slot IS NOT NULL);
-CREATE INDEX work_items_running_lease ON public.work_items USING btree (lease_expires_at) WHERE (status = 'Running'::text);
 CREATE INDEX work_items_running_unslotted_kind ON public.work_items USING btree (kind) WHERE ((status = 'Running'::text) AND (kind_slot IS NULL));
 CREATE INDEX work_items_unscoped ON public.work_items USING btree (kind, priority, run_after, id) WHERE ((status = 'Queued'::text) AND (scope IS NULL));
 
@@ -507,6 +498,20 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_finish_and_claim_v1(p_ids bigint[], p_attempts integer[], p_worker text, p_lease double precision, p_limit integer, p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
+ RETURNS TABLE(finished bigint, item work_items)
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RETURN QUERY SELECT f, NULL::work_items
+                 FROM work_finish_v1(p_ids, p_attempts, 'Succeeded', NULL, NULL, false, NULL)
+                      AS f;
+    RETURN QUERY SELECT NULL::bigint, c
+                 FROM work_claim_v1(p_worker, p_lease, p_limit, p_kinds, p_scopes, p_unscoped)
+                      AS c;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_finish_result_v1(p_ids bigint[], p_attempts integer[], p_results jsonb[], p_wait boolean DEFAULT true)
  RETURNS SETOF bigint
  LANGUAGE plpgsql
@@ -549,12 +554,24 @@ AS $function$
 DECLARE
     was text := work_internal_begin();
     was_timeout text := current_setting('lock_timeout');
+    -- A variable, not a literal: no partial index of Running rows can serve the
+    -- statements below, so their rows come by primary key.
+    running text := 'Running';
+    ids bigint[];
+    attempts integer[];
     done_ids bigint[];
     done_scopes text[];
 BEGIN
     IF p_status NOT IN ('Succeeded', 'Failed', 'Cancelled') THEN
         RAISE EXCEPTION 'work_finish_v1: % is not a final status', p_status;
     END IF;
+    -- The ids in order, each once, with its latest attempt asked for (attempts only
+    -- grow, so an earlier one of the same item can no longer own it).
+    SELECT array_agg(d.id ORDER BY d.id), array_agg(d.attempt ORDER BY d.id)
+    INTO ids, attempts
+    FROM (SELECT a.id, max(a.attempt) AS attempt
+          FROM unnest(p_ids, p_attempts) AS a (id, attempt)
+          WHERE a.id IS NOT NULL GROUP BY a.id) AS d;
 
     -- One UPDATE, tried at most twice: with p_wait false the first try waits 50 ms at
     -- most for a held row, and the second passes over the rows still held.
@@ -571,11 +588,12 @@ BEGIN
                     traceback = CASE WHEN p_status = 'Failed' THEN p_traceback
                                      ELSE w.traceback END,
                     failures = w.failures + (p_status = 'Failed')::integer
-                FROM unnest(p_ids, p_attempts) AS d (id, attempt)
-                WHERE w.id = d.id AND w.attempt = d.attempt AND w.status = 'Running'
+                -- width_bucket: the row's place in the sorted ids (a binary search).
+                WHERE w.id = ANY(ids) AND w.attempt = attempts[width_bucket(w.id, ids)]
+                  AND w.status = running
                   AND (p_status = 'Succeeded' OR w.completed_at IS NULL)
                   AND (pass = 1 OR w.id IN (SELECT l.id FROM work_items AS l
-                                            WHERE l.id = ANY(p_ids) AND l.status = 'Running'
+                                            WHERE l.id = ANY(ids) AND l.status = running
                                             FOR UPDATE SKIP LOCKED))
                 RETURNING w.id, w.scope
             )
@@ -688,7 +706,8 @@ CREATE OR REPLACE FUNCTION public.work_held_leases_v1(p_limit integer)
 AS $function$
     WITH overdue AS (
         SELECT w.id FROM work_items AS w
-        WHERE w.status = 'Running' AND w.lease_expires_at < now()
+        WHERE w.status = 'Running' AND (w.kind_slot IS NOT NULL OR w.kind_slot IS NULL)
+          AND w.lease_expires_at < now()
           AND w.lease_expires_at
               < now() - GREATEST(w.lease_expires_at - w.heartbeat_at, interval '0')
         ORDER BY w.lease_expires_at
@@ -863,6 +882,69 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_items_refuse_asked()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    broken text;
+    says text;
+    shown text[];
+    stored jsonb := to_jsonb(NEW);
+BEGIN
+    SELECT b.name, b.says, b.shown INTO broken, says, shown
+    FROM (VALUES
+        (1, 'work_items_asked_times_in_range',
+         'requested_at and run_after are finite times from 1900 to 9000 (UTC)',
+         ARRAY['id', 'requested_at', 'run_after'],
+         LEAST(NEW.requested_at, NEW.run_after) >= '1900-01-01 00:00:00+00'
+         AND GREATEST(NEW.requested_at, NEW.run_after) <= '9000-01-01 00:00:00+00'),
+        (2, 'work_items_dedup_key_sane', 'a dedup key is 1 to 200 characters',
+         ARRAY['id', 'dedup_key'],
+         NEW.dedup_key <> '' AND length(NEW.dedup_key) <= 200),
+        (3, 'work_items_kind_sane', 'a kind is 1 to 200 characters',
+         ARRAY['id', 'kind'],
+         NEW.kind <> '' AND length(NEW.kind) <= 200),
+        (4, 'work_items_names_not_blank',
+         'a kind, scope or dedup key is not only white space',
+         ARRAY['id', 'kind', 'scope', 'dedup_key'],
+         work_not_blank(NEW.kind) AND (NEW.scope IS NULL OR work_not_blank(NEW.scope))
+         AND (NEW.dedup_key IS NULL OR work_not_blank(NEW.dedup_key))),
+        (5, 'work_items_payload_depth', 'a payload nests at most 64 levels deep',
+         ARRAY['id', 'kind'],
+         NOT jsonb_path_exists(NEW.payload, 'strict $.**{64}')),
+        (6, 'work_items_payload_fits', 'a payload is at most 131072 bytes as JSON text',
+         ARRAY['id', 'kind'],
+         octet_length(NEW.payload::text) <= 131072),
+        (7, 'work_items_priority_sane', 'a priority is from -1000 to 1000',
+         ARRAY['id', 'priority'],
+         NEW.priority >= -1000 AND NEW.priority <= 1000),
+        (8, 'work_items_scope_sane', 'a scope is 1 to 200 characters',
+         ARRAY['id', 'scope'],
+         NEW.scope <> '' AND length(NEW.scope) <= 200),
+        (9, 'work_items_trace_context_sane',
+         'a trace context is a JSON object of strings, at most 8192 bytes as JSON text',
+         ARRAY['id', 'kind'],
+         jsonb_typeof(NEW.trace_context) = 'object'
+         AND NOT jsonb_path_exists(NEW.trace_context, '$.*?(@.type() != "string")')
+         AND octet_length(NEW.trace_context::text) <= 8192)
+    ) AS b (n, name, says, shown, holds)
+    WHERE b.holds IS FALSE
+    ORDER BY b.n LIMIT 1;
+    IF broken IS NULL THEN
+        RETURN NEW;  -- (the WHEN and this list disagree: never, the test says)
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'check_violation', CONSTRAINT = broken,
+        SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+        MESSAGE = format('new row for relation "%s" violates %s: %s',
+                         TG_TABLE_NAME, broken, says),
+        DETAIL = format('Failing row has %s.',
+                        (SELECT string_agg(format('%s = %s', c, COALESCE(stored ->> c, 'NULL')),
+                                           ', ')
+                         FROM unnest(shown) AS c));
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_items_result_refused()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -941,6 +1023,16 @@ BEGIN
         room := work_rate_room(lim.id, lim.per, LEAST(room, p_want));
     END IF;
     RETURN room;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_kind_limited(p_kind text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM work_limits WHERE kind = p_kind);
 END
 $function$;
 
@@ -1205,7 +1297,8 @@ BEGIN
     FOR r IN
         SELECT w.id, w.kind, w.scope, w.attempt, w.stalls, w.cancel_requested, w.completed_at
         FROM work_items AS w
-        WHERE w.status = 'Running' AND w.lease_expires_at < now()
+        WHERE w.status = 'Running' AND (w.kind_slot IS NOT NULL OR w.kind_slot IS NULL)
+          AND w.lease_expires_at < now()
         ORDER BY w.lease_expires_at
         LIMIT p_batch
         FOR NO KEY UPDATE SKIP LOCKED
@@ -1441,6 +1534,9 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     was text := work_internal_begin();
+    running text := 'Running';  -- a variable: see work_finish_v1
+    ids bigint[];
+    attempts integer[];
     r record;
     ended text;
     scopes text[] := '{}';
@@ -1448,11 +1544,15 @@ BEGIN
     IF p_cause NOT IN ('release', 'retry') THEN
         RAISE EXCEPTION 'work_requeue_v1: cause must be release or retry, not %', p_cause;
     END IF;
+    SELECT array_agg(d.id ORDER BY d.id), array_agg(d.attempt ORDER BY d.id)
+    INTO ids, attempts
+    FROM (SELECT a.id, max(a.attempt) AS attempt
+          FROM unnest(p_ids, p_attempts) AS a (id, attempt)
+          WHERE a.id IS NOT NULL GROUP BY a.id) AS d;
     FOR r IN
         SELECT w.id, w.scope, w.run_after FROM work_items AS w
-        JOIN unnest(p_ids, p_attempts) AS d (id, attempt)
-          ON w.id = d.id AND w.attempt = d.attempt
-        WHERE w.status = 'Running' AND w.completed_at IS NULL
+        WHERE w.id = ANY(ids) AND w.attempt = attempts[width_bucket(w.id, ids)]
+          AND w.status = running AND w.completed_at IS NULL
         ORDER BY w.id
         FOR UPDATE OF w
     LOOP
@@ -1950,7 +2050,7 @@ $function$;
 
 CREATE TRIGGER work_claim_locks_stay BEFORE DELETE OR UPDATE OR TRUNCATE ON public.work_claim_locks FOR EACH STATEMENT EXECUTE FUNCTION work_lock_rows_stay();
 CREATE TRIGGER work_items_arrive BEFORE INSERT OR UPDATE OF status, scope, kind, priority, run_after ON public.work_items FOR EACH ROW WHEN ((((new.scope IS NOT NULL) OR new.is_head) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_arrive();
-CREATE TRIGGER work_items_asked_times_in_range BEFORE INSERT OR UPDATE OF requested_at, run_after ON public.work_items FOR EACH ROW WHEN (((LEAST(new.requested_at, new.run_after) < '1900-01-01 00:00:00+00'::timestamp with time zone) OR (GREATEST(new.requested_at, new.run_after) > '9000-01-01 00:00:00+00'::timestamp with time zone))) EXECUTE FUNCTION work_refuse_row('work_items_asked_times_in_range', 'requested_at and run_after are finite times from 1900 to 9000 (UTC)', 'id', 'requested_at', 'run_after');
+CREATE TRIGGER work_items_asked_in_bounds BEFORE INSERT OR UPDATE OF requested_at, run_after, kind, scope, dedup_key, priority, payload, trace_context ON public.work_items FOR EACH ROW WHEN (((LEAST(new.requested_at, new.run_after) < '1900-01-01 00:00:00+00'::timestamp with time zone) OR (GREATEST(new.requested_at, new.run_after) > '9000-01-01 00:00:00+00'::timestamp with time zone) OR (((new.dedup_key <> ''::text) AND (length(new.dedup_key) <= 200)) IS FALSE) OR (((new.kind <> ''::text) AND (length(new.kind) <= 200)) IS FALSE) OR ((work_not_blank(new.kind) AND ((new.scope IS NULL) OR work_not_blank(new.scope)) AND ((new.dedup_key IS NULL) OR work_not_blank(new.dedup_key))) IS FALSE) OR (jsonb_path_exists(new.payload, 'strict $.**{64}'::jsonpath) IS TRUE) OR ((octet_length((new.payload)::text) <= 131072) IS FALSE) OR (((new.priority >= '-1000'::integer) AND (new.priority <= 1000)) IS FALSE) OR (((new.scope <> ''::text) AND (length(new.scope) <= 200)) IS FALSE) OR (((jsonb_typeof(new.trace_context) = 'object'::text) AND (NOT jsonb_path_exists(new.trace_context, '$.*?(@.type() != "string")'::jsonpath)) AND (octet_length((new.trace_context)::text) <= 8192)) IS FALSE))) EXECUTE FUNCTION work_items_refuse_asked();
 CREATE TRIGGER work_items_attempt_times_in_range BEFORE INSERT OR UPDATE OF lease_expires_at, heartbeat_at, started_at, finished_at, completed_at ON public.work_items FOR EACH ROW WHEN (((LEAST(new.lease_expires_at, new.heartbeat_at, new.started_at, new.finished_at, new.completed_at) < '1900-01-01 00:00:00+00'::timestamp with time zone) OR (GREATEST(new.lease_expires_at, new.heartbeat_at, new.started_at, new.finished_at, new.completed_at) > '9000-01-01 00:00:00+00'::timestamp with time zone))) EXECUTE FUNCTION work_refuse_row('work_items_attempt_times_in_range', 'lease_expires_at, heartbeat_at, started_at, finished_at and completed_at are finite times from 1900 to 9000 (UTC)', 'id', 'lease_expires_at', 'heartbeat_at', 'started_at', 'finished_at', 'completed_at');
 CREATE CONSTRAINT TRIGGER work_items_confirm_place AFTER INSERT OR UPDATE OF status, scope, kind, priority, run_after ON public.work_items DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((new.status = 'Queued'::text) AND (new.scope IS NOT NULL) AND (NOT new.is_head) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_confirm_place();
 CREATE TRIGGER work_items_counters_bounded BEFORE INSERT OR UPDATE OF attempt, stalls, failures ON public.work_items FOR EACH ROW WHEN ((GREATEST(new.attempt, new.stalls, new.failures) > 1000000000)) EXECUTE FUNCTION work_items_counters_bounded();
@@ -1958,7 +2058,7 @@ CREATE TRIGGER work_items_depart_delete AFTER DELETE ON public.work_items FOR EA
 CREATE TRIGGER work_items_depart_update AFTER UPDATE OF status, scope, kind, priority, run_after ON public.work_items FOR EACH ROW WHEN ((((old.status = 'Running'::text) OR old.is_head) AND (old.scope IS NOT NULL) AND (((((old.status IS DISTINCT FROM new.status) OR (old.scope IS DISTINCT FROM new.scope)) OR (old.kind IS DISTINCT FROM new.kind)) OR (old.priority IS DISTINCT FROM new.priority)) OR (old.run_after IS DISTINCT FROM new.run_after)) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_depart();
 CREATE TRIGGER work_items_notify_unscoped AFTER INSERT ON public.work_items REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION work_items_notify_unscoped();
 CREATE TRIGGER work_items_result_bounded BEFORE INSERT OR UPDATE OF result ON public.work_items FOR EACH ROW WHEN (((new.result IS NOT NULL) AND ((octet_length((new.result)::text) > 131072) OR jsonb_path_exists(new.result, 'strict $.**{64}'::jsonpath)))) EXECUTE FUNCTION work_items_result_refused();
-CREATE TRIGGER work_items_take_slot BEFORE INSERT OR UPDATE OF status, scope, kind, scope_slot, kind_slot ON public.work_items FOR EACH ROW WHEN (((new.status = 'Running'::text) OR (new.scope_slot IS NOT NULL) OR (new.kind_slot IS NOT NULL))) EXECUTE FUNCTION work_items_take_slot();
+CREATE TRIGGER work_items_take_slot BEFORE INSERT OR UPDATE OF status, scope, kind, scope_slot, kind_slot ON public.work_items FOR EACH ROW WHEN (((new.scope_slot IS NOT NULL) OR (new.kind_slot IS NOT NULL) OR ((new.status = 'Running'::text) AND ((new.scope IS NOT NULL) OR work_kind_limited(new.kind))))) EXECUTE FUNCTION work_items_take_slot();
 CREATE TRIGGER work_limits_changed AFTER INSERT OR DELETE OR UPDATE ON public.work_limits FOR EACH ROW EXECUTE FUNCTION work_limits_changed();
 CREATE CONSTRAINT TRIGGER work_limits_settle AFTER INSERT OR DELETE OR UPDATE ON public.work_limits DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION work_limits_settle();
 CREATE TRIGGER work_pauses_changed AFTER INSERT OR DELETE OR UPDATE ON public.work_pauses FOR EACH ROW WHEN ((current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text)) EXECUTE FUNCTION work_pauses_changed();

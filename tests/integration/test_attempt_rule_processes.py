@@ -250,11 +250,16 @@ def test_a_scope_is_not_handed_on_until_the_handler_that_completed_it_has_return
     """Finding 4: 30 items of one scope, each completed in its fenced transaction by a
     handler whose shielded cleanup then takes 0.2 s, on two Workers: every item
     Succeeded once, both Workers ran some, and the observer saw no item of the scope
-    start before the previous one's handler (its cleanup included) had ended."""
+    start before the previous one's handler (its cleanup included) had ended. (A Worker
+    claims along with its completions, work_finish_and_claim_v1, so the one that
+    finishes the scope's item takes its next one in the same transaction: the scope
+    passes to the other Worker when the first one stops, a graceful SIGTERM mid-way.)"""
     ids = [enqueue(pg, "CleansUp", {"seconds": 0.2}, scope="s") for _ in range(30)]
     with workers(tmp_path) as start:
-        for name in ("w1", "w2"):
-            start(dsn, *run_args(FAST), name=name, app=APP)
+        first = start(dsn, *run_args(FAST), name="w1", app=APP)
+        finished(pg, ids[:10], timeout=60)
+        start(dsn, *run_args(FAST), name="w2", app=APP)
+        first.signal(signal.SIGTERM)
         items = finished(pg, ids, timeout=60)
     spans = attempt_spans(tmp_path)
     gap = min(b.start - a.end for a, b in itertools.pairwise(spans) if a.end is not None)

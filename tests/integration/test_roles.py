@@ -138,6 +138,7 @@ WORKERS = [
     "complete_in_transaction",
     "complete_in_transaction_result",
     "finish",
+    "finish_and_claim",
     "finish_result",
     "record_step",
     "requeue",

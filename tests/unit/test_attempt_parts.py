@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from tests.unit._fakes import (
 )
 from trioworker import Context, Registry, RetryPolicy, Settings, Status, WorkItem
 from trioworker._core.model import Heartbeat
+from trioworker._worker.attempt import Attempt
 from trioworker._worker.executor import Executor
 from trioworker._worker.raised import holds, leaves, only_cancelled
 
@@ -378,3 +380,24 @@ async def test_run_in_thread_runs_within_the_file_limiter() -> None:
                 await trio.sleep(0.05)
     assert sorted(results) == [0, 10, 20, 30, 40]
     assert peak == [2]
+
+
+# -- an attempt's slot, handed over ---------------------------------------------------
+
+
+@pytest.mark.parametrize("released", [False, True])
+def test_an_attempt_hands_over_a_slot_it_holds_once_and_never_one_given_back(
+    released: bool,
+) -> None:
+    """The claim along with a completion takes the slot its attempt still holds, once; a
+    slot the attempt gave back already (its handler over, the next claim free to take
+    it) is not handed over again: a claim never asks for more slots than are free."""
+    item = WorkItem(1, "K", None, {}, 1)
+    slot = a_slot()
+    attempt = Attempt(item, math.inf, slot, Tracer().start(item))
+    if released:
+        slot.release()
+    assert attempt.hand_over_slot() is (None if released else slot)
+    assert attempt.hand_over_slot() is None
+    attempt.slot.release()  # what the batcher's answer does: gives back nothing
+    assert slot.spent is released

@@ -926,14 +926,17 @@ async def test_every_loop_ends_the_worker_on_a_missing_schema(
 # -- slots and completions ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("scope", "second_starts_at"), [(None, 1.0), ("s", 4.0)])
-async def test_an_unscoped_items_slot_goes_back_before_its_completion_is_written(
-    autojump_clock: trio.testing.MockClock, scope: str | None, second_starts_at: float
+@pytest.mark.parametrize("scope", [None, "s"])
+async def test_a_completions_slot_goes_to_the_claim_sent_with_it(
+    autojump_clock: trio.testing.MockClock, scope: str | None
 ) -> None:
     """Concurrency 1, a handler of 1 s, completions that take 3 s to write: the next
-    unscoped item starts as the first one's handler returns (its completion is written
-    meanwhile); the next item of a scope, only once the write has committed (until then
-    the scope is busy). Each is completed by its one fenced write."""
+    item, unscoped or of a scope, is claimed in the same call as the first one's
+    completion (one round trip for both, work_finish_and_claim_v1), so it starts
+    once that call has answered. Each is completed by its one fenced write. (Before
+    issue 32, an unscoped item's slot went back as its handler returned, and the next one
+    was claimed while the completion was written: two round trips.)"""
+    second_starts_at = 4.0
     store, registry = ScriptedStore(), Registry()
     starts: list[float] = []
 
@@ -972,3 +975,174 @@ async def test_a_completion_retried_after_its_slot_went_back_is_still_written_on
         ("complete", 1, True), ("complete", 2, True)
     ]  # fmt: skip
     assert store.times["claim"][:2] == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("release", ["ok", "fail"])
+async def test_a_claim_along_answered_after_the_items_ended_gives_its_items_back(
+    autojump_clock: trio.testing.MockClock, release: str
+) -> None:
+    """Concurrency 1: item 1's completion goes out at 1 s with the claim of item 2, and
+    its statement takes 3 s. The Worker is stopped at 2 s, and its items end at 3 s (a
+    shutdown grace of 1 s): item 2, claimed by the answer at 4 s, is released at once
+    (back to Queued, not after its lease) and its slot given back, and the Worker stops
+    cleanly; if the release fails, the Worker stops cleanly all the same (the lease's
+    expiry gives item 2 back)."""
+    store, registry = ScriptedStore(), Registry()
+    starts: list[int] = []
+
+    @registry.handler("A")
+    async def handler(item: WorkItem, ctx: Context) -> None:
+        starts.append(item.id)
+        await trio.sleep(1)
+
+    await store.enqueue("A")
+    store.script["complete_batch"] = [3.0]
+    store.script["release"] = [release]
+    settings = Settings(concurrency=1, shutdown_grace=1)
+    worker = Worker(store, registry, settings, worker_id="w1", fail_stop=Failstops())
+    with trio.fail_after(100):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await trio.sleep(0.5)
+            await store.enqueue("A")  # no slot free: claimed only along with item 1's end
+            await trio.sleep(1.5)
+            worker.stop()
+    assert starts == [1]
+    assert store.times["claim"] == [0.0, 4.0]
+    released = [("release", 2, 1, True)] if release == "ok" else []
+    assert [(w.op, w.id, w.attempt, w.applied) for w in store.writes] == [
+        ("complete", 1, 1, True), *released
+    ]  # fmt: skip
+    assert store.times["release"] == [4.0]
+    assert worker.statistics().running == 0
+
+
+async def test_a_stopping_worker_writes_its_completions_without_claiming(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Stopped at 1 s while item 1's handler runs to 2 s: its completion is written on its
+    own, with no claim along (the queue's item 2 stays Queued for other Workers)."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping(2))
+    for _ in range(2):
+        await store.enqueue("A")
+    worker = Worker(store, registry, Settings(concurrency=1), worker_id="w1", fail_stop=Failstops())
+    with trio.fail_after(100):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await trio.sleep(1)
+            worker.stop()
+    assert store.times["claim"] == [0.0]
+    assert store.times["complete_batch"] == [2.0]
+    assert [(w.op, w.id) for w in store.writes] == [("complete", 1)]
+
+
+async def test_a_worker_that_seemed_gone_writes_its_completions_without_claiming(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """No advertisement has got through since 0 (gone for others at 45 s: its id may be
+    another's); item 1's handler ends at 50 s: its completion is written on its own, with
+    no claim along (the claim loop claims only once an advertisement gets through)."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping(50))
+    for _ in range(2):
+        await store.enqueue("A")
+    store.script["advertise"] = ["ok", *["fail"] * 1000]
+    worker = Worker(store, registry, Settings(concurrency=1), worker_id="w1", fail_stop=Failstops())
+    with trio.fail_after(100):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await trio.sleep(60)
+            nursery.cancel_scope.cancel()
+    assert store.times["claim"] == [0.0]
+    assert store.times["complete_batch"] == [50.0]
+    assert [(w.op, w.id) for w in store.writes if w.op != "heartbeat"] == [("complete", 1)]
+
+
+async def test_after_a_claim_along_that_filled_its_slots_the_next_claim_goes_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Concurrency 1, poll 5 s: item 1 completes at 1 s and the claim sent with it takes
+    item 2 (all it asked for); item 2 fails at 2 s, its slot comes free, and the claim
+    loop claims item 3 at once: it does not wait the poll as after a claim that came
+    back short."""
+    store, registry = ScriptedStore(), Registry()
+    starts: list[tuple[int, float]] = []
+
+    @registry.handler("A")
+    async def handler(item: WorkItem, ctx: Context) -> None:
+        starts.append((item.id, trio.current_time()))
+        await trio.sleep(1)
+        if item.id == 2:
+            raise ValueError("item 2 fails")
+
+    for _ in range(3):
+        await store.enqueue("A")
+    with trio.fail_after(100):
+        async with running(store, registry, Settings(concurrency=1, poll=5)):
+            await trio.sleep(3.5)
+    assert starts == [(1, 0.0), (2, 1.0), (3, 2.0)]
+    assert store.times["claim"][:3] == [0.0, 1.0, 2.0]
+
+
+async def test_after_a_claim_along_that_came_back_short_the_loop_waits_the_poll(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Concurrency 2, poll 5 s: item 1 completes at 1 s while item 2 runs, and the claim
+    sent with it finds nothing (short by its one slot): the slot waits (the poll, or a
+    NOTIFY) instead of claiming again at once; item 3, enqueued at 1.5 s, is claimed
+    then, by the claim its NOTIFY wakes."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping(1))
+    registry.handler("B")(sleeping(10))
+    await store.enqueue("A")
+    await store.enqueue("B")
+    with trio.fail_after(100):
+        async with running(store, registry, Settings(concurrency=2, poll=5)):
+            await trio.sleep(1.5)
+            await store.enqueue("A")
+            await trio.sleep(1)
+    assert store.times["claim"] == [0.0, 1.0, 1.5]
+
+
+async def test_an_unscoped_failures_slot_comes_free_before_its_write(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Concurrency 1: item 1 fails at 1 s and its write (a retry later) takes 3 s; its
+    handler is over, so its slot is free at once and item 2 is claimed at 1 s, while
+    the write is in flight."""
+    store, registry = ScriptedStore(), Registry()
+
+    @registry.handler("A")
+    async def handler(item: WorkItem, ctx: Context) -> None:
+        await trio.sleep(1)
+        if item.id == 1:
+            raise ValueError("item 1 fails")
+
+    for _ in range(2):
+        await store.enqueue("A")
+    store.script["retry_later"] = [3.0]
+    with trio.fail_after(100):
+        async with running(store, registry, Settings(concurrency=1, poll=5)):
+            await trio.sleep(3)
+    assert store.times["claim"][:2] == [0.0, 1.0]
+    assert store.times["retry_later"] == [1.0]
+
+
+async def test_after_a_full_claim_along_a_failed_one_leaves_the_loop_claiming_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Concurrency 1, poll 5 s, three items of three scopes (no NOTIFY when one ends):
+    item 1's completion at 1 s claims item 2 along (all it asked for); item 2's at 2 s
+    fails, its slot goes back unused, and the claim loop claims item 3 at once (the last
+    claim along was not short): no wait for the poll."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping(1))
+    for n in range(3):  # each of its own scope: no finish frees a scope others wait on
+        await store.enqueue("A", scope=f"s{n}")
+    store.script["complete_batch"] = ["ok", "fail"]
+    with trio.fail_after(100):
+        async with running(store, registry, Settings(concurrency=1, poll=5)):
+            await trio.sleep(2.5)
+    assert store.times["complete_batch"][:2] == [1.0, 2.0]
+    assert store.times["claim"][:3] == [0.0, 1.0, 2.0]

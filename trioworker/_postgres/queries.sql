@@ -126,6 +126,23 @@ SELECT status, reason, error, result::text AS result FROM work_items WHERE id = 
 SELECT id FROM work_finish_v1(%(ids)s, %(attempts)s, %(status)s, %(reason)s, %(error)s,
                            %(wait)s, %(traceback)s) AS id;
 
+-- name: finish_and_claim
+-- A batch of completions finished Succeeded (as `finish` with wait false: rows another
+-- transaction holds are passed over) and the next claim, in one round trip when the
+-- Worker has free slots (work_finish_and_claim_v1, migrations/0001.queue.sql: the
+-- two transitions, called one after the other in one transaction). The scopes are
+-- the claim's, the failover guard asked first, as in `claim`. One row per id finished
+-- (`finished`), then one per item claimed, read as `claim` reads them.
+SELECT f.finished, (f.item).id, (f.item).kind, (f.item).scope,
+       (f.item).payload::text AS payload, (f.item).priority, (f.item).attempt,
+       (f.item).stalls, (f.item).failures, (f.item).requested_at, (f.item).dedup_key,
+       (f.item).trace_context::text AS trace_context
+FROM work_finish_and_claim_v1(%(ids)s, %(attempts)s, %(worker_id)s, %(lease)s, %(limit)s,
+                              %(kinds)s,
+                              CASE WHEN work_failover_hold_v1(%(lease)s) THEN '{}'::text[]
+                                   ELSE %(scopes)s::text[] END,
+                              %(unscoped)s) AS f;
+
 -- name: requeue
 -- Release, or retry after an error: back to Queued, or superseded by a Queued item
 -- with the same dedup key ('Running': such an item is being enqueued; try again).
@@ -139,7 +156,8 @@ FROM work_requeue_v1(%(ids)s, %(attempts)s, %(cause)s, %(delay)s, %(error)s, %(t
 -- attempt that committed its success in its own transaction ends Succeeded, no stall.
 WITH held AS (
     SELECT id, attempt, worker_id FROM work_items
-    WHERE status = 'Running' AND lease_expires_at < now()
+    WHERE status = 'Running' AND (kind_slot IS NOT NULL OR kind_slot IS NULL)
+      AND lease_expires_at < now()
 )
 SELECT r.id, r.kind, r.scope, r.attempt, r.stalls, r.status, r.reason, held.worker_id
 FROM work_recover_v1(%(max_stalls)s, %(batch)s) AS r
@@ -321,9 +339,12 @@ UPDATE work_workers SET last_seen = now(), stopped_at = now() WHERE id = %(id)s;
 SELECT kind, status, count(*) AS n FROM work_items GROUP BY kind, status ORDER BY kind, status;
 
 -- name: running_items
+-- Every Running row, from the kind slots' index and the unslotted kinds' (each arm of
+-- the OR matches one: no index holds every Running row).
 SELECT id, kind, scope, attempt, worker_id, started_at,
        EXTRACT(EPOCH FROM lease_expires_at - now())::float8 AS lease_left
-FROM work_items WHERE status = 'Running' ORDER BY started_at;
+FROM work_items WHERE status = 'Running' AND (kind_slot IS NOT NULL OR kind_slot IS NULL)
+ORDER BY started_at;
 
 -- name: busy_scopes
 -- Scopes with a Running item (a scope whose limit is over one may run several).

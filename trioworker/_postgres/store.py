@@ -378,6 +378,63 @@ class PostgresStore:
         rows = await self._conns.call("claim", op)
         return sorted((operations.claimed_item(row) for row in rows), key=lambda item: item.id)
 
+    async def complete_and_claim(
+        self,
+        attempts: Sequence[tuple[int, int]],
+        worker_id: str,
+        lease: float,
+        limit: int,
+        scopes: Sequence[str] | None = None,
+        *,
+        unscoped: bool = True,
+        kinds: Sequence[str],
+    ) -> tuple[set[int], list[WorkItem]]:  # pragma: no mutate block
+        """`complete_batch(attempts)`, then `claim_batch(...)`, in one round trip: the ids
+        whose completion applied, and the items claimed. The claim sees the completions
+        (their scopes and kinds have room again). A race the claim loses rolls back the
+        completions too, and both are sent again, as a lost claim is; a completion whose
+        row another transaction held is made on its own afterwards, as in
+        `complete_batch`."""
+        if scopes is None and not unscoped:
+            raise ValueError("a Worker serving every scope serves unscoped items too")
+        params = {
+            "ids": [id for id, _ in attempts],
+            "attempts": [a for _, a in attempts],
+            "worker_id": worker_id,
+            "lease": lease,
+            "limit": limit,
+            "kinds": list(kinds),
+            "scopes": None if scopes is None else list(scopes),
+            "unscoped": unscoped,
+        }
+
+        async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+            for retry in range(_RACE_RETRIES + 1):
+                try:
+                    async with conn.cursor(row_factory=dict_row) as cur:
+                        read_as_stored(cur)  # one row's unreadable time fails only its item
+                        await cur.execute(self._sql["finish_and_claim"], params)
+                        return await cur.fetchall()
+                except (psycopg.errors.UniqueViolation, psycopg.errors.CheckViolation) as exc:
+                    lost_on = lost_race(exc)
+                    if retry == _RACE_RETRIES or lost_on is None:
+                        raise
+                    self._race_losses += 1
+                    log.info("claim lost a race on %s; finishing and claiming again", lost_on)
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        rows = await self._conns.call("finish_and_claim", op)
+        applied = {row["finished"] for row in rows if row["finished"] is not None}
+        claimed = [
+            operations.claimed_item({k: v for k, v in row.items() if k != "finished"})
+            for row in rows
+            if row["finished"] is None
+        ]
+        for id, attempt in attempts:
+            if id not in applied and await self.complete(id, attempt):
+                applied.add(id)
+        return applied, sorted(claimed, key=lambda item: item.id)
+
     async def seconds_until_due(
         self,
         *,

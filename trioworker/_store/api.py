@@ -212,6 +212,21 @@ class WorkerStore(Protocol):
         kinds: Sequence[str],
     ) -> list[WorkItem]: ...
 
+    async def complete_and_claim(
+        self,
+        attempts: Sequence[tuple[int, int]],
+        worker_id: str,
+        lease: float,
+        limit: int,
+        scopes: Sequence[str] | None = None,
+        *,
+        unscoped: bool = True,
+        kinds: Sequence[str],
+    ) -> tuple[set[int], list[WorkItem]]:
+        """`complete_batch(attempts)`, then `claim_batch(worker_id, lease, limit, ...)`,
+        in one call: the ids whose completion applied, and the items claimed."""
+        ...
+
     async def seconds_until_due(
         self,
         *,

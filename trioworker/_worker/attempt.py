@@ -114,6 +114,13 @@ class Attempt:
         if self.scope is not None:
             self.scope.cancel()
 
+    def hand_over_slot(self) -> Slot | None:
+        """The slot this attempt holds, for another to take over (the claim along with
+        its completion); it holds none from then on (None: it held none any more)."""
+        slot = self.slot
+        self.slot = SPENT
+        return None if slot.spent else slot  # (SPENT is spent)
+
     def must_end_by(self, grace: float) -> float:
         """When the handler must have ended: `grace` after it was asked to stop, by
         its deadline at the latest."""
@@ -158,8 +165,13 @@ class Slot:
 
     __slots__ = ("_slots",)
 
-    def __init__(self, slots: Slots) -> None:
+    def __init__(self, slots: Slots | None) -> None:
         self._slots: Slots | None = slots
+
+    @property
+    def spent(self) -> bool:
+        """Whether it was given back."""
+        return self._slots is None
 
     def release(self) -> None:
         """Give the slot back (its attempt is done with it): the Worker claims again at
@@ -167,3 +179,7 @@ class Slot:
         slots, self._slots = self._slots, None
         if slots is not None:
             slots._give_back(self)
+
+
+#: The slot of an attempt that handed its own over: giving it back does nothing.
+SPENT = Slot(None)

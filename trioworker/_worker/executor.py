@@ -185,7 +185,8 @@ class Executor:
         """Run one claimed attempt to its end, and make (or hand over) its one write,
         which it returns. `slot` is the Worker's slot it holds, given back when the
         attempt is done with its scope: an unscoped one when its handler is over, a
-        scoped one once its write has been made."""
+        scoped one once its write has been made; a completion's, when the Worker claims
+        along with completions, goes to the claim sent with it (`batching.py`)."""
         self.in_flight += 1
         trace = self.tracer.start(item)
         attempt = Attempt(item, claim_sent_at + self.settings.self_stop_after, slot, trace)
@@ -217,9 +218,12 @@ class Executor:
             # The claim's answer came after the attempt's self-stop deadline (a link
             # that stalled, then healed): its handler never starts, nothing is written.
             decision, outcome, reason = self._decide(attempt, registration, None)
-        if item.scope is None:
+        completes = decision.action is Action.COMPLETE
+        if item.scope is None and not (completes and self.completions.claims_along):
             attempt.slot.release()  # its handler is over: the next claim may overlap the write
-        if decision.action is Action.COMPLETE:
+        # (A completion's slot, when the Worker claims along with completions, is the
+        # claim's that goes out with it: batching.py.)
+        if completes:
             self.completions.submit(attempt)
             return decision
         if decision.action is Action.NOTHING:

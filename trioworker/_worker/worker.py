@@ -26,7 +26,7 @@ import attrs
 import trio
 
 from trioworker._core.errors import ConfigurationError, IdTakenOver, StoreError
-from trioworker._core.model import HeldLease, Recovered, Status, WorkerInfo
+from trioworker._core.model import HeldLease, Recovered, Status, WorkerInfo, WorkItem
 from trioworker._core.registry import Registry
 from trioworker._core.retry import Backoff
 from trioworker._core.settings import Settings
@@ -68,6 +68,11 @@ class Worker:
     """Claims work items of its registry's kinds and runs them, each attempt stopping
     itself half a lease after its last good heartbeat (module docstring: how to run one).
     """
+
+    #: Where claimed items run: the nursery of `run` while it claims, None once it has
+    #: closed. Set by `run` before the completion batcher may claim along, the only
+    #: reader; so no value before that.
+    _items: trio.Nursery | None
 
     def __init__(
         self,
@@ -112,6 +117,9 @@ class Worker:
         )
         self._wake = trio.Event()
         self._settle_wake = trio.Event()
+        #: The slots the last claim sent along with completions found no item for: while
+        #: any, the claim loop waits (as after an empty claim of its own) before it claims.
+        self._unfilled = 0
         self._stopping = trio.Event()
         self._slot_wait = trio.CancelScope()
         #: Why this Worker's id is no longer its own (another Worker took it over).
@@ -194,10 +202,13 @@ class Worker:
             background.start_soon(executor.watch_stops)
             asyncio_loop = executor.serve_asyncio(background)
             async with trio.open_nursery() as items:
+                self._items = items
+                executor.completions.claims = self
                 task_status.started()
                 log.info("worker %s ready", self.worker_id)
                 await self._claim_loop(items)
                 await self._drain()
+            self._items = None
             await executor.idle()  # completions handed over are answered (or given up)
             asyncio_loop.close()
             background.cancel_scope.cancel()
@@ -211,8 +222,12 @@ class Worker:
 
     async def _claim_loop(self, items: trio.Nursery) -> None:
         backoff = Backoff(initial=0.5, maximum=max(self.settings.poll * 2, 5.0))
-        run = self.executor.run
         while (first := await self._free_slot()) is not None:
+            if self._unfilled > 0:  # the queue had no more as of that claim
+                self._unfilled = 0
+                self._slots.unused([first])
+                await self._idle(await self._until_next_due())
+                continue
             slots = [first, *self._slots.take_free()]  # one claim fills every free slot
             # Stopped or cut off for as long as others wait before taking its id: no
             # claim until this Worker has advertised itself again (its id its own).
@@ -223,6 +238,7 @@ class Worker:
                     await self._stopping.wait()
                 continue
             self._wake = trio.Event()  # before the claim: a NOTIFY during it is not lost
+            self._unfilled = 0
             sent_at = trio.current_time()
             try:
                 claimed = await self.store.claim_batch(
@@ -248,12 +264,59 @@ class Worker:
             if backoff.failures:
                 log.info("PostgreSQL answers again; claiming")
                 backoff.reset()
-            self._slots.unused(slots[len(claimed) :])
-            for index, item in enumerate(claimed):  # never more than asked for
-                self.observe("claimed", item.kind)
-                items.start_soon(run, item, sent_at, slots[index])
+            self._start(items, claimed, sent_at, slots)
             if not claimed:
                 await self._idle(await self._until_next_due())
+
+    def _start(
+        self, items: trio.Nursery, claimed: list[WorkItem], sent_at: float, slots: list[Slot]
+    ) -> None:
+        """Run each item claimed in a slot of its own; give back the slots left over."""
+        self._slots.unused(slots[len(claimed) :])
+        run = self.executor.run
+        for index, item in enumerate(claimed):  # never more than asked for
+            self.observe("claimed", item.kind)
+            items.start_soon(run, item, sent_at, slots[index])
+
+    # -- claims along with completions (the executor's batcher calls these) ---------------
+
+    def claiming(self) -> bool:
+        """Whether a batch of completions claims too: while the Worker claims at all,
+        and not while it seemed gone (the claim loop advertises again before it claims).
+        (The batcher asks only once `run` has set `_items`.)"""
+        return not self._stopping.is_set() and not self._seemed_gone()
+
+    def free_slots(self) -> list[Slot]:
+        return self._slots.take_free()
+
+    async def complete_and_claim(
+        self, attempts: Sequence[tuple[int, int]], slots: list[Slot]
+    ) -> set[int]:
+        """Complete a batch and claim for `slots` in one round trip (`batching.py`)."""
+        sent_at = trio.current_time()
+        try:
+            applied, claimed = await self.store.complete_and_claim(
+                attempts,
+                self.worker_id,
+                self.settings.lease,
+                len(slots),
+                self.scopes,
+                unscoped=self.unscoped,
+                kinds=self.kinds,
+            )
+        except BaseException:
+            self._slots.unused(slots)  # (the claim loop claims for them)
+            raise
+        items = self._items
+        if items is None:  # sent before the Worker stopped, answered after its items ended
+            self._slots.unused(slots)
+            for item in claimed:  # back to Queued at once, not after the lease
+                with contextlib.suppress(StoreError):
+                    await self.store.release(item.id, item.attempt)
+            return applied
+        self._start(items, claimed, sent_at, slots)
+        self._unfilled = len(slots) - len(claimed)
+        return applied
 
     async def _free_slot(self) -> Slot | None:
         """Wait for a free slot; None (holding none) once stop() has been called."""

@@ -56,12 +56,14 @@ FROM work_workers;
 
 -- name: running
 -- Running items, longest running first; `total` counts them all (beyond the limit).
+-- (`kind_slot IS NOT NULL OR kind_slot IS NULL`: each arm matches one of the two
+-- indexes that together hold every Running row.)
 SELECT id, kind, scope, attempt, stalls, worker_id, started_at, cancel_requested,
        EXTRACT(EPOCH FROM now() - started_at)::float8 AS running_for,
        EXTRACT(EPOCH FROM lease_expires_at - now())::float8 AS lease_left,
        EXTRACT(EPOCH FROM now() - heartbeat_at)::float8 AS heartbeat_age,
        count(*) OVER () AS total
-FROM work_items WHERE status = 'Running'
+FROM work_items WHERE status = 'Running' AND (kind_slot IS NOT NULL OR kind_slot IS NULL)
 ORDER BY started_at, id
 LIMIT %(limit)s;
 
@@ -131,7 +133,8 @@ SELECT w.id, w.host, w.pid, w.started_at, w.last_seen, w.stopped_at, w.kinds, w.
        COALESCE(r.n, 0) AS running
 FROM work_workers AS w
 LEFT JOIN (SELECT worker_id, count(*) AS n FROM work_items
-           WHERE status = 'Running' GROUP BY worker_id) AS r ON r.worker_id = w.id
+           WHERE status = 'Running' AND (kind_slot IS NOT NULL OR kind_slot IS NULL)
+           GROUP BY worker_id) AS r ON r.worker_id = w.id
 ORDER BY alive DESC, w.last_seen DESC, w.id;
 
 -- name: schedules

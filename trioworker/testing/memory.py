@@ -400,6 +400,23 @@ class MemoryStore:
                 claimed.append(self._claim_one(row, worker_id, lease))
         return sorted(claimed, key=_by_id)
 
+    async def complete_and_claim(
+        self,
+        attempts: Sequence[tuple[int, int]],
+        worker_id: str,
+        lease: float,
+        limit: int,
+        scopes: Sequence[str] | None = None,
+        *,
+        unscoped: bool = True,
+        kinds: Sequence[str],
+    ) -> tuple[set[int], list[WorkItem]]:
+        applied = await self.complete_batch(attempts)
+        claimed = await self.claim_batch(
+            worker_id, lease, limit, scopes, unscoped=unscoped, kinds=kinds
+        )
+        return applied, claimed
+
     def _claimable(
         self, scopes: Sequence[str] | None, *, unscoped: bool, kinds: Sequence[str]
     ) -> list[_Row]:
