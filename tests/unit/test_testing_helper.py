@@ -69,6 +69,27 @@ async def test_enqueueing_in_another_transaction_says_memory_has_none(
     assert store.items() == []
 
 
+async def test_periodic_false_fires_no_schedule_while_the_default_does(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """`worker(registry, periodic=False)` runs none of the registry's periodic items
+    over an hour of virtual time; the default fires them."""
+    registry = Registry()
+    registry.periodic("Tick", every=60)
+
+    @registry.handler("Tick")
+    async def tick(item: WorkItem, ctx: Context) -> None:
+        pass
+
+    async with worker(registry, periodic=False) as w:
+        await trio.sleep(3600)
+    assert w.store.items() == []
+    assert registry.schedules != []
+    async with worker(registry) as w:
+        await trio.sleep(3600)
+    assert {i.kind for i in w.store.items()} == {"Tick"}
+
+
 async def test_the_helper_passes_a_tracer_to_the_worker(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -79,6 +80,7 @@ async def worker(
     scopes: Sequence[str] | None = None,
     worker_id: str = "test-worker",
     tracer: Tracer | None = None,
+    periodic: bool = True,
 ) -> AsyncIterator[TestWorker]:
     """Run a Worker for `registry` over an in-memory store until the block ends.
 
@@ -86,9 +88,12 @@ async def worker(
     handler sees exactly the `Context` it gets in production; only the database is
     replaced. Use it on Trio's virtual clock to test timeouts, retries and backoff
     without waiting for them. `tracer`: traces each attempt, as `Worker(tracer=)` does
-    (`trioworker.otel.OtelTracer` with an in-memory exporter, say).
+    (`trioworker.otel.OtelTracer` with an in-memory exporter, say). `periodic=False`:
+    the registry's periodic items never fire (the Worker gets it without them).
     """
     store = store if store is not None else MemoryStore()
+    if not periodic:
+        registry = _without_schedules(registry)
     fail_stops: list[str] = []
     running = Worker(
         store,
@@ -104,6 +109,13 @@ async def worker(
         await nursery.start(harness.worker.run)
         yield harness
         nursery.cancel_scope.cancel()
+
+
+def _without_schedules(registry: Registry) -> Registry:
+    """`registry`'s handlers, without its periodic items."""
+    view = copy.copy(registry)
+    view.schedules = []
+    return view
 
 
 _public_names(__name__, globals(), __all__)
