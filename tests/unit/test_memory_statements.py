@@ -144,3 +144,28 @@ async def test_an_item_enqueued_in_a_handlers_transaction_exists_once_it_commits
         ("Summarise", Status.QUEUED),
     ]
     assert w.store.statements == [Statement(item.id, 2, "INSERT INTO documents VALUES (%s)", [2])]
+
+
+async def test_a_dedup_key_enqueued_twice_in_one_transaction_is_one_item(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two enqueues with one dedup key in a handler's transaction: the second is the
+    first's item (deduplicated), as on PostgreSQL, and that item exists after the commit."""
+    registry = Registry()
+    got: list[tuple[int, bool]] = []
+
+    @registry.handler("Index")
+    async def index(item: WorkItem, ctx: Context) -> None:
+        async with ctx.transaction() as tx:
+            for _ in range(2):
+                e = await ctx.store.enqueue("Summarise", dedup_key="notes", tx=tx)
+                got.append((e.id, e.deduplicated))
+            tx.complete()
+
+    async with worker(registry) as w:
+        item = await w.store.enqueue("Index")
+        await w.finished(item.id)
+    [(first, first_deduplicated), (second, second_deduplicated)] = got
+    assert (second, first_deduplicated, second_deduplicated) == (first, False, True)
+    summarise = [i for i in w.store.items() if i.kind == "Summarise"]
+    assert [(i.id, i.status) for i in summarise] == [(first, Status.QUEUED)]

@@ -398,6 +398,13 @@ class MemoryStore:
         if holder is not None:
             self._dedup_hits += 1
             return Enqueued(id=holder.id, deduplicated=True)
+        if fenced is not None and request.dedup_key is not None:
+            # An item enqueued earlier in the same transaction holds the key, as its
+            # row would on PostgreSQL.
+            for pending_id, pending in fenced._enqueued:
+                if pending.dedup_key == request.dedup_key:
+                    self._dedup_hits += 1
+                    return Enqueued(id=pending_id, deduplicated=True)
         if id is None:
             id = self._next_id
             self._next_id += 1
