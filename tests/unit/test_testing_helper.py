@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 
 from trioworker import Context, Registry, RetryPolicy, Status, WorkItem
 from trioworker._core.policy import AttemptOutcome
-from trioworker.testing import worker
+from trioworker.testing import MemoryStore, worker
 
 
 async def test_a_flaky_handler_is_retried_on_the_virtual_clock(
@@ -52,25 +53,41 @@ async def test_a_handler_completing_in_its_transaction_is_written_once(
     assert applied == ["complete_in_transaction", "complete"]
 
 
-async def test_enqueueing_in_a_transaction_says_memory_has_none(
+async def test_enqueueing_in_another_transaction_says_memory_has_none(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """A handler that enqueues follow-up work in its fenced transaction fails with a
-    message saying why (the in-memory store has no transactions), not a TypeError."""
+    """Enqueueing in a transaction that is not a handler's own fenced one fails with a
+    message saying why (the in-memory store has no others), not a TypeError."""
+    other = MemoryStore()
+    store = MemoryStore()
+    await other.enqueue("K")
+    item = await other.claim("w", 60.0, kinds=["K"])
+    assert item is not None
+    async with other.fenced_transaction(item.id, item.attempt) as tx:
+        with pytest.raises(NotImplementedError, match="MemoryStore has no transactions"):
+            await store.enqueue("Summarise", tx=tx)
+    assert store.items() == []
+
+
+async def test_periodic_false_fires_no_schedule_while_the_default_does(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """`worker(registry, periodic=False)` runs none of the registry's periodic items
+    over an hour of virtual time; the default fires them."""
     registry = Registry()
+    registry.periodic("Tick", every=60)
 
-    @registry.handler("Index", retry=RetryPolicy(max_attempts=1))
-    async def index(item: WorkItem, ctx: Context) -> None:
-        async with ctx.transaction() as tx:
-            await ctx.store.enqueue("Summarise", scope=item.scope, tx=tx)
+    @registry.handler("Tick")
+    async def tick(item: WorkItem, ctx: Context) -> None:
+        pass
 
+    async with worker(registry, periodic=False) as w:
+        await trio.sleep(3600)
+    assert w.store.items() == []
+    assert registry.schedules != []
     async with worker(registry) as w:
-        item = await w.store.enqueue("Index", scope="notes")
-        state = await w.finished(item.id)
-    assert state.status is Status.FAILED
-    assert state.error is not None
-    assert state.error.startswith("NotImplementedError: MemoryStore has no transactions")
-    assert [i.kind for i in w.store.items()] == ["Index"]
+        await trio.sleep(3600)
+    assert {i.kind for i in w.store.items()} == {"Tick"}
 
 
 async def test_the_helper_passes_a_tracer_to_the_worker(

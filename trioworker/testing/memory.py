@@ -4,7 +4,8 @@
 contract tests, so it cannot drift from PostgreSQL. Time is Trio's clock, so a
 `MockClock` drives leases and run_after. Faults can be switched on to simulate an
 outage (`fault = "fail"`) or a link that never answers (`fault = "hang"`), and
-`writes` records every write after a claim, applied or not.
+`writes` records every write after a claim, applied or not. Handlers' SQL is not
+run: `statements` records what their fenced transactions committed.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from trioworker._core.validation import (
     validate_enqueue,
     validate_many,
 )
-from trioworker._store.api import NotifyCallback, Transaction
+from trioworker._store.api import NotifyCallback, Params, Transaction
 from trioworker._store.reads import (
     Failure,
     ItemDetails,
@@ -81,27 +82,46 @@ class Write:
     applied: bool
 
 
+@attrs.frozen
+class Statement:
+    """A statement a fenced transaction ran, recorded once that transaction committed."""
+
+    item_id: int
+    attempt: int
+    query: str
+    params: Params
+
+
+#: `MemoryStore(respond=...)`: the rows a statement returns, as dicts (column: value),
+#: given its query and params.
+Respond = Callable[[str, Params], list[dict[str, Any]]]
+
+
 @attrs.define
 class MemoryFencedTransaction:
     """`Context.transaction()` on the in-memory store: the fence and `complete()` work
-    as on PostgreSQL; there is no SQL to run, so `execute` refuses."""
+    as on PostgreSQL. Statements run no SQL: each is held until the commit, when it is
+    recorded on the store (`MemoryStore.statements`), and returns the rows the store's
+    `respond` gives (none without one). Items enqueued in it exist once it commits."""
 
     item_id: int
     attempt: int
     completes: bool = False
     result_json: str | None = None
+    _store: MemoryStore | None = attrs.field(default=None, repr=False, eq=False)
+    #: What the commit applies: the statements run and the items enqueued in it.
+    _statements: list[Statement] = attrs.field(factory=list, init=False, repr=False)
+    _enqueued: list[tuple[int, EnqueueRequest]] = attrs.field(factory=list, init=False, repr=False)
 
-    async def execute(
-        self, query: LiteralString, params: Sequence[Any] | dict[str, Any] | None = None
-    ) -> list[tuple[Any, ...]]:
-        raise NotImplementedError(
-            "MemoryStore runs no SQL: test a handler's queries against PostgreSQL"
-        )
+    async def execute(self, query: LiteralString, params: Params = None) -> list[tuple[Any, ...]]:
+        return [tuple(row.values()) for row in await self.rows(query, params)]
 
-    async def rows(
-        self, query: LiteralString, params: Sequence[Any] | dict[str, Any] | None = None
-    ) -> list[dict[str, Any]]:
-        return await self.execute(query, params)  # type: ignore[return-value]
+    async def rows(self, query: LiteralString, params: Params = None) -> list[dict[str, Any]]:
+        self._statements.append(Statement(self.item_id, self.attempt, query, copy.deepcopy(params)))
+        if self._store is None:
+            return []
+        await self._store._enter("execute")
+        return self._store._respond_to(query, params)
 
     def complete(self, result: Any = None) -> None:
         self.result_json = result_json(result)
@@ -111,7 +131,8 @@ class MemoryFencedTransaction:
 def _no_transactions(tx: object) -> None:
     if tx is not None:
         raise NotImplementedError(
-            "MemoryStore has no transactions to enqueue in: test enqueue(tx=...) against"
+            "MemoryStore has no transactions to enqueue in but a handler's own"
+            " (ctx.transaction()): test enqueue(tx=...) in other transactions against"
             " PostgreSQL (docs/guide/testing.md)"
         )
 
@@ -159,7 +180,12 @@ class _Row:
 class MemoryStore:
     """The Store protocol in memory; time is `trio.current_time()`."""
 
-    def __init__(self, *, known_kinds: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, *, known_kinds: Sequence[str] | None = None, respond: Respond | None = None
+    ) -> None:
+        """`respond(query, params)`: the rows a fenced transaction's statement returns,
+        as a list of dicts (`tx.rows` gives them as they are, `tx.execute` as tuples of
+        their values); without it, statements return no rows."""
         self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
         self.fault: Fault = None
         #: Operations the fault applies to (None: all of them).
@@ -189,6 +215,33 @@ class MemoryStore:
         #: The schedules' specs, by name (what the database compares).
         self._specs: dict[str, str] = {}
         self._limits = MemoryLimits()
+        self._respond = respond
+        self._statements: list[Statement] = []
+
+    @property
+    def statements(self) -> list[Statement]:
+        """The statements fenced transactions committed, in commit order (a copy): one
+        rolled back (its body raised, its attempt was fenced out or self-stopped) ran
+        none, as on PostgreSQL."""
+        return list(self._statements)
+
+    def _respond_to(self, query: str, params: Params) -> list[dict[str, Any]]:
+        if self._respond is None:
+            return []
+        rows = self._respond(query, params)
+        if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+            raise TypeError(
+                f"MemoryStore's respond(query, params) must return a list of dicts"
+                f" (column: value), not {rows!r}, for {query!r}"
+            )
+        return rows
+
+    def _in_fenced(self, tx: Transaction | None) -> MemoryFencedTransaction | None:
+        """`tx` when it is one of this store's fenced transactions; None for none."""
+        if isinstance(tx, MemoryFencedTransaction) and tx._store is self:
+            return tx
+        _no_transactions(tx)
+        return None
 
     # -- faults and time ----------------------------------------------------------
 
@@ -316,7 +369,7 @@ class MemoryStore:
         trace_context: Mapping[str, str] | None = None,
         tx: Transaction | None = None,
     ) -> Enqueued:
-        _no_transactions(tx)
+        fenced = self._in_fenced(tx)
         now = self.now()
         request = validate_enqueue(
             kind,
@@ -330,15 +383,36 @@ class MemoryStore:
             trace_context=trace_context_or_current(trace_context),
         )
         await self._enter("enqueue")
-        return self._insert(request, now)
+        return self._insert(request, now, fenced)
 
-    def _insert(self, request: EnqueueRequest, now: dt.datetime) -> Enqueued:
+    def _insert(
+        self,
+        request: EnqueueRequest,
+        now: dt.datetime,
+        fenced: MemoryFencedTransaction | None = None,
+        id: int | None = None,
+    ) -> Enqueued:
+        """Insert the item now, or (`fenced`) take its id now and insert it with `id`
+        when that transaction commits."""
         holder = self._queued_with(request.dedup_key)
         if holder is not None:
             self._dedup_hits += 1
             return Enqueued(id=holder.id, deduplicated=True)
+        if fenced is not None and request.dedup_key is not None:
+            # An item enqueued earlier in the same transaction holds the key, as its
+            # row would on PostgreSQL.
+            for pending_id, pending in fenced._enqueued:
+                if pending.dedup_key == request.dedup_key:
+                    self._dedup_hits += 1
+                    return Enqueued(id=pending_id, deduplicated=True)
+        if id is None:
+            id = self._next_id
+            self._next_id += 1
+        if fenced is not None:
+            fenced._enqueued.append((id, request))
+            return Enqueued(id=id, deduplicated=False)
         row = _Row(
-            id=self._next_id,
+            id=id,
             kind=request.kind,
             scope=request.scope,
             payload=_json_roundtrip(request.payload_json),
@@ -352,7 +426,6 @@ class MemoryStore:
                 else _json_roundtrip(request.trace_context_json)
             ),
         )
-        self._next_id += 1
         self._rows[row.id] = row
         if row.run_after <= now and not self._busy(row.scope):
             self._notify(row.scope)
@@ -361,11 +434,11 @@ class MemoryStore:
     async def enqueue_many(
         self, items: Sequence[NewItem], *, tx: Transaction | None = None
     ) -> list[Enqueued]:
-        _no_transactions(tx)
+        fenced = self._in_fenced(tx)
         now = self.now()
         requests = validate_many(with_current_trace(items), now=now, known_kinds=self.known_kinds)
         await self._enter("enqueue_many")
-        return [self._insert(request, now) for request in requests]
+        return [self._insert(request, now, fenced) for request in requests]
 
     async def claim(
         self,
@@ -705,13 +778,17 @@ class MemoryStore:
             raise Lost(f"item {id} attempt {attempt} is past its self-stop deadline")
         if self._fenced(id, attempt) is None:
             raise Lost(f"item {id} attempt {attempt} no longer owns the item; nothing written")
-        tx = MemoryFencedTransaction(id, attempt)
+        tx = MemoryFencedTransaction(id, attempt, store=self)
         yield tx
         await self._enter("commit")
         row = self._fenced(id, attempt)
         if row is None:  # pragma: no cover - PostgreSQL's row lock makes this impossible
             raise Lost(f"item {id} attempt {attempt} lost its item before the commit")
         _refuse_past(until, id, attempt)
+        # The commit: nothing checkpoints from here on, so it applies whole.
+        self._statements.extend(tx._statements)
+        for new_id, request in tx._enqueued:
+            self._insert(request, self.now(), id=new_id)
         if tx.completes:
             row.completed_at = row.completed_at or self.now()
             if tx.result_json is not None:
