@@ -12,7 +12,8 @@
 # The tests are the fast unit tests (tests/unit, [tool.mutmut] in pyproject.toml). Code
 # only PostgreSQL can exercise carries `# pragma: no mutate` and an ADR 0005 row; it is
 # tested by the integration contract tests instead. A timeout counts as a kill (the
-# mutant hung the tests), as in mutmut's own score. mutmut runs in a scratch copy of
+# mutant hung the tests), as in mutmut's own score, and so does a crash of the test
+# process (mutmut's "segfault": it ended by a signal). mutmut runs in a scratch copy of
 # the work tree, so neither the tree nor its mutants/ is touched.
 #
 # Environment: PYTHON (default .venv/bin/python), MUTATION_JOBS (default: CPU count),
@@ -108,7 +109,10 @@ for line in open("results.txt"):
     if not m:
         continue
     module, status = m.groups()
-    status = {"timeout": "killed", "caught by type check": "killed"}.get(status, status)
+    # A mutant that hung the tests (timeout) or crashed their process (segfault: any
+    # signal: one that grew out of memory, say) did not pass them.
+    status = {"timeout": "killed", "segfault": "killed",
+              "caught by type check": "killed"}.get(status, status)
     counts[module][status] += 1
     if status not in ("killed", "skipped"):
         bad.append(line.strip())
