@@ -357,25 +357,7 @@ class PostgresStore:
             "unscoped": unscoped,
         }
 
-        async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
-            for retry in range(_RACE_RETRIES + 1):
-                try:
-                    async with conn.cursor(row_factory=dict_row) as cur:
-                        read_as_stored(cur)  # one row's unreadable time fails only its item
-                        await cur.execute(self._sql["claim"], params)
-                        return await cur.fetchall()
-                except (psycopg.errors.UniqueViolation, psycopg.errors.CheckViolation) as exc:
-                    lost_on = lost_race(exc)
-                    if retry == _RACE_RETRIES or lost_on is None:
-                        raise
-                    # Lost a slot (of a scope or a kind) or a rate window to a start
-                    # this claim could not see; the next claim sees it, and takes the
-                    # batch's other items.
-                    self._race_losses += 1
-                    log.info("claim lost a race on %s; claiming again", lost_on)
-            raise AssertionError("unreachable")  # pragma: no cover
-
-        rows = await self._conns.call("claim", op)
+        rows = await self._claiming("claim", params)
         return sorted((operations.claimed_item(row) for row in rows), key=lambda item: item.id)
 
     async def complete_and_claim(
@@ -408,22 +390,7 @@ class PostgresStore:
             "unscoped": unscoped,
         }
 
-        async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
-            for retry in range(_RACE_RETRIES + 1):
-                try:
-                    async with conn.cursor(row_factory=dict_row) as cur:
-                        read_as_stored(cur)  # one row's unreadable time fails only its item
-                        await cur.execute(self._sql["finish_and_claim"], params)
-                        return await cur.fetchall()
-                except (psycopg.errors.UniqueViolation, psycopg.errors.CheckViolation) as exc:
-                    lost_on = lost_race(exc)
-                    if retry == _RACE_RETRIES or lost_on is None:
-                        raise
-                    self._race_losses += 1
-                    log.info("claim lost a race on %s; finishing and claiming again", lost_on)
-            raise AssertionError("unreachable")  # pragma: no cover
-
-        rows = await self._conns.call("finish_and_claim", op)
+        rows = await self._claiming("finish_and_claim", params)
         applied = {row["finished"] for row in rows if row["finished"] is not None}
         claimed = [
             operations.claimed_item({k: v for k, v in row.items() if k != "finished"})
@@ -434,6 +401,33 @@ class PostgresStore:
             if id not in applied and await self.complete(id, attempt):
                 applied.add(id)
         return applied, sorted(claimed, key=lambda item: item.id)
+
+    async def _claiming(
+        self, name: str, params: dict[str, Any]
+    ) -> list[dict[str, Any]]:  # pragma: no mutate block
+        """The rows of the claiming statement `name` (`claim`, `finish_and_claim`), sent
+        again when its claim lost a race."""
+
+        async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
+            for retry in range(_RACE_RETRIES + 1):
+                try:
+                    async with conn.cursor(row_factory=dict_row) as cur:
+                        read_as_stored(cur)  # one row's unreadable time fails only its item
+                        await cur.execute(self._sql[name], params)
+                        return await cur.fetchall()
+                except (psycopg.errors.UniqueViolation, psycopg.errors.CheckViolation) as exc:
+                    lost_on = lost_race(exc)
+                    if retry == _RACE_RETRIES or lost_on is None:
+                        raise
+                    # Lost a slot (of a scope or a kind) or a rate window to a start
+                    # this claim could not see; the next claim sees it, and takes the
+                    # batch's other items (a lost finish_and_claim rolled its
+                    # completions back too: they go again with it).
+                    self._race_losses += 1
+                    log.info("%s lost a race on %s; sending it again", name, lost_on)
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        return await self._conns.call(name, op)
 
     async def seconds_until_due(
         self,
