@@ -10,16 +10,10 @@ import pytest
 import trio
 import trio.testing
 
+from tests.unit.test_fenced_deadline import claimed
 from trioworker import Context, Lost, Registry, RetryPolicy, SelfStopped, Status, WorkItem
 from trioworker._store.api import Params
 from trioworker.testing import MemoryStore, Statement, worker
-
-
-async def claimed(store: MemoryStore) -> WorkItem:
-    await store.enqueue("K", scope="s")
-    item = await store.claim("w", 60.0, kinds=["K"])
-    assert item is not None
-    return item
 
 
 async def test_committed_statements_are_recorded_in_commit_order(
