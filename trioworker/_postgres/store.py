@@ -85,6 +85,28 @@ LIMIT_REFUSALS = frozenset({"work_items_slot_within_limit", "work_items_rate_wit
 _RACE_RETRIES = 3
 
 
+def _claim_params(
+    worker_id: str,
+    lease: float,
+    limit: int,
+    scopes: Sequence[str] | None,
+    *,
+    unscoped: bool,
+    kinds: Sequence[str],
+) -> dict[str, Any]:  # pragma: no mutate block
+    """A claim's parameters (`claim`, `finish_and_claim`)."""
+    if scopes is None and not unscoped:
+        raise ValueError("a Worker serving every scope serves unscoped items too")
+    return {
+        "worker_id": worker_id,
+        "lease": lease,
+        "limit": limit,
+        "kinds": list(kinds),
+        "scopes": None if scopes is None else list(scopes),
+        "unscoped": unscoped,
+    }
+
+
 def lost_race(exc: BaseException) -> str | None:
     """The slot index or limit refusal a claim lost a race on (it met a start its
     snapshot could not see), by its name; None for any other error."""
@@ -346,17 +368,7 @@ class PostgresStore:
         claims again at once, so the batch's other items are still claimed, and the
         lost item waits for the next poll.
         """
-        if scopes is None and not unscoped:
-            raise ValueError("a Worker serving every scope serves unscoped items too")
-        params = {
-            "worker_id": worker_id,
-            "lease": lease,
-            "limit": limit,
-            "kinds": list(kinds),
-            "scopes": None if scopes is None else list(scopes),
-            "unscoped": unscoped,
-        }
-
+        params = _claim_params(worker_id, lease, limit, scopes, unscoped=unscoped, kinds=kinds)
         rows = await self._claiming("claim", params)
         return sorted((operations.claimed_item(row) for row in rows), key=lambda item: item.id)
 
@@ -377,19 +389,11 @@ class PostgresStore:
         completions too, and both are sent again, as a lost claim is; a completion whose
         row another transaction held is made on its own afterwards, as in
         `complete_batch`."""
-        if scopes is None and not unscoped:
-            raise ValueError("a Worker serving every scope serves unscoped items too")
         params = {
             "ids": [id for id, _ in attempts],
             "attempts": [a for _, a in attempts],
-            "worker_id": worker_id,
-            "lease": lease,
-            "limit": limit,
-            "kinds": list(kinds),
-            "scopes": None if scopes is None else list(scopes),
-            "unscoped": unscoped,
+            **_claim_params(worker_id, lease, limit, scopes, unscoped=unscoped, kinds=kinds),
         }
-
         rows = await self._claiming("finish_and_claim", params)
         applied = {row["finished"] for row in rows if row["finished"] is not None}
         claimed = [
