@@ -102,8 +102,23 @@ async def test_a_fenced_transaction_holds_the_item_against_recovery(
     assert thumbnails(pg) == [(item.id, 1)]
 
 
+class RecoveryPassStore(PostgresStore):
+    """Says when its Worker's first lease-recovery pass is over, so that a test's own
+    recovery cannot race it (the Worker's first pass runs alongside its first claim)."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(dsn)
+        self.first_pass = trio.Event()
+
+    async def recover_expired_leases(self, max_stalls: int, *, batch: int = 100) -> list[Any]:
+        try:
+            return await super().recover_expired_leases(max_stalls, batch=batch)
+        finally:
+            self.first_pass.set()
+
+
 async def test_a_handler_that_lost_its_item_sees_lost_and_the_worker_writes_nothing(
-    store: PostgresStore, pg: Conn
+    dsn: str, store: PostgresStore, pg: Conn
 ) -> None:
     """A handler's item is taken over while it runs; its fenced transaction raises Lost,
     and its Worker writes nothing for the attempt (no failure, no completion)."""
@@ -124,16 +139,22 @@ async def test_a_handler_that_lost_its_item_sees_lost_and_the_worker_writes_noth
             raise
 
     item = await store.enqueue("K", scope="s")
-    settings = Settings(lease=60, heartbeat=20, poll=0.5)
-    worker = Worker(store, registry, settings, worker_id="w", fail_stop=pytest.fail)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(worker.run)
-        with trio.fail_after(10):
-            await running.wait()
-        await take_over(store, pg, item.id)
-        taken.set()
-        await until(lambda: not worker.statistics().running, "the attempt to end")
-        worker.stop()
+    settings = Settings(lease=60, heartbeat=20, poll=0.5, recovery_every=3600)
+    worker_store = RecoveryPassStore(dsn)
+    await worker_store.open()
+    try:
+        worker = Worker(worker_store, registry, settings, worker_id="w", fail_stop=pytest.fail)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            with trio.fail_after(10):
+                await running.wait()
+                await worker_store.first_pass.wait()
+            await take_over(store, pg, item.id)
+            taken.set()
+            await until(lambda: not worker.statistics().running, "the attempt to end")
+            worker.stop()
+    finally:
+        await worker_store.close()
     assert len(seen) == 1 and thumbnails(pg) == []
     state = await store.get_item(item.id)
     assert state and (state.status, state.worker_id, state.failures) == (Status.RUNNING, "other", 0)
