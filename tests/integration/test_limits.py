@@ -13,7 +13,13 @@ import pytest
 import trio
 
 from tests.integration.test_scope_rule import Heard, in_thread, session
-from tests.support.lines import backend_pid, running_per_scope, wait_until_blocked, wedges
+from tests.support.lines import (
+    backend_pid,
+    running_per_scope,
+    wait_until_blocked,
+    waits_on_a_lock,
+    wedges,
+)
 from trioworker import PostgresStore
 from trioworker._postgres.store import RUNNING_KIND_INDEX, RUNNING_SCOPE_INDEX
 
@@ -206,6 +212,72 @@ async def test_a_lowered_limit_cancels_nothing_and_no_claim_starts_until_under_i
     assert await store.claim("w", LEASE, kinds=["K"]) is not None
     assert await store.claim("w", LEASE, kinds=["K"]) is None
     assert running_per_scope(pg) == {"S": 2} and wedges(pg) == []
+
+
+async def test_a_claim_fills_its_batch_from_scopes_that_may_run_more_than_one(
+    store: PostgresStore, pg: Conn
+) -> None:
+    """Three scopes at limit 2, three items each: one claim for six slots takes two of
+    each scope (a round takes one a scope; the settle after it makes the next item a
+    head, and the claim goes round again), so a short claim means nothing more could
+    start, which is what lets a Worker wait after one."""
+    pg.execute("SELECT * FROM work_set_limit_v1(NULL, NULL, 2)")
+    for scope in ("A", "B", "C"):
+        for _ in range(3):
+            await store.enqueue("K", scope=scope)
+    batch = await store.claim_batch("w", LEASE, 6, kinds=["K"])
+    assert sorted(item.scope or "" for item in batch) == ["A", "A", "B", "B", "C", "C"]
+    assert await store.claim_batch("w", LEASE, 6, kinds=["K"]) == []
+    assert running_per_scope(pg) == {"A": 2, "B": 2, "C": 2} and wedges(pg) == []
+
+
+async def test_a_claim_never_waits_for_a_settle_lock(
+    dsn: str, store: PostgresStore, pg: Conn
+) -> None:
+    """A claim settles a scope that may run more only if its settle lock is free: with
+    another transaction holding it, the claim takes its item without waiting and notes
+    the scope for a later settle. (Waiting, a claim sent with a batch of completions,
+    whose finish holds the settle locks of the scopes it ended, waited on another
+    Worker's doing the same.) Should the claim ever be seen waiting, the holder commits,
+    so the claim could settle the scope itself and the notes would show it too."""
+    pg.execute("SELECT * FROM work_set_limit_v1(NULL, NULL, 2)")
+    for _ in range(3):
+        await store.enqueue("K", scope="S")
+    holder, claimer = session(dsn), session(dsn)
+    try:
+        holder.execute("SELECT work_lock_scope('S')")
+        pid = backend_pid(claimer)
+        claimed: list[Any] = []
+        done = trio.Event()
+        waited = False
+
+        async def claim() -> None:
+            rows = await in_thread(
+                lambda: claimer.execute(
+                    "SELECT id FROM work_claim_v1('w', 30, 4, ARRAY['K'])"
+                ).fetchall()
+            )
+            claimer.commit()
+            claimed.extend(rows)
+            done.set()
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(claim)
+                while not done.is_set():
+                    if not waited and waits_on_a_lock(pg, pid):
+                        waited = True
+                        holder.commit()
+                    await trio.sleep(0.005)
+        noted = pg.execute("SELECT scope FROM work_unsettled_scopes").fetchall()
+        assert not waited and len(claimed) == 1 and noted == [("S",)]
+        holder.commit()
+        assert await store.settle_noted_scopes() == 1
+        assert len(await store.claim_batch("w", LEASE, 4, kinds=["K"])) == 1
+        assert running_per_scope(pg) == {"S": 2} and wedges(pg) == []
+    finally:
+        holder.close()
+        claimer.close()
 
 
 async def test_a_raised_limit_lets_a_busy_scope_run_more_and_wakes_workers(

@@ -360,7 +360,8 @@ class PostgresStore:
         unscoped: bool = True,
         kinds: Sequence[str],
     ) -> list[WorkItem]:  # pragma: no mutate block
-        """Claim up to `limit` due items of `kinds` in one call (never two of one scope).
+        """Claim up to `limit` due items of `kinds` in one call (no more of a scope than its
+        limit lets start; fewer than `limit` only when no more could start).
 
         Highest priority first, then by due time. A claim a slot index or a limit
         refusal rejects (it met a Running item of a scope or kind that its snapshot
