@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
@@ -25,7 +26,14 @@ from tests.support.processes import ROOT
 CHROMIUM = Path(os.environ.get("TRIOWORKER_TEST_CHROMIUM", "/usr/bin/chromium"))
 CHROMEDRIVER = Path(os.environ.get("TRIOWORKER_TEST_CHROMEDRIVER", "/usr/bin/chromedriver"))
 SKIP_ENV = "TRIOWORKER_SKIP_BROWSER"
-SCREENSHOTS = ROOT / "docs" / "dashboard"
+#: Where the dashboard's screenshots go: docs/dashboard with TRIOWORKER_RETAKE_SCREENSHOTS=1
+#: (to retake the documentation's), else a scratch folder, so a test run leaves the
+#: work tree as it found it.
+SCREENSHOTS = (
+    ROOT / "docs" / "dashboard"
+    if os.environ.get("TRIOWORKER_RETAKE_SCREENSHOTS") == "1"
+    else Path(tempfile.gettempdir()) / f"trioworker-screenshots-{os.getuid()}"
+)
 #: Chromium's switches: headless, no sandbox (containers), and nothing that calls home.
 CHROMIUM_ARGS = [
     "--headless=new",

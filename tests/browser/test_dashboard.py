@@ -4,7 +4,8 @@ One queue for the module (tests/browser/queue.py): a Worker process of
 tests/browser/app.py, a read-only dashboard and one with actions allowed. The tests
 run in this order and each reads the database at its own time: the pages, the live
 refresh, the refusals, and last the actions (which change the queue).
-Screenshots of the main pages go to docs/dashboard/*.png.
+Screenshots of the main pages go to docs/dashboard/*.png with
+TRIOWORKER_RETAKE_SCREENSHOTS=1 (support.SCREENSHOTS).
 """
 
 from __future__ import annotations
