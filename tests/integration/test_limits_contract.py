@@ -30,6 +30,21 @@ async def test_a_scope_at_limit_two_runs_two_and_then_the_next(harness: Harness)
     assert await claim_all(harness, ["K"]) == [s[2]]
 
 
+async def test_one_claim_takes_every_item_that_may_start(harness: Harness) -> None:
+    """S at 3 with five items, T at the default 1 with two, K at 4 across them: one
+    claim for ten takes S's first three (a kind limit of 4 leaves room for T's first),
+    so a claim that comes back short means nothing more could start (a Worker then
+    waits for a NOTIFY, a free slot or its poll)."""
+    store = harness.store
+    await store.set_limit(scope="S", running=3)
+    await store.set_limit(kind="K", running=4)
+    s = [(await store.enqueue("K", scope="S")).id for _ in range(5)]
+    t = [(await store.enqueue("K", scope="T")).id for _ in range(2)]
+    claimed = await store.claim_batch("w", LEASE, 10, kinds=["K"])
+    assert sorted(item.id for item in claimed) == sorted([*s[:3], t[0]])
+    assert await store.claim_batch("w", LEASE, 10, kinds=["K"]) == []
+
+
 async def test_a_kind_limit_holds_across_scopes_and_combines_with_the_scope_limit(
     harness: Harness,
 ) -> None:

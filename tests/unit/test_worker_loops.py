@@ -1105,6 +1105,21 @@ async def test_after_a_claim_along_that_came_back_short_the_loop_waits_the_poll(
     assert store.times["claim"] == [0.0, 1.0, 1.5]
 
 
+async def test_after_a_claim_of_its_own_that_came_back_short_the_loop_waits_the_poll(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Concurrency 2, poll 5 s, one item: the claim at 0 s takes it and comes back short
+    by a slot, so nothing more could start (a claim takes every item that may); the loop
+    waits the poll instead of sending an empty claim at once."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping(20))
+    await store.enqueue("A")
+    with trio.fail_after(100):
+        async with running(store, registry, Settings(concurrency=2, poll=5)):
+            await trio.sleep(7)
+    assert store.times["claim"] == [0.0, 5.0]
+
+
 async def test_an_unscoped_failures_slot_comes_free_before_its_write(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

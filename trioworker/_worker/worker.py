@@ -118,7 +118,8 @@ class Worker:
         self._wake = trio.Event()
         self._settle_wake = trio.Event()
         #: The slots the last claim sent along with completions found no item for: while
-        #: any, the claim loop waits (as after an empty claim of its own) before it claims.
+        #: any, the claim loop waits (as after a short claim of its own: a claim takes
+        #: every item that may start) before it claims.
         self._unfilled = 0
         self._stopping = trio.Event()
         self._slot_wait = trio.CancelScope()
@@ -265,7 +266,7 @@ class Worker:
                 log.info("PostgreSQL answers again; claiming")
                 backoff.reset()
             self._start(items, claimed, sent_at, slots)
-            if not claimed:
+            if len(claimed) < len(slots):  # nothing more could start as of this claim
                 await self._idle(await self._until_next_due())
 
     def _start(

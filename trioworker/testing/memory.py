@@ -466,11 +466,17 @@ class MemoryStore:
             raise ValueError("a Worker serving every scope serves unscoped items too")
         await self._enter("claim")
         claimed: list[WorkItem] = []
-        for row in self._claimable(scopes, unscoped=unscoped, kinds=kinds):
-            if len(claimed) == limit:
+        # Rounds of one item a free scope, as on PostgreSQL, until the batch is full or
+        # a round takes nothing: a short claim means nothing more could start.
+        while len(claimed) < limit:
+            before = len(claimed)
+            for row in self._claimable(scopes, unscoped=unscoped, kinds=kinds):
+                if len(claimed) == limit:
+                    break
+                if self._may_start(row):
+                    claimed.append(self._claim_one(row, worker_id, lease))
+            if len(claimed) == before:
                 break
-            if self._may_start(row):
-                claimed.append(self._claim_one(row, worker_id, lease))
         return sorted(claimed, key=_by_id)
 
     async def complete_and_claim(
