@@ -63,6 +63,7 @@ BEGIN
             ('settle_noted', 'trioworker_worker'),
             ('repair', 'trioworker_worker'),
             ('delete_finished', 'trioworker_worker, trioworker_operator'),
+            ('declare_limit', 'trioworker_worker'),
             ('set_limit', 'trioworker_operator'),
             ('clear_limit', 'trioworker_operator'),
             ('pause', 'trioworker_operator'),

@@ -444,6 +444,42 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_declare_limit_v1(p_kind text, p_running integer, p_rate integer, p_per double precision, OUT running integer, OUT rate integer, OUT per double precision, OUT written boolean)
+ RETURNS record
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+DECLARE
+    old work_limits;
+BEGIN
+    IF p_kind IS NULL OR (p_running IS NULL AND p_rate IS NULL) THEN
+        RAISE EXCEPTION 'a declared limit is a kind''s running limit, rate, or both'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR try IN 1..2 LOOP
+        BEGIN
+            SELECT * INTO old FROM work_limits AS l
+            WHERE l.kind = p_kind AND l.scope IS NULL FOR UPDATE;
+            running := old.running;
+            rate := old.rate;
+            per := EXTRACT(EPOCH FROM old.per)::float8;
+            written := old.id IS NULL OR old.running IS DISTINCT FROM p_running
+                       OR old.rate IS DISTINCT FROM p_rate OR per IS DISTINCT FROM p_per;
+            IF written THEN
+                PERFORM work_set_limit_v1(p_kind, NULL, COALESCE(p_running, 0),
+                                          COALESCE(p_rate, 0), p_per);
+            END IF;
+            RETURN;
+        EXCEPTION WHEN unique_violation THEN
+            IF try = 2 THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_delete_finished_v1(p_statuses text[], p_after timestamp with time zone, p_older_than double precision, p_batch integer)
  RETURNS SETOF timestamp with time zone
  LANGUAGE sql
@@ -1769,7 +1805,8 @@ BEGIN
         WHERE ns.nspname = home
           AND (p.proname ~ ('^work_(claim|failover_hold|finish|requeue|recover|settle_noted'
                             '|repair|request_cancel|retry|pause|resume|set_limit|clear_limit'
-                            '|delete_finished|finish_result|complete_result|record_step)'
+                            '|declare_limit|delete_finished|finish_result|complete_result'
+                            '|record_step)'
                             '_v[0-9]+$')
                OR p.proname IN ('work_items_confirm_place', 'work_limits_settle'))
           AND NOT (p.prosecdef

@@ -472,7 +472,7 @@ BEGIN
         WHERE ns.nspname = home
           AND (p.proname ~ ('^work_(claim|failover_hold|finish|requeue|recover|settle_noted'
                             '|repair|request_cancel|retry|pause|resume|set_limit|clear_limit'
-                            '|delete_finished)_v[0-9]+$')
+                            '|declare_limit|delete_finished)_v[0-9]+$')
                OR p.proname IN ('work_items_confirm_place', 'work_limits_settle'))
           AND NOT (p.prosecdef
                    AND 'search_path=' || path = ANY (COALESCE(p.proconfig, '{}'))
@@ -2396,6 +2396,48 @@ BEGIN
             SET running = now_running, rate = now_rate, per = now_per, updated_at = now()
             WHERE id = old.id RETURNING *;
     END IF;
+END
+$$;
+
+-- A kind's limit as its handler declares it (Registry.handler(limit=, rate=)), put in
+-- force by a Worker as it starts: the running limit and rate become exactly these (a
+-- NULL part: none; both NULL is refused), unless they are already. The limit the kind
+-- had before (NULL columns: none), and whether it was written. Only a kind's limit:
+-- the Worker's role may call it, not work_set_limit_v1. Two Workers declaring the
+-- same kind at once: the second sees the first's row (its insert conflicted) and tries
+-- again.
+CREATE FUNCTION work_declare_limit_v1(
+    p_kind text, p_running integer, p_rate integer, p_per double precision,
+    OUT running integer, OUT rate integer, OUT per double precision, OUT written boolean
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    old work_limits;
+BEGIN
+    IF p_kind IS NULL OR (p_running IS NULL AND p_rate IS NULL) THEN
+        RAISE EXCEPTION 'a declared limit is a kind''s running limit, rate, or both'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR try IN 1..2 LOOP
+        BEGIN
+            SELECT * INTO old FROM work_limits AS l
+            WHERE l.kind = p_kind AND l.scope IS NULL FOR UPDATE;
+            running := old.running;
+            rate := old.rate;
+            per := EXTRACT(EPOCH FROM old.per)::float8;
+            written := old.id IS NULL OR old.running IS DISTINCT FROM p_running
+                       OR old.rate IS DISTINCT FROM p_rate OR per IS DISTINCT FROM p_per;
+            IF written THEN
+                PERFORM work_set_limit_v1(p_kind, NULL, COALESCE(p_running, 0),
+                                          COALESCE(p_rate, 0), p_per);
+            END IF;
+            RETURN;
+        EXCEPTION WHEN unique_violation THEN
+            IF try = 2 THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END
 $$;
 

@@ -152,7 +152,8 @@ BEGIN
         WHERE ns.nspname = home
           AND (p.proname ~ ('^work_(claim|failover_hold|finish|requeue|recover|settle_noted'
                             '|repair|request_cancel|retry|pause|resume|set_limit|clear_limit'
-                            '|delete_finished|finish_result|complete_result|record_step)'
+                            '|declare_limit|delete_finished|finish_result|complete_result'
+                            '|record_step)'
                             '_v[0-9]+$')
                OR p.proname IN ('work_items_confirm_place', 'work_limits_settle'))
           AND NOT (p.prosecdef

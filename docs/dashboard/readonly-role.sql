@@ -1,4 +1,4 @@
--- The dashboard's read-only role, trioworker_dashboard: SELECT on the six tables the
+-- The dashboard's read-only role, trioworker_dashboard: SELECT on the tables the
 -- dashboard reads (and on the migration bookkeeping, which it checks at start), and
 -- nothing else: no write, no table of the applications. See roles.md and dashboard.md.
 --
@@ -30,4 +30,4 @@ END
 $$;
 
 GRANT SELECT ON TABLE work_items, work_attempts, work_workers, work_schedules, work_pauses,
-    work_limits, work_steps, _yoyo_migration TO trioworker_dashboard;
+    work_limits, work_rate_slots, work_steps, _yoyo_migration TO trioworker_dashboard;

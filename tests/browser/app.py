@@ -19,7 +19,7 @@ async def thumbnail(item: WorkItem, ctx: Context) -> None:
     await trio.sleep(float(item.payload.get("seconds", 0.2)))
 
 
-@registry.handler("Crawl")
+@registry.handler("Crawl", limit=4)  # declared: the dashboard shows it (docs/guide/limits.md)
 async def crawl(item: WorkItem, ctx: Context) -> None:
     """Sleeps payload["seconds"] (10 minutes by default): an item that keeps running."""
     await trio.sleep(float(item.payload.get("seconds", 600)))

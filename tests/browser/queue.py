@@ -39,7 +39,9 @@ INSERT INTO work_items (kind, scope, payload) VALUES
     ('Thumbnail', 'album-9', '{"photo": "held-1.jpg"}'),
     ('Thumbnail', 'album-9', '{"photo": "held-2.jpg"}'),
     ('Report', NULL, '{"month": "2026-11"}'),
-    ('Backup', 'nas-1', '{}'), ('Backup', 'nas-2', '{}'), ('Backup', NULL, '{}');
+    ('Backup', 'nas-1', '{}'), ('Backup', 'nas-2', '{}'), ('Backup', NULL, '{}'),
+    ('Report', NULL, '{"month": "2026-10", "superseded": true}');
+SELECT work_request_cancel_v1(id) FROM work_items WHERE payload ->> 'superseded' = 'true';
 INSERT INTO work_workers (id, host, pid, started_at, last_seen, stopped_at, kinds, scopes,
                           unscoped, concurrency)
 VALUES ('old-box-1', 'old-box', 4242, now() - interval '3 hours', now() - interval '1 hour',

@@ -104,12 +104,22 @@ def test_every_page_shows_what_the_database_holds(  # noqa: PLR0915  one page af
     assert data(browser, "#tile-running [data-busy]", "data-busy") == "3"
     assert data(browser, "#tile-running [data-held]", "data-held") == "3"  # 2 cfg-1, 1 cfg-2
     assert data(browser, "#tile-workers .value") == "1"
+    # The limit the app's Crawl handler declares, put in force by its Worker.
+    assert data(browser, 'tr[data-limit="kind Crawl"] td[data-running]', "data-running") == "3"
+    assert "3 of 4" in browser.find_element(By.CSS_SELECTOR, 'tr[data-limit="kind Crawl"]').text
+    for status in ("Failed", "Cancelled", "Succeeded"):
+        total = sum(n for (_, s), n in held.items() if s == status)
+        assert data(browser, f"#tile-{status.lower()} .value") == str(total), status
     unserved = browser.find_element(By.ID, "unserved").text
     assert "Backup (3)" in unserved and "Report (1)" in unserved
     # The chart: every item finished within the hour is one of its bars' counts.
     finished = one(
         pg, "SELECT count(*) FROM work_items WHERE finished_at > now() - interval '59 min'"
     )
+    # The chart takes the page's width (it left half a wide page empty).
+    chart = browser.find_element(By.CSS_SELECTOR, "svg.chart")
+    box = browser.find_element(By.CSS_SELECTOR, ".chart-box")
+    assert chart.size["width"] >= 0.95 * box.size["width"] > 0
     bars = browser.find_elements(By.CSS_SELECTOR, "svg.chart rect[data-n]")
     assert sum(int(str(b.get_attribute("data-n"))) for b in bars) == finished
     assert not browser.find_elements(By.CSS_SELECTOR, "form.act")  # read-only: no actions
@@ -151,7 +161,18 @@ def test_every_page_shows_what_the_database_holds(  # noqa: PLR0915  one page af
     payload = one(pg, "SELECT payload FROM work_items WHERE id = %s", [item])
     assert json.loads(browser.find_element(By.ID, "payload").text) == payload
     assert browser.find_element(By.CSS_SELECTOR, '[data-field="status"]').text == "Failed"
+    assert not browser.find_elements(By.ID, "waiting")  # only a Queued item waits
     screenshot(browser, "item")
+
+    # A Queued item says why it waits: its scope is paused (album-9), and a crawl
+    # behind a running one of its storage config waits for it.
+    held = min(ids(pg, "payload ->> 'photo' = 'held-1.jpg'"))
+    open_page(browser, f"{url}/items/{held}")
+    assert texts(browser, "#waiting li") == ["scope album-9 is paused"]
+    behind = min(ids(pg, "kind = 'Crawl' AND scope = 'cfg-1' AND status = 'Queued'"))
+    open_page(browser, f"{url}/items/{behind}")
+    assert texts(browser, "#waiting li") == ["scope cfg-1 is full: 1 of 1 Running"]
+    screenshot(browser, "item-waiting")
 
     open_page(browser, url + "/workers")
     assert data(browser, 'tr[data-worker="w1"]', "data-alive") == "yes"

@@ -3,8 +3,14 @@ MemoryStore (and every unit test on it) holds limits as the database does."""
 
 from __future__ import annotations
 
+import datetime as dt
+import os
+import socket
+
 from tests.support.harness import Harness
 from trioworker import Rate, Status
+from trioworker._core.limits import LimitChange
+from trioworker._core.model import WorkerInfo
 
 LEASE = 30.0
 
@@ -115,3 +121,65 @@ async def test_limits_lists_each_with_what_it_holds_and_clear_removes_one(
     assert not await store.clear_limit(scope="S")
     holders, _ = await store.scope_holders("S")
     assert len(holders) == 3
+
+
+async def test_a_declared_limit_replaces_the_kinds_limit_and_is_written_only_when_it_differs(
+    harness: Harness,
+) -> None:
+    """declare_limit (a handler's `limit=`, `rate=`): with none in the database it is
+    written; declared again, nothing is written; against one set otherwise (here a
+    running limit of 5 and a rate), it replaces it whole, a part it does not declare
+    removed, and says what was there."""
+    store = harness.store
+    running_2 = LimitChange("K", None, 2, None)
+    first = await store.declare_limit(running_2)
+    assert (first.before, first.written) == (None, True)
+    again = await store.declare_limit(running_2)
+    assert (again.before, again.written) == ((2, None), False)
+    await store.set_limit(kind="K", running=5, rate="10/s")
+    replaced = await store.declare_limit(running_2)
+    assert (replaced.before, replaced.written) == ((5, Rate(10, 1.0)), True)
+    [limit] = await store.limits()
+    assert (limit.kind, limit.running, limit.rate) == ("K", 2, None)
+    rate_only = await store.declare_limit(LimitChange("K", None, None, Rate(3, 60.0)))
+    assert (rate_only.before, rate_only.written) == ((2, None), True)
+    [limit] = await store.limits()
+    assert (limit.kind, limit.running, limit.rate) == ("K", None, Rate(3, 60.0))
+
+
+async def test_show_says_why_a_queued_item_waits(harness: Harness) -> None:
+    """`show` of a Queued item names what holds it back: its scope full (behind the
+    items before it), its kind paused, its run_after ahead, no live Worker for its
+    kind in its scope; a Running item has no reasons, and a Queued item nothing holds
+    says so."""
+    store = harness.store
+    await store.advertise(
+        WorkerInfo("w1", socket.gethostname(), os.getpid(), ("K",), ("S",), False, 1, 30.0)
+    )
+    first = await store.enqueue("K", scope="S")
+    second = await store.enqueue("K", scope="S")
+    third = await store.enqueue("K", scope="S")
+    [running] = await store.claim_batch("w1", LEASE, 5, kinds=["K"])
+    assert running.id == first.id
+    details = await store.show(second.id)
+    assert details is not None and list(details.waiting) == ["scope S is full: 1 of 1 Running"]
+    details = await store.show(third.id)
+    assert details is not None and list(details.waiting) == [
+        "scope S is full: 1 of 1 Running",
+        "1 due item(s) of scope S come before it",
+    ]
+    details = await store.show(first.id)
+    assert details is not None and list(details.waiting) == []
+    assert await store.complete(first.id, running.attempt)
+    details = await store.show(second.id)
+    assert details is not None and list(details.waiting) == [
+        "nothing holds it back: a Worker should take it within its poll"
+    ]
+    await store.pause(kind="L")
+    later = await store.enqueue("L", scope="T", run_after=dt.timedelta(seconds=600))
+    details = await store.show(later.id)
+    assert details is not None and [r.split(" another ")[0] for r in details.waiting] == [
+        "not due for",
+        "kind L is paused",
+        "no live Worker serves kind L in scope T",
+    ]

@@ -61,14 +61,18 @@ def test_migrate_creates_only_the_queues_tables_and_an_app_adds_its_own(
 ) -> None:
     """`python -m trioworker migrate` creates the queue's tables and nothing else; the
     media demo's tables come only with `--app examples.media:registry`, and a Worker
-    of that app refuses a database without them."""
+    of that app refuses a database without them, naming the command for that app."""
     env = {**os.environ, "TRIOWORKER_DSN": empty_dsn}
     cli = [sys.executable, "-m", "trioworker", "migrate"]
     subprocess.run(cli, env=env, check=True, capture_output=True, timeout=120)
     assert tables(empty_dsn) == QUEUE_TABLES
     check_schema(empty_dsn)
-    with pytest.raises(SchemaNotReady, match="migrate --app"):
+    with pytest.raises(SchemaNotReady, match="migrate --app MODULE:ATTR"):
         check_schema(empty_dsn, media.registry)
+    run = [sys.executable, "-m", "trioworker", "run", "--app", "examples.media:registry"]
+    refused = subprocess.run(run, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0
+    assert "run `python -m trioworker migrate --app examples.media:registry`" in refused.stderr
     app = [*cli, "--app", "examples.media:registry"]
     out = subprocess.run(app, env=env, check=True, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "applied 0001.media-library"
@@ -122,8 +126,8 @@ def test_migrate_clears_a_stale_yoyo_lock(empty_dsn: str) -> None:
 #: first release's baseline (the pre-release chain squashed, issue 32): until 0.1.0 is
 #: on an index, changes are folded into it and its digest recorded again.
 RELEASED = {
-    "0001.queue.sql": "bc4b1f177c77237ae339a6678579551c6d39a94f32d4686d586b8e9607aedd4a",
-    "0002.results-steps.sql": "2ba2f1c82a08447177e045769dfa7163c294649f957560fbccee513f72a280b0",
+    "0001.queue.sql": "10b08b2e214dd50ec5e1eea6e55945152b3199aa713e59ecc15a999b56aa1951",
+    "0002.results-steps.sql": "fbbcdbd20eb3bb3838999427a3f219086f21830917b9e95442b4793478048ebc",
 }
 
 

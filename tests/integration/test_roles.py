@@ -117,6 +117,7 @@ APPLICATIONS = [
     "next_schedule_due",
     "pauses",
     "limits",
+    "wait_facts",
     "failed_items",
     "count_finished",
     "kind_seen",
@@ -160,6 +161,7 @@ MAY_RUN: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(WORKERS, (WORKER,)),
     **dict.fromkeys(OPERATORS, (OPERATOR,)),
     "delete_finished": (WORKER, OPERATOR),  # retention, and `prune`
+    "declare_limit": (WORKER,),  # a kind's limit its handler declares, at the Worker's start
 }
 
 T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
@@ -267,6 +269,7 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
     ("DELETE FROM work_rate_slots", ANYONE),
     ("SELECT * FROM work_set_limit_v1(NULL, 's', 10000)", (CLIENT, WORKER)),
     ("SELECT work_clear_limit_v1(NULL, 's')", (CLIENT, WORKER)),
+    ("SELECT * FROM work_declare_limit_v1('K', 10000, NULL, NULL)", (CLIENT, OPERATOR)),
     # Pauses and retries: an operator's, through their functions.
     ("INSERT INTO work_pauses (scope) VALUES ('s')", ANYONE),
     ("DELETE FROM work_pauses", ANYONE),
@@ -352,7 +355,7 @@ def test_every_forbidden_write_is_refused(
 TRANSITIONS = (
     "claim", "failover_hold", "finish", "requeue", "recover", "settle_noted", "repair",
     "request_cancel", "retry", "pause", "resume", "set_limit", "clear_limit",
-    "delete_finished", "finish_result", "complete_result", "record_step",
+    "declare_limit", "delete_finished", "finish_result", "complete_result", "record_step",
 )  # fmt: skip
 TRANSITION = re.compile(rf"work_({'|'.join(TRANSITIONS)})_v[0-9]+")
 #: Triggers deferred to the commit, which run as the session's role.

@@ -160,10 +160,29 @@ def test_show_prints_counts_of_zero_as_zero(dsn: str, pg: Conn) -> None:
     shown = trioworker("show", str(row[0]), dsn=dsn)
     assert shown.returncode == 0, shown.stderr
     fields = dict(
-        re.split(r"\s{2,}", line.strip(), maxsplit=1)
-        for line in shown.stdout.splitlines()[1:8]
+        re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in shown.stdout.splitlines()[1:8]
     )
     assert fields == {
         "priority": "0", "attempt": "0", "stalls": "0", "failures": "0",
         "dedup key": "-", "worker": "-", "cancel requested": "-",
     }  # fmt: skip
+
+
+def test_show_says_why_a_queued_item_waits_and_json_lists_it(dsn: str, pg: Conn) -> None:
+    """A Queued item of a paused kind that no Worker serves: `show` prints a `waiting:`
+    line for each reason, and `show --json` has them under "waiting"."""
+    pg.execute("SELECT work_pause_v1('Report', NULL)")
+    row = pg.execute("INSERT INTO work_items (kind) VALUES ('Report') RETURNING id").fetchone()
+    assert row is not None
+    shown = trioworker("show", str(row[0]), dsn=dsn)
+    assert shown.returncode == 0, shown.stderr
+    said = [line.strip() for line in shown.stdout.splitlines() if line.startswith("waiting:")]
+    assert said == [
+        "waiting: kind Report is paused",
+        "waiting: no live Worker serves kind Report",
+    ]
+    as_json = trioworker("show", str(row[0]), "--json", dsn=dsn)
+    assert json.loads(as_json.stdout)["waiting"] == [
+        "kind Report is paused",
+        "no live Worker serves kind Report",
+    ]

@@ -27,7 +27,7 @@ from trioworker import (
     UnknownItem,
 )
 from trioworker._core.jsontext import UndecodableValue
-from trioworker._core.limits import Limit, Rate
+from trioworker._core.limits import Limit, LimitChange, Rate
 from trioworker._core.model import ScopeHolder
 from trioworker._postgres import operations
 from trioworker._postgres.operations import Operation, Query, Rows
@@ -353,17 +353,38 @@ def test_attempts_and_show() -> None:
     op = operations.show(1)
     assert op.name == "show"
     step = {"name": "scan /a", "attempt": 1, "recorded_at": T0, "result": '["x.jpg"]'}
-    details, sent = run(op, [{**ROW, "result": '{"n": 2}'}], [ATTEMPT], [step])
+    running = {**ROW, "status": "Running", "result": '{"n": 2}'}
+    details, sent = run(op, [running], [ATTEMPT], [step])
     assert isinstance(details, ItemDetails) and details.item.id == 1
     assert details.item.result == {"n": 2}
     assert details.attempts == [AttemptRecord(**ATTEMPT)]
     assert details.steps == [StepRecord("scan /a", 1, T0, ["x.jpg"])]
+    assert details.waiting == []  # only a Queued item is asked why it waits
     assert sent == [
         Query("get_item", {"id": 1}, as_stored=True),
         Query("attempts", {"id": 1}, as_stored=True),
         Query("steps", {"id": 1}, as_stored=True),
     ]
     assert run(operations.show(2), []) == (None, [Query("get_item", {"id": 2}, as_stored=True)])
+
+
+def test_show_says_why_a_queued_item_waits() -> None:
+    """A Queued item: its wait facts are read (with the Workers' liveness bounds) and
+    worded; none come back (deleted in between): no reasons."""
+    queued = {**ROW, "status": "Queued", "kind": "K", "scope": "S"}
+    facts = {
+        "due_in": -1.0, "kind_paused": True, "scope_paused": False, "served": True,
+        "scope_running": 1, "scope_limit": 1, "kind_running": 1, "kind_limit": None,
+        "rate_spent": False, "ahead": 0,
+    }  # fmt: skip
+    details, sent = run(operations.show(1), [queued], [], [], [facts])
+    assert details is not None
+    assert list(details.waiting) == ["kind K is paused", "scope S is full: 1 of 1 Running"]
+    assert sent[-1] == Query(
+        "wait_facts", {"id": 1, "alive_beats": ALIVE_BEATS, "alive_within": ALIVE_WITHIN}
+    )
+    details, _ = run(operations.show(1), [queued], [], [], [])
+    assert details is not None and list(details.waiting) == []
 
 
 def test_result_state() -> None:
@@ -460,3 +481,20 @@ def test_scope_holder() -> None:
     assert result == (ScopeHolder(4, 1, "A", "w", False, 5.0), False)
     free = dict.fromkeys(held, None) | {"heads": 1}
     assert run(operations.scope_holder("s"), [free])[0] == (None, True)
+
+
+@pytest.mark.parametrize(
+    ("row", "before"),
+    [
+        ({"running": None, "rate": None, "per": None, "written": True}, None),
+        ({"running": 5, "rate": None, "per": None, "written": True}, (5, None)),
+        ({"running": None, "rate": 10, "per": 60.0, "written": True}, (None, Rate(10, 60.0))),
+        ({"running": 2, "rate": 3, "per": 1.0, "written": False}, (2, Rate(3, 1.0))),
+    ],
+)
+def test_a_declare_limit_row_says_what_the_kind_had_and_whether_it_was_written(
+    row: dict[str, Any], before: tuple[int | None, Rate | None] | None
+) -> None:
+    declared = LimitChange("K", None, 2, None)
+    done = operations.declared_of(declared, row)
+    assert (done.declared, done.before, done.written) == (declared, before, row["written"])

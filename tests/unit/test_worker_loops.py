@@ -1161,3 +1161,101 @@ async def test_after_a_full_claim_along_a_failed_one_leaves_the_loop_claiming_at
             await trio.sleep(2.5)
     assert store.times["complete_batch"][:2] == [1.0, 2.0]
     assert store.times["claim"][:3] == [0.0, 1.0, 2.0]
+
+
+# -- limits declared with the handlers ------------------------------------------------
+
+
+async def test_a_declared_limit_is_in_force_before_the_first_claim(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """K declares limit=2 and the database held 5 for it (set by the CLI, say): the
+    Worker replaces it as it starts, says so, and of five items, concurrency 5, two
+    run at once. L declares a rate and had no limit: it is put in force, said at INFO."""
+    caplog.set_level(logging.INFO)
+    store, registry = ScriptedStore(), Registry()
+    starts: list[float] = []
+
+    @registry.handler("K", limit=2)
+    async def handler(item: WorkItem, ctx: Context) -> None:
+        starts.append(trio.current_time())
+        await trio.sleep(1)
+
+    registry.handler("L", rate="10/min")(sleeping(1))
+    await store.set_limit(kind="K", running=5)
+    for _ in range(5):
+        await store.enqueue("K")
+    with trio.fail_after(100):
+        async with running(store, registry, Settings(concurrency=5, poll=5)):
+            await trio.sleep(3.5)
+    assert starts == [0.0, 0.0, 1.0, 1.0, 2.0]
+    said = [m for m in messages(caplog, WORKER, logging.INFO) if m.startswith("kind ")]
+    assert said == [
+        "kind K: its declared limit (running 2) replaces the one the database held (running 5)",
+        "kind L: its declared limit is in force (rate 10/min)",
+    ]
+    assert [r.levelno for r in records(caplog, "kind ")] == [logging.WARNING, logging.INFO]
+
+
+async def test_a_declared_limit_already_in_force_is_left_as_it_is_and_not_said(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A second Worker start finds the declared limit in the database: nothing is
+    written or said about it."""
+    caplog.set_level(logging.INFO)
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("K", limit=2)(sleeping(1))
+    for _ in range(2):
+        async with running(store, registry, Settings(poll=5)):
+            await trio.sleep(1)
+    assert len(records(caplog, "kind K")) == 1
+    assert [(lim.kind, lim.running) for lim in await store.limits()] == [("K", 2)]
+
+
+async def test_no_claim_until_the_declared_limit_is_in_force(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL refuses the declaration twice (backoff 0.5 s, then 1 s, each spread by
+    20%): the Worker says so each time and claims nothing until it has gone through."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("K", limit=1)(sleeping(1))
+    await store.enqueue("K")
+    store.script["declare_limit"] = ["fail", "fail"]
+    with trio.fail_after(100):
+        async with running(store, registry, Settings(poll=5)):
+            await trio.sleep(3)
+    declared_at = store.times["declare_limit"]
+    assert len(declared_at) == 3 and within(gaps(declared_at)[0], 0.5)
+    assert within(gaps(declared_at)[1], 1.0)
+    assert store.times["claim"][0] == declared_at[-1]
+    warned = records(caplog, "cannot put the limit declared for kind K in force")
+    assert len(warned) == 2 and "no claims until it is" in warned[0].getMessage()
+
+
+def test_a_declared_limit_is_checked_when_the_handler_is_registered() -> None:
+    """A limit that could never be set is refused at the decorator, naming the kind."""
+    registry = Registry()
+    with pytest.raises(ConfigurationError, match=r"the limit declared for 'K': running limit 0"):
+        registry.handler("K", limit=0)
+    with pytest.raises(ConfigurationError, match=r"'K'.*rate"):
+        registry.handler("K", rate="often")
+    registry.handler("B", limit=3, rate="5/s")(sleeping(1))
+    registry.handler("A")(sleeping(1))
+    assert [(d.kind, d.running, str(d.rate)) for d in registry.declared_limits] == [("B", 3, "5/s")]
+
+
+async def test_a_declared_limit_the_database_refuses_stops_the_worker(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Refused (not unreachable: the Worker's role may not, say): ConfigurationError
+    naming the kind and the grant, before any claim."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("K", limit=1)(sleeping(1))
+    await store.enqueue("K")
+    store.script["declare_limit"] = ["refuse"]
+    worker = Worker(store, registry, Settings(poll=5), worker_id="w", fail_stop=Failstops())
+    with trio.fail_after(100), pytest.raises(ConfigurationError) as raised:
+        await worker.run()
+    assert "cannot put the limit declared for kind K in force" in str(raised.value)
+    assert "work_declare_limit_v1" in str(raised.value)
+    assert store.times["claim"] == []

@@ -487,7 +487,7 @@ def run_worker(
     tracer = otel_tracer() if args.otel else None  # after --app, which may set one up
     if args.retain is not None:
         registry.retention(args.retain)
-    wait_for_schema(args.dsn, args.schema, args.startup_timeout, registry)
+    wait_for_schema(args.dsn, args.schema, args.startup_timeout, registry, args.app)
     interrupted = trio.Event()
     taken_over = trio.Event()
 
@@ -543,7 +543,7 @@ def run_supervised(args: argparse.Namespace, registry: Registry) -> int:
     if args.migrate:
         for migration in migrate(args.dsn, registry, schema=args.schema):
             log.info("applied migration %s", migration)
-    wait_for_schema(args.dsn, args.schema, args.startup_timeout, registry)
+    wait_for_schema(args.dsn, args.schema, args.startup_timeout, registry, args.app)
     workers = []
     for index, worker_id in enumerate(worker_ids(args.worker_id, args.processes)):
         port = [] if not args.metrics_port else ["--metrics-port", str(args.metrics_port + index)]
@@ -576,14 +576,16 @@ async def on_signals(worker: Worker, scope: trio.CancelScope, interrupted: trio.
                 return
 
 
-def wait_for_schema(dsn: str, schema: str | None, timeout: float, registry: Registry) -> None:
-    """Check the schema (the queue's and the app's migrations), retrying while
+def wait_for_schema(
+    dsn: str, schema: str | None, timeout: float, registry: Registry, app: str
+) -> None:
+    """Check the schema (the queue's and those of the app, `--app app`), retrying while
     PostgreSQL is unreachable (up to `timeout`)."""
     deadline = time.monotonic() + timeout if timeout > 0 else float("inf")
     backoff = Backoff(initial=0.5, maximum=10.0)
     while True:
         try:
-            check_schema(dsn, registry, schema=schema)
+            check_schema(dsn, registry, schema=schema, app_name=app)
             return
         except DatabaseUnavailable as exc:
             delay = backoff.next()

@@ -44,6 +44,8 @@ async def item_details(store: Client, id: int) -> dict[str, Any] | None:
         "item": fields,
         "attempts": attempts,
         "limits": limits,
+        # Why a Queued item is not running, a reason a line (none for other statuses).
+        "waiting": list(details.waiting),
         # A Succeeded item's result (None: none, or not Succeeded), and its steps.
         "result": fields["result"],
         "steps": steps,
@@ -135,6 +137,8 @@ def render_item(details: dict[str, Any]) -> RenderableType:
         parts.append(table)
     for lim in details.get("limits", []):
         parts.append(_text(_limit_line(lim, item)))
+    for reason in details.get("waiting", []):
+        parts.append(_text(f"waiting: {reason}", style="yellow"))
     if item["error"]:
         parts.append(_text(f"error: {item['error']}", lines=True, style="red"))
     if item["traceback"]:

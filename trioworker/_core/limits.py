@@ -99,6 +99,26 @@ class LimitChange:
     rate: Rate | None
 
 
+@attrs.frozen
+class Declared:
+    """What writing a kind's declared limit found (`declare_limit`)."""
+
+    #: The limit as its handler declares it (a running limit or rate of None: none).
+    declared: LimitChange
+    #: The kind's limit in the database before, as (running, rate); None: it had none.
+    before: tuple[int | None, Rate | None] | None
+    #: Whether it was written (False: the database held exactly this one).
+    written: bool
+
+
+def describe_limit(running: int | None, rate: Rate | None) -> str:
+    """A limit in words, as logs and messages give it: "running 2, rate 10/s"."""
+    parts = ([] if running is None else [f"running {running}"]) + (
+        [] if rate is None else [f"rate {rate}"]
+    )
+    return ", ".join(parts) or "none"
+
+
 def limit_target(kind: object, scope: object) -> tuple[str | None, str | None]:
     """What a limit is for: a kind, a scope, or neither (the default); else InvalidLimit."""
     if kind is not None and scope is not None:

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import attrs
 
-from trioworker._core.errors import ConfigurationError
+from trioworker._core.errors import ConfigurationError, InvalidLimit
+from trioworker._core.limits import LimitChange, Rate, validate_limit
 from trioworker._core.model import WorkItem
 from trioworker._core.policy import RetryPolicy
 from trioworker._core.schedule import Schedule
@@ -24,12 +25,14 @@ Handler: TypeAlias = Callable[[WorkItem, "Context"], Awaitable[Any]]
 
 @attrs.frozen
 class Registration:
-    """One kind's handler, its retry policy and its timeout (seconds, or None)."""
+    """One kind's handler, its retry policy, its timeout (seconds, or None) and the
+    limit declared with it (`declared`: None, or its running limit and rate)."""
 
     kind: str
     handler: Handler
     retry: RetryPolicy
     timeout: float | None = None
+    declared: LimitChange | None = None
 
 
 class Registry:
@@ -50,13 +53,23 @@ class Registry:
         self.schedules: list[Schedule] = []
 
     def handler(
-        self, kind: str, *, retry: RetryPolicy | None = None, timeout: float | None = None
+        self,
+        kind: str,
+        *,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        limit: int | None = None,
+        rate: Rate | str | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register the decorated coroutine function as the handler of `kind`.
 
         `retry`: how its errors are retried (default: the registry's). `timeout`:
         seconds an attempt may run; past it the handler is cancelled, and the attempt
         counts as a handler failure ("timed out after Ns"), retried by `retry`.
+        `limit`, `rate`: the kind's limit, declared here (at most `limit` Running at
+        once across all Workers, at most `rate` starts per period, "10/s" or a
+        `Rate`). A Worker carrying this registry writes it to the database as it
+        starts, replacing whatever limit the kind had there (docs/guide/limits.md).
         """
         if not isinstance(kind, str) or not kind.strip():
             raise ConfigurationError("a handler's kind must be a non-empty string")
@@ -64,6 +77,12 @@ class Registry:
             raise ConfigurationError(
                 f"the timeout of {kind!r} must be positive seconds, not {timeout!r}"
             )
+        declared = None
+        if limit is not None or rate is not None:
+            try:
+                declared = validate_limit(kind, None, limit, rate)
+            except InvalidLimit as exc:
+                raise ConfigurationError(f"the limit declared for {kind!r}: {exc}") from None
 
         def register(fn: Handler) -> Handler:
             if not _is_async(fn):
@@ -73,7 +92,9 @@ class Registry:
                 )
             if kind in self._registrations:
                 raise ConfigurationError(f"kind {kind!r} already has a handler")
-            self._registrations[kind] = Registration(kind, fn, retry or self.default_retry, timeout)
+            self._registrations[kind] = Registration(
+                kind, fn, retry or self.default_retry, timeout, declared
+            )
             return fn
 
         return register
@@ -125,6 +146,11 @@ class Registry:
     @property
     def kinds(self) -> list[str]:
         return sorted(self._registrations)
+
+    @property
+    def declared_limits(self) -> list[LimitChange]:
+        """The limits declared with the handlers (`handler(..., limit=, rate=)`), by kind."""
+        return [r.declared for _, r in sorted(self._registrations.items()) if r.declared]
 
     def __contains__(self, kind: object) -> bool:
         return kind in self._registrations

@@ -221,13 +221,16 @@ def pre_release_schema(applied: list[str], schema: str | None) -> SchemaNotReady
     )
 
 
-def check_schema(dsn: str, *apps: HasMigrations, schema: str | None = None) -> None:
+def check_schema(
+    dsn: str, *apps: HasMigrations, schema: str | None = None, app_name: str | None = None
+) -> None:
     """Raise SchemaNotReady unless every migration (the queue's, and those of `apps`)
-    has been applied in `schema` (default $TRIOWORKER_SCHEMA, else the search_path's)."""
+    has been applied in `schema` (default $TRIOWORKER_SCHEMA, else the search_path's).
+    `app_name`: how the command line named the app (`--app app_name` in the message)."""
     schema = resolve_schema(schema)
     pending = pending_migrations(dsn, *apps, schema=schema)
     if pending:
-        app = " --app MODULE:ATTR" if any(a.migrations for a in apps) else ""
+        app = f" --app {app_name or 'MODULE:ATTR'}" if any(a.migrations for a in apps) else ""
         option = "" if schema is None else f" --schema {schema}"
         where = "" if schema is None else f" (in schema {schema})"
         raise SchemaNotReady(

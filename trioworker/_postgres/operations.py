@@ -24,7 +24,7 @@ import attrs
 
 from trioworker._core.errors import StoreError, UnknownItem
 from trioworker._core.jsontext import UndecodableValue, loads_or_mark
-from trioworker._core.limits import Limit, Rate
+from trioworker._core.limits import Declared, Limit, LimitChange, Rate
 from trioworker._core.model import (
     AttemptRecord,
     CancelOutcome,
@@ -52,9 +52,11 @@ from trioworker._store.reads import (
     QueueCounts,
     QueueStatus,
     RunningItem,
+    WaitFacts,
     WorkerState,
     counts_by_kind,
     finished_result,
+    waiting_reasons,
 )
 from trioworker._store.tracing import trace_context_or_current, with_current_trace
 
@@ -308,7 +310,14 @@ def _show_steps(id: int) -> Steps[ItemDetails | None]:
     if item is None:
         return None
     history = yield from _attempts_steps(id)
-    return ItemDetails(item, history, (yield from _steps_steps(id)))
+    steps = yield from _steps_steps(id)
+    waiting: list[str] = []
+    if item.status is Status.QUEUED:
+        params = {"id": id, "alive_beats": ALIVE_BEATS, "alive_within": ALIVE_WITHIN}
+        rows = yield Query("wait_facts", params)
+        if rows:  # (gone in between: nothing to say)
+            waiting = waiting_reasons(WaitFacts(**rows[0]), item.kind, item.scope)
+    return ItemDetails(item, history, steps, waiting)
 
 
 def _steps_steps(id: int) -> Steps[list[StepRecord]]:
@@ -400,6 +409,15 @@ def limit_of(row: dict[str, Any]) -> Limit:
     row = dict(row)
     rate, per = row.pop("rate"), row.pop("per")
     return Limit(**row, rate=None if rate is None else Rate(rate, per))
+
+
+def declared_of(declared: LimitChange, row: Mapping[str, Any]) -> Declared:
+    """The `declare_limit` query's row as a Declared."""
+    running, rate, per = row["running"], row["rate"], row["per"]
+    before = None
+    if running is not None or rate is not None:
+        before = (running, None if rate is None else Rate(rate, per))
+    return Declared(declared, before, bool(row["written"]))
 
 
 def _column(name: str, params: Mapping[str, Any], column: str) -> Steps[list[Any]]:

@@ -288,6 +288,45 @@ SELECT id, kind, scope, payload::text AS payload, priority, status, attempt, sta
        trace_context::text AS trace_context, completed_at, result::text AS result
 FROM work_items WHERE id = %(id)s;
 
+-- name: wait_facts
+-- What may hold a Queued item back (reads.WaitFacts; reads.waiting_reasons words it):
+-- when it falls due, pauses of its kind and scope, whether a live Worker (alive as
+-- `workers` says) serves it, its scope's and its kind's Running items and limits,
+-- whether a rate window of its kind or scope has no start left (as `limits` counts),
+-- and the due Queued items of its scope that come before it, counted up to 10,000.
+-- Read-only, with no function a read-only role could not call.
+SELECT EXTRACT(EPOCH FROM w.run_after - now())::float8 AS due_in,
+       EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.kind = w.kind) AS kind_paused,
+       EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = w.scope) AS scope_paused,
+       EXISTS (SELECT 1 FROM work_workers AS k
+               WHERE w.kind = ANY(k.kinds) AND k.stopped_at IS NULL
+                 AND CASE WHEN w.scope IS NULL THEN k.unscoped
+                          ELSE k.scopes IS NULL OR w.scope = ANY(k.scopes) END
+                 AND k.last_seen > now() - make_interval(secs => COALESCE(
+                     k.advertise_every * %(alive_beats)s, %(alive_within)s))) AS served,
+       (SELECT count(*) FROM work_items AS r
+        WHERE r.scope = w.scope AND r.status = 'Running') AS scope_running,
+       CASE WHEN w.scope IS NULL THEN 1
+            ELSE COALESCE((SELECT l.running FROM work_limits AS l WHERE l.scope = w.scope),
+                          (SELECT l.running FROM work_limits AS l
+                           WHERE l.kind IS NULL AND l.scope IS NULL), 1) END AS scope_limit,
+       (SELECT count(*) FROM work_items AS r
+        WHERE r.kind = w.kind AND r.status = 'Running') AS kind_running,
+       (SELECT l.running FROM work_limits AS l WHERE l.kind = w.kind) AS kind_limit,
+       EXISTS (SELECT 1 FROM work_limits AS l
+               WHERE (l.kind = w.kind OR l.scope = w.scope) AND l.rate IS NOT NULL
+                 AND (SELECT count(*) FROM work_rate_slots AS s
+                      WHERE s.limit_id = l.id AND s.started_at > now() - l.per) >= l.rate)
+           AS rate_spent,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM work_items AS a
+            WHERE a.scope = w.scope AND a.status = 'Queued' AND a.run_after <= now()
+              AND a.id <> w.id
+              AND (a.priority > w.priority
+                   OR (a.priority = w.priority AND (a.run_after, a.id) < (w.run_after, w.id)))
+            LIMIT 10000) AS before) AS ahead
+FROM work_items AS w WHERE w.id = %(id)s;
+
 -- name: attempts
 -- How each attempt of an item ended: the noted ones (work_attempts), and the item's
 -- current attempt when it is running or succeeded.
@@ -401,6 +440,12 @@ UNLISTEN trioworker_probe;
 -- NULL keeps what is set; the row as it now is (none: the limit was removed).
 SELECT kind, scope, running, rate, EXTRACT(EPOCH FROM per)::float8 AS per, updated_at
 FROM work_set_limit_v1(%(kind)s, %(scope)s, %(running)s, %(rate)s, %(per)s);
+
+-- name: declare_limit
+-- A kind's limit as its handler declares it (work_declare_limit_v1): what it held
+-- before, and whether it was written.
+SELECT running, rate, per, written
+FROM work_declare_limit_v1(%(kind)s, %(running)s, %(rate)s, %(per)s);
 
 -- name: clear_limit
 SELECT work_clear_limit_v1(%(kind)s, %(scope)s) AS cleared;

@@ -26,7 +26,14 @@ from trioworker._core.errors import (
     StoreError,
 )
 from trioworker._core.jsontext import loads_or_mark
-from trioworker._core.limits import Limit, LimitChange, Rate, limit_target, validate_limit
+from trioworker._core.limits import (
+    Declared,
+    Limit,
+    LimitChange,
+    Rate,
+    limit_target,
+    validate_limit,
+)
 from trioworker._core.model import (
     FINISHED,
     AttemptRecord,
@@ -770,6 +777,13 @@ class PostgresStore:
         change = validate_limit(kind, scope, running, rate)
         rows = await self._rows("set_limit", _limit_params(change))
         return operations.limit_of(rows[0])
+
+    async def declare_limit(self, declared: LimitChange) -> Declared:  # pragma: no mutate block
+        """Put a kind's declared limit in force (`Registry.handler(limit=, rate=)`): its
+        running limit and rate become exactly the declared ones (a part declared None is
+        removed), unless the database holds exactly those already."""
+        rows = await self._rows("declare_limit", _limit_params(declared))
+        return operations.declared_of(declared, rows[0])
 
     async def clear_limit(
         self, *, kind: str | None = None, scope: str | None = None

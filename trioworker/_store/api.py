@@ -22,7 +22,7 @@ from typing import Any, LiteralString, Protocol, cast
 
 import trio
 
-from trioworker._core.limits import Limit, Rate
+from trioworker._core.limits import Declared, Limit, LimitChange, Rate
 from trioworker._core.model import (
     AttemptRecord,
     CancelOutcome,
@@ -326,6 +326,10 @@ class WorkerStore(Protocol):
     async def repair_heads(self, *, batch: int = ...) -> list[str]: ...
 
     async def advertise(self, worker: WorkerInfo) -> None: ...
+
+    async def declare_limit(self, declared: LimitChange) -> Declared:
+        """Put a kind's limit, as its handler declares it, in force (a part declared
+        None is removed), unless the database holds exactly that one."""
 
     async def worker_stopped(self, worker_id: str) -> None: ...
 

@@ -168,13 +168,62 @@ class QueueStatus:
 
 
 @attrs.frozen
+class WaitFacts:
+    """What may hold a Queued item back, read in one go (`waiting_reasons` words it)."""
+
+    #: Seconds until it falls due (0 or less: due).
+    due_in: float
+    kind_paused: bool
+    scope_paused: bool
+    #: Whether a live Worker serves its kind (and its scope, or unscoped items).
+    served: bool
+    #: Its scope's Running items and running limit (0 and 1 for an unscoped item).
+    scope_running: int
+    scope_limit: int
+    #: Its kind's Running items and running limit (None: none).
+    kind_running: int
+    kind_limit: int | None
+    #: Whether a rate of its kind or scope has no start left in its window.
+    rate_spent: bool
+    #: Due Queued items of its scope that come before it (up to 10,000).
+    ahead: int
+
+
+def waiting_reasons(facts: WaitFacts, kind: str, scope: str | None) -> list[str]:
+    """Why a Queued item is not running, each reason a line; one line saying nothing
+    holds it when nothing does."""
+    reasons = []
+    if facts.due_in > 0:
+        reasons.append(f"not due for another {facts.due_in:.0f}s (its run_after)")
+    if facts.kind_paused:
+        reasons.append(f"kind {kind} is paused")
+    if facts.scope_paused:
+        reasons.append(f"scope {scope} is paused")
+    if not facts.served:
+        where = "" if scope is None else f" in scope {scope}"
+        reasons.append(f"no live Worker serves kind {kind}{where}")
+    if scope is not None and facts.scope_running >= facts.scope_limit:
+        reasons.append(
+            f"scope {scope} is full: {facts.scope_running} of {facts.scope_limit} Running"
+        )
+    if facts.kind_limit is not None and facts.kind_running >= facts.kind_limit:
+        reasons.append(f"kind {kind} is full: {facts.kind_running} of {facts.kind_limit} Running")
+    if facts.rate_spent:
+        reasons.append("a rate of its kind or scope has no start left in its window")
+    if facts.ahead:
+        reasons.append(f"{facts.ahead} due item(s) of scope {scope} come before it")
+    return reasons or ["nothing holds it back: a Worker should take it within its poll"]
+
+
+@attrs.frozen
 class ItemDetails:
-    """One item as `show` shows it: its row, how its attempts ended, and its
-    recorded steps."""
+    """One item as `show` shows it: its row, how its attempts ended, its recorded
+    steps, and for a Queued item why it is not running (`waiting_reasons`)."""
 
     item: ItemState
     attempts: Sequence[AttemptRecord]
     steps: Sequence[StepRecord] = ()
+    waiting: Sequence[str] = ()
 
 
 def finished_result(

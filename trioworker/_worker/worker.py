@@ -25,7 +25,13 @@ from typing import Protocol
 import attrs
 import trio
 
-from trioworker._core.errors import ConfigurationError, IdTakenOver, StoreError
+from trioworker._core.errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    IdTakenOver,
+    StoreError,
+)
+from trioworker._core.limits import Declared, describe_limit
 from trioworker._core.model import HeldLease, Recovered, Status, WorkerInfo, WorkItem
 from trioworker._core.registry import Registry
 from trioworker._core.retry import Backoff
@@ -188,6 +194,7 @@ class Worker:
             self.settings.poll,
         )
         await self.claim_id()
+        await self._declare_limits()
         executor = self.executor
         async with trio.open_nursery() as background:
             await background.start(
@@ -216,6 +223,49 @@ class Worker:
         if self._taken_over is not None:
             raise IdTakenOver(self._taken_over)
         log.info("worker %s stopped", self.worker_id)
+
+    async def _declare_limits(self) -> None:
+        """Put the limits its handlers declare in force before the first claim (each
+        replaces the kind's limit in the database); while PostgreSQL cannot be reached,
+        try again with backoff, claiming nothing meanwhile. Refused (the Worker's role
+        may not, say): ConfigurationError, and the Worker stops."""
+        backoff = Backoff(initial=0.5, maximum=max(self.settings.poll * 2, 5.0))
+        pending = self.registry.declared_limits
+        while pending and not self._stopping.is_set():
+            try:
+                done = await self.store.declare_limit(pending[0])
+            except DatabaseUnavailable as exc:
+                delay = backoff.next()
+                log.warning(
+                    "cannot put the limit declared for kind %s in force: %s; no claims"
+                    " until it is; retrying in %.1fs",
+                    pending[0].kind,
+                    exc,
+                    delay,
+                )
+                with trio.move_on_after(delay):
+                    await self._stopping.wait()
+                continue
+            except StoreError as exc:
+                raise ConfigurationError(
+                    f"cannot put the limit declared for kind {pending[0].kind} in force: {exc}"
+                    " (a Worker's role needs EXECUTE on work_declare_limit_v1: docs/grants.sql)"
+                ) from None
+            pending = pending[1:]
+            self._log_declared(done)
+
+    def _log_declared(self, done: Declared) -> None:
+        kind, declared = done.declared.kind, done.declared
+        now = describe_limit(declared.running, declared.rate)
+        if done.written and done.before is None:
+            log.info("kind %s: its declared limit is in force (%s)", kind, now)
+        elif done.written and done.before is not None:
+            log.warning(
+                "kind %s: its declared limit (%s) replaces the one the database held (%s)",
+                kind,
+                now,
+                describe_limit(*done.before),
+            )
 
     def _describe_scopes(self) -> str:
         served = "all scopes" if self.scopes is None else "scopes " + ", ".join(self.scopes)

@@ -24,6 +24,8 @@ QUERIES = {
     # What `status` reads too: the same statements, from the queue's own file.
     "counts": CORE_QUERIES["counts_by_kind_and_status"],
     "unserved": CORE_QUERIES["unserved_kinds"],
+    "wait_facts": CORE_QUERIES["wait_facts"],
+    "limits": CORE_QUERIES["limits"],
 }
 
 Rows = list[dict[str, Any]]

@@ -8,7 +8,7 @@ from typing import Any
 
 from trioworker._core.jsontext import loads_or_mark
 from trioworker._core.model import Status
-from trioworker._store.reads import ALIVE_BEATS, ALIVE_WITHIN
+from trioworker._store.reads import ALIVE_BEATS, ALIVE_WITHIN, WaitFacts, waiting_reasons
 from trioworker.dashboard._chart import minutes, throughput_svg
 from trioworker.dashboard._reader import Reader, Rows
 
@@ -64,6 +64,7 @@ async def overview(reader: Reader) -> dict[str, Any]:
         throughput={"minutes": CHART_MINUTES},
         worker_summary=ALIVE,
         unserved=ALIVE,
+        limits={},
     )
     now = got["clock"][0]["now"]
     by_kind, totals = counts_table(got["counts"])
@@ -83,6 +84,7 @@ async def overview(reader: Reader) -> dict[str, Any]:
         "unserved": got["unserved"],
         "chart": throughput_svg(buckets),
         "finished_last_hour": finished,
+        "limits": got["limits"],
     }
 
 
@@ -128,11 +130,19 @@ async def failures(reader: Reader, kind: str | None, offset: int) -> dict[str, A
 
 async def item(reader: Reader, id: int) -> dict[str, Any] | None:
     got = await reader.snapshot(
-        clock={}, item={"id": id}, item_attempts={"id": id}, item_steps={"id": id}
+        clock={},
+        item={"id": id},
+        item_attempts={"id": id},
+        item_steps={"id": id},
+        wait_facts={"id": id, **ALIVE},
     )
     if not got["item"]:
         return None
     row = dict(got["item"][0])
+    waiting = []
+    if row["status"] == Status.QUEUED.value and got["wait_facts"]:
+        facts = WaitFacts(**got["wait_facts"][0])
+        waiting = waiting_reasons(facts, row["kind"], row["scope"])
     # Read as text, decoded here: what Python cannot decode stands as an UndecodableValue.
     row["payload"] = loads_or_mark(row["payload"])
     row["trace_context"] = loads_or_mark(row["trace_context"])
@@ -143,6 +153,7 @@ async def item(reader: Reader, id: int) -> dict[str, Any] | None:
         "item": row,
         "attempts": attempt_history(row, got["item_attempts"]),
         "steps": steps,
+        "waiting": waiting,
     }
 
 

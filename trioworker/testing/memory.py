@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from trioworker._core.errors import DatabaseUnavailable, Lost, SelfStopped, UnknownItem
-from trioworker._core.limits import Limit, Rate, limit_target, validate_limit
+from trioworker._core.limits import Declared, Limit, LimitChange, Rate, limit_target, validate_limit
 from trioworker._core.model import (
     FINISHED,
     AttemptRecord,
@@ -58,12 +58,14 @@ from trioworker._store.reads import (
     QueueCounts,
     QueueStatus,
     RunningItem,
+    WaitFacts,
     WorkerState,
     alive_window,
     counts_by_kind,
     finished_result,
     id_in_use,
     process_gone,
+    waiting_reasons,
 )
 from trioworker._store.tracing import trace_context_or_current, with_current_trace
 from trioworker._store.waiting import wait_result
@@ -993,6 +995,20 @@ class MemoryStore:
         self._notify(None)
         return limit
 
+    async def declare_limit(self, declared: LimitChange) -> Declared:
+        await self._enter("declare_limit")
+        assert declared.kind is not None and declared.scope is None
+        kind = ("kind", declared.kind)
+        held = next((lim for key, lim in self._limits.all() if key == kind), None)
+        before = None if held is None else (held.running, held.rate)
+        wanted = (declared.running, declared.rate)
+        if before == wanted:
+            return Declared(declared, before, written=False)
+        self._limits.clear(declared.kind, None)
+        self._limits.set(declared, self.now())
+        self._notify(None)
+        return Declared(declared, before, written=True)
+
     async def clear_limit(self, *, kind: str | None = None, scope: str | None = None) -> bool:
         kind, scope = limit_target(kind, scope)
         await self._enter("clear_limit")
@@ -1119,7 +1135,46 @@ class MemoryStore:
         if item is None:
             return None
         steps = copy.deepcopy(list(self._steps.get(id, {}).values()))
-        return ItemDetails(item, await self.attempts(id), steps)
+        waiting: list[str] = []
+        if item.status is Status.QUEUED:
+            waiting = waiting_reasons(self._wait_facts(self._rows[id]), item.kind, item.scope)
+        return ItemDetails(item, await self.attempts(id), steps, waiting)
+
+    def _wait_facts(self, row: _Row) -> WaitFacts:
+        """As PostgreSQL's `wait_facts`, from the rows, pauses, limits and Workers."""
+        now = self.now()
+
+        def serves(w: WorkerInfo) -> bool:
+            _, seen, stopped = self._seen[w.id]
+            age = (now - seen).total_seconds()
+            alive = stopped is None and age < alive_window(w.advertise_every)
+            where = w.unscoped if row.scope is None else w.scopes is None or row.scope in w.scopes
+            return alive and row.kind in w.kinds and where
+
+        ahead = sum(
+            1
+            for r in self._rows.values()
+            if r.scope is not None
+            and r.scope == row.scope
+            and r.status is Status.QUEUED
+            and r.run_after <= now
+            and r.id != row.id
+            and r.key < row.key
+        )
+        rate_open = self._limits.rate_open
+        return WaitFacts(
+            due_in=(row.run_after - now).total_seconds(),
+            kind_paused=("kind", row.kind) in self._pauses,
+            scope_paused=row.scope is not None and ("scope", row.scope) in self._pauses,
+            served=any(serves(w) for w in self._advertised.values()),
+            scope_running=0 if row.scope is None else self._running(scope=row.scope),
+            scope_limit=1 if row.scope is None else self._limits.scope_limit(row.scope),
+            kind_running=self._running(kind=row.kind),
+            kind_limit=self._limits.kind_limit(row.kind),
+            rate_spent=not rate_open(("kind", row.kind), now)
+            or (row.scope is not None and not rate_open(("scope", row.scope), now)),
+            ahead=min(ahead, 10_000),
+        )
 
     async def result(
         self,
