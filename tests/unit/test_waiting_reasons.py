@@ -64,18 +64,10 @@ def test_room_left_is_no_reason(change: dict[str, object], scope: str | None) ->
 
 
 def test_every_reason_that_holds_is_given_in_order() -> None:
-    facts = WaitFacts(
-        due_in=5.0,
-        kind_paused=True,
-        scope_paused=True,
-        served=False,
-        scope_running=1,
-        scope_limit=1,
-        kind_running=2,
-        kind_limit=2,
-        rate_spent=True,
-        ahead=1,
-    )
+    facts = attrs.evolve(
+        FREE, due_in=5.0, kind_paused=True, scope_paused=True, served=False, scope_running=1,
+        kind_running=2, kind_limit=2, rate_spent=True, ahead=1,
+    )  # fmt: skip
     assert [r.split(" ")[0:2] for r in waiting_reasons(facts, "K", "S")] == [
         ["not", "due"], ["kind", "K"], ["scope", "S"], ["no", "live"], ["scope", "S"],
         ["kind", "K"], ["a", "rate"], ["1", "due"],
