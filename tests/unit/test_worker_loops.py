@@ -1228,8 +1228,13 @@ async def test_no_claim_until_the_declared_limit_is_in_force(
     assert len(declared_at) == 3 and within(gaps(declared_at)[0], 0.5)
     assert within(gaps(declared_at)[1], 1.0)
     assert store.times["claim"][0] == declared_at[-1]
-    warned = records(caplog, "cannot put the limit declared for kind K in force")
-    assert len(warned) == 2 and "no claims until it is" in warned[0].getMessage()
+    warned = [r.getMessage() for r in records(caplog, "cannot put the limit declared")]
+    assert warned == [
+        "cannot put the limit declared for kind K in force: declare_limit: down; no claims"
+        f" until it is; retrying in {gap:.1f}s"
+        for gap in gaps(declared_at)
+    ]
+    assert all(r.levelno == logging.WARNING for r in records(caplog, "cannot put"))
 
 
 def test_a_declared_limit_is_checked_when_the_handler_is_registered() -> None:
@@ -1256,6 +1261,8 @@ async def test_a_declared_limit_the_database_refuses_stops_the_worker(
     worker = Worker(store, registry, Settings(poll=5), worker_id="w", fail_stop=Failstops())
     with trio.fail_after(100), pytest.raises(ConfigurationError) as raised:
         await worker.run()
-    assert "cannot put the limit declared for kind K in force" in str(raised.value)
-    assert "work_declare_limit_v1" in str(raised.value)
+    assert str(raised.value) == (
+        "cannot put the limit declared for kind K in force: declare_limit: refused (a"
+        " Worker's role needs EXECUTE on work_declare_limit_v1: docs/grants.sql)"
+    )
     assert store.times["claim"] == []

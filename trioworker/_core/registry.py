@@ -77,12 +77,7 @@ class Registry:
             raise ConfigurationError(
                 f"the timeout of {kind!r} must be positive seconds, not {timeout!r}"
             )
-        declared = None
-        if limit is not None or rate is not None:
-            try:
-                declared = validate_limit(kind, None, limit, rate)
-            except InvalidLimit as exc:
-                raise ConfigurationError(f"the limit declared for {kind!r}: {exc}") from None
+        declared = _declared_limit(kind, limit, rate)
 
         def register(fn: Handler) -> Handler:
             if not _is_async(fn):
@@ -150,10 +145,22 @@ class Registry:
     @property
     def declared_limits(self) -> list[LimitChange]:
         """The limits declared with the handlers (`handler(..., limit=, rate=)`), by kind."""
-        return [r.declared for _, r in sorted(self._registrations.items()) if r.declared]
+        return [
+            r.declared for _, r in sorted(self._registrations.items()) if r.declared is not None
+        ]
 
     def __contains__(self, kind: object) -> bool:
         return kind in self._registrations
+
+
+def _declared_limit(kind: str, limit: int | None, rate: Rate | str | None) -> LimitChange | None:
+    """The limit a handler declares (None: none), checked as the store would check it."""
+    if limit is None and rate is None:
+        return None
+    try:
+        return validate_limit(kind, None, limit, rate)
+    except InvalidLimit as exc:
+        raise ConfigurationError(f"the limit declared for {kind!r}: {exc}") from None
 
 
 def _is_async(fn: object) -> bool:

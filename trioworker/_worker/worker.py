@@ -224,12 +224,16 @@ class Worker:
             raise IdTakenOver(self._taken_over)
         log.info("worker %s stopped", self.worker_id)
 
+    def _backoff(self) -> Backoff:
+        """How the Worker's loops space their tries while PostgreSQL fails them."""
+        return Backoff(initial=0.5, maximum=max(self.settings.poll * 2, 5.0))
+
     async def _declare_limits(self) -> None:
         """Put the limits its handlers declare in force before the first claim (each
         replaces the kind's limit in the database); while PostgreSQL cannot be reached,
         try again with backoff, claiming nothing meanwhile. Refused (the Worker's role
         may not, say): ConfigurationError, and the Worker stops."""
-        backoff = Backoff(initial=0.5, maximum=max(self.settings.poll * 2, 5.0))
+        backoff = self._backoff()
         pending = self.registry.declared_limits
         while pending and not self._stopping.is_set():
             try:
@@ -272,7 +276,7 @@ class Worker:
         return served + (" and unscoped items" if self.unscoped else " only")
 
     async def _claim_loop(self, items: trio.Nursery) -> None:
-        backoff = Backoff(initial=0.5, maximum=max(self.settings.poll * 2, 5.0))
+        backoff = self._backoff()
         while (first := await self._free_slot()) is not None:
             if self._unfilled > 0:  # the queue had no more as of that claim
                 self._unfilled = 0
@@ -518,7 +522,7 @@ class Worker:
         each schedule's next due time and a Worker fires one under its row lock, so
         each due time is enqueued once, whichever of the Workers gets to it."""
         schedules = self.registry.schedules
-        backoff = Backoff(initial=0.5, maximum=max(self.settings.poll * 2, 5.0))
+        backoff = self._backoff()
         synced = False  # pragma: no mutate  (None is as false)
         while not self._stopping.is_set():  # a stopping Worker enqueues no more work
             try:
