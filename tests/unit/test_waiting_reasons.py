@@ -19,6 +19,7 @@ FREE = WaitFacts(
     rate_spent=False,
     ahead=0,
 )
+NOTHING = "nothing holds it back: a Worker should take it within its poll"
 
 
 def test_nothing_holding_it_back_is_said_as_such() -> None:
@@ -34,6 +35,8 @@ def test_nothing_holding_it_back_is_said_as_such() -> None:
     ("change", "scope", "reason"),
     [
         ({"due_in": 90.4}, "S", "not due for another 90s (its run_after)"),
+        ({"due_in": float("inf")}, "S", "never due: its run_after is infinity"),
+        ({"due_in": float("-inf")}, "S", NOTHING),
         ({"kind_paused": True}, "S", "kind K is paused"),
         ({"scope_paused": True}, "S", "scope S is paused"),
         ({"served": False}, "S", "no live Worker serves kind K in scope S"),

@@ -294,8 +294,11 @@ FROM work_items WHERE id = %(id)s;
 -- `workers` says) serves it, its scope's and its kind's Running items and limits,
 -- whether a rate window of its kind or scope has no start left (as `limits` counts),
 -- and the due Queued items of its scope that come before it, counted up to 10,000.
--- Read-only, with no function a read-only role could not call.
-SELECT EXTRACT(EPOCH FROM w.run_after - now())::float8 AS due_in,
+-- Read-only, with no function a read-only role could not call; a run_after stored as
+-- infinity (by hand) is never due.
+SELECT CASE WHEN isfinite(w.run_after) THEN EXTRACT(EPOCH FROM w.run_after - now())::float8
+            WHEN w.run_after > now() THEN 'Infinity'::float8
+            ELSE '-Infinity'::float8 END AS due_in,
        EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.kind = w.kind) AS kind_paused,
        EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = w.scope) AS scope_paused,
        EXISTS (SELECT 1 FROM work_workers AS k

@@ -6,6 +6,7 @@ the renderers only render them."""
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -193,7 +194,9 @@ def waiting_reasons(facts: WaitFacts, kind: str, scope: str | None) -> list[str]
     """Why a Queued item is not running, each reason a line; one line saying nothing
     holds it when nothing does."""
     reasons = []
-    if facts.due_in > 0:
+    if facts.due_in == math.inf:
+        reasons.append("never due: its run_after is infinity")
+    elif facts.due_in > 0:
         reasons.append(f"not due for another {facts.due_in:.0f}s (its run_after)")
     if facts.kind_paused:
         reasons.append(f"kind {kind} is paused")
