@@ -398,3 +398,13 @@ def test_the_guide_says_what_the_self_stop_does_not_end() -> None:
         "only what runs inside the\nattempt", "nor undoes what anything has already written",
     ]  # fmt: skip
     assert [s for s in said if s not in section] == []
+
+
+def test_the_fastapi_guide_says_what_serves_the_application() -> None:
+    """fastapi.md names an ASGI server and how to start the app under it, and says the
+    Worker runs beside the server, not in it (issue 35, item 8). Prose: uvicorn is not
+    a dependency, so its command is not run here."""
+    page = (GUIDE / "fastapi.md").read_text()
+    said = ["ASGI server", "`pip install uvicorn`", "`uvicorn myapp.web:app`",
+            "The Worker runs as its own process beside it"]  # fmt: skip
+    assert [s for s in said if s not in page] == []
