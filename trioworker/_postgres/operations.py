@@ -315,7 +315,7 @@ def _show_steps(id: int) -> Steps[ItemDetails | None]:
     if item.status is Status.QUEUED:
         params = {"id": id, "alive_beats": ALIVE_BEATS, "alive_within": ALIVE_WITHIN}
         rows = yield Query("wait_facts", params)
-        if rows:  # (gone in between: nothing to say)
+        if rows:  # (none if it left Queued in between: nothing to say)
             waiting = waiting_reasons(WaitFacts(**rows[0]), item.kind, item.scope)
     return ItemDetails(item, history, steps, waiting)
 

@@ -295,7 +295,8 @@ FROM work_items WHERE id = %(id)s;
 -- whether a rate window of its kind or scope has no start left (as `limits` counts),
 -- and the due Queued items of its scope that come before it, counted up to 10,000.
 -- Read-only, with no function a read-only role could not call; a run_after stored as
--- infinity (by hand) is never due.
+-- infinity (by hand) is never due. No row unless the item is Queued: a page that reads
+-- it for any item pays the counts only for one that waits.
 SELECT CASE WHEN isfinite(w.run_after) THEN EXTRACT(EPOCH FROM w.run_after - now())::float8
             WHEN w.run_after > now() THEN 'Infinity'::float8
             ELSE '-Infinity'::float8 END AS due_in,
@@ -328,7 +329,7 @@ SELECT CASE WHEN isfinite(w.run_after) THEN EXTRACT(EPOCH FROM w.run_after - now
               AND (a.priority > w.priority
                    OR (a.priority = w.priority AND (a.run_after, a.id) < (w.run_after, w.id)))
             LIMIT 10000) AS before) AS ahead
-FROM work_items AS w WHERE w.id = %(id)s;
+FROM work_items AS w WHERE w.id = %(id)s AND w.status = 'Queued';
 
 -- name: attempts
 -- How each attempt of an item ended: the noted ones (work_attempts), and the item's

@@ -123,9 +123,9 @@ class Worker:
         )
         self._wake = trio.Event()
         self._settle_wake = trio.Event()
-        #: The slots the last claim sent along with completions found no item for: while
-        #: any, the claim loop waits (as after a short claim of its own: a claim takes
-        #: every item that may start) before it claims.
+        #: The slots the last claim (the claim loop's, or one sent along with
+        #: completions) found no item for: a claim takes every item that may start, so
+        #: while any, the claim loop waits for a NOTIFY, a free slot or the poll.
         self._unfilled = 0
         self._stopping = trio.Event()
         self._slot_wait = trio.CancelScope()
@@ -259,11 +259,14 @@ class Worker:
             self._log_declared(done)
 
     def _log_declared(self, done: Declared) -> None:
+        """Say a declared limit was written (a warning when it replaced another)."""
+        if not done.written:
+            return
         kind, declared = done.declared.kind, done.declared
         now = describe_limit(declared.running, declared.rate)
-        if done.written and done.before is None:
+        if done.before is None:
             log.info("kind %s: its declared limit is in force (%s)", kind, now)
-        elif done.written and done.before is not None:
+        else:
             log.warning(
                 "kind %s: its declared limit (%s) replaces the one the database held (%s)",
                 kind,
@@ -278,7 +281,7 @@ class Worker:
     async def _claim_loop(self, items: trio.Nursery) -> None:
         backoff = self._backoff()
         while (first := await self._free_slot()) is not None:
-            if self._unfilled > 0:  # the queue had no more as of that claim
+            if self._unfilled > 0:  # nothing more could start as of the last claim
                 self._unfilled = 0
                 self._slots.unused([first])
                 await self._idle(await self._until_next_due())
@@ -320,14 +323,14 @@ class Worker:
                 log.info("PostgreSQL answers again; claiming")
                 backoff.reset()
             self._start(items, claimed, sent_at, slots)
-            if len(claimed) < len(slots):  # nothing more could start as of this claim
-                await self._idle(await self._until_next_due())
 
     def _start(
         self, items: trio.Nursery, claimed: list[WorkItem], sent_at: float, slots: list[Slot]
     ) -> None:
-        """Run each item claimed in a slot of its own; give back the slots left over."""
+        """Run each item claimed in a slot of its own; give back the slots left over,
+        and note how many there were (`_unfilled`)."""
         self._slots.unused(slots[len(claimed) :])
+        self._unfilled = len(slots) - len(claimed)
         run = self.executor.run
         for index, item in enumerate(claimed):  # never more than asked for
             self.observe("claimed", item.kind)
@@ -370,7 +373,6 @@ class Worker:
                     await self.store.release(item.id, item.attempt)
             return applied
         self._start(items, claimed, sent_at, slots)
-        self._unfilled = len(slots) - len(claimed)
         return applied
 
     async def _free_slot(self) -> Slot | None:

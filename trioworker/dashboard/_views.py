@@ -140,7 +140,7 @@ async def item(reader: Reader, id: int) -> dict[str, Any] | None:
         return None
     row = dict(got["item"][0])
     waiting = []
-    if row["status"] == Status.QUEUED.value and got["wait_facts"]:
+    if got["wait_facts"]:  # (a row only for a Queued item)
         facts = WaitFacts(**got["wait_facts"][0])
         waiting = waiting_reasons(facts, row["kind"], row["scope"])
     # Read as text, decoded here: what Python cannot decode stands as an UndecodableValue.

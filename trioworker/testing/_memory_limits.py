@@ -50,6 +50,11 @@ class MemoryLimits:
             del held.starts[: max(0, len(held.starts) - held.rate.count)]
         return self._limit(key, held)
 
+    def held(self, kind: str | None, scope: str | None) -> tuple[int | None, Rate | None] | None:
+        """The running limit and rate of a kind, a scope or the default (None: none)."""
+        held = self._held.get(key_of(kind, scope))
+        return None if held is None else (held.running, held.rate)
+
     def clear(self, kind: str | None, scope: str | None) -> bool:
         return self._held.pop(key_of(kind, scope), None) is not None
 

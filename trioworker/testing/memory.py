@@ -998,9 +998,7 @@ class MemoryStore:
     async def declare_limit(self, declared: LimitChange) -> Declared:
         await self._enter("declare_limit")
         assert declared.kind is not None and declared.scope is None
-        kind = ("kind", declared.kind)
-        held = next((lim for key, lim in self._limits.all() if key == kind), None)
-        before = None if held is None else (held.running, held.rate)
+        before = self._limits.held(declared.kind, None)
         wanted = (declared.running, declared.rate)
         if before == wanted:
             return Declared(declared, before, written=False)
@@ -1140,16 +1138,20 @@ class MemoryStore:
             waiting = waiting_reasons(self._wait_facts(self._rows[id]), item.kind, item.scope)
         return ItemDetails(item, await self.attempts(id), steps, waiting)
 
+    def _alive(self, worker: WorkerInfo, now: dt.datetime) -> bool:
+        """Whether an advertised Worker is alive, as `workers` says on PostgreSQL."""
+        _, seen, stopped = self._seen[worker.id]
+        return stopped is None and (now - seen).total_seconds() < alive_window(
+            worker.advertise_every
+        )
+
     def _wait_facts(self, row: _Row) -> WaitFacts:
         """As PostgreSQL's `wait_facts`, from the rows, pauses, limits and Workers."""
         now = self.now()
 
         def serves(w: WorkerInfo) -> bool:
-            _, seen, stopped = self._seen[w.id]
-            age = (now - seen).total_seconds()
-            alive = stopped is None and age < alive_window(w.advertise_every)
             where = w.unscoped if row.scope is None else w.scopes is None or row.scope in w.scopes
-            return alive and row.kind in w.kinds and where
+            return self._alive(w, now) and row.kind in w.kinds and where
 
         ahead = sum(
             1
@@ -1216,9 +1218,7 @@ class MemoryStore:
             WorkerState(
                 id=w.id, host=w.host, pid=w.pid, started_at=started, last_seen=seen,
                 stopped_at=stopped, kinds=w.kinds, scopes=w.scopes, unscoped=w.unscoped,
-                concurrency=w.concurrency,
-                alive=stopped is None
-                and (now - seen).total_seconds() < alive_window(w.advertise_every),
+                concurrency=w.concurrency, alive=self._alive(w, now),
             )
             for w in self._advertised.values()
             for started, seen, stopped in [self._seen[w.id]]
