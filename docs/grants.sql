@@ -22,13 +22,13 @@ REVOKE ALL ON ALL ROUTINES IN SCHEMA trioworker
 -- needs a privilege on its table, and only the transitions, running as the owner, take
 -- them, so no role can hold one and stop the claims or settles of its scopes.
 GRANT SELECT ON TABLE work_items, work_attempts, work_workers, work_schedules, work_pauses,
-    work_limits, work_rate_slots, work_steps, _yoyo_migration
+    work_limits, work_rate_slots, work_steps, work_dependencies, _yoyo_migration
     TO trioworker_client, trioworker_worker, trioworker_operator;
 
 -- Enqueue, by every path (the CLI, Client, AsyncClient, a plain INSERT): the columns an
--- enqueue sets, and no other. So an inserted row is Queued, attempt 0, with no lease,
--- slot, Worker, result or history of its own: the defaults.
-GRANT INSERT (kind, scope, payload, priority, dedup_key, run_after, trace_context)
+-- enqueue sets, and no other. So an inserted row is Queued (Waiting, with `after`),
+-- attempt 0, with no lease, slot, Worker, result or history of its own: the defaults.
+GRANT INSERT (kind, scope, payload, priority, dedup_key, run_after, trace_context, after)
     ON TABLE work_items TO trioworker_client, trioworker_worker, trioworker_operator;
 
 -- A Worker renews its leases and notes a success in its handler's own transaction

@@ -30,4 +30,5 @@ END
 $$;
 
 GRANT SELECT ON TABLE work_items, work_attempts, work_workers, work_schedules, work_pauses,
-    work_limits, work_rate_slots, work_steps, _yoyo_migration TO trioworker_dashboard;
+    work_limits, work_rate_slots, work_steps, work_dependencies, _yoyo_migration
+    TO trioworker_dashboard;

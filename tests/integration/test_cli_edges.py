@@ -268,6 +268,7 @@ def test_migrate_says_one_line_per_migration(databases: Any) -> None:
     assert first.stdout.splitlines() == [
         "applied 0001.queue",
         "applied 0002.results-steps",
+        "applied 0003.dependencies",
     ]  # fmt: skip
     assert again.stdout == "schema is up to date\n"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
 import attrs
@@ -13,6 +13,9 @@ from trioworker._core.jsontext import UndecodableValue
 
 
 class Status(enum.Enum):
+    #: Enqueued `after` other items, some of which have not Succeeded yet: no claim
+    #: takes it; it becomes Queued when they all have (Cancelled if one fails).
+    WAITING = "Waiting"
     QUEUED = "Queued"
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
@@ -221,6 +224,8 @@ class NewItem:
     priority: int = 0
     #: None: the current OpenTelemetry span's, if any (as `enqueue`); {}: none.
     trace_context: Mapping[str, str] | None = None
+    #: The ids of the items it runs after (each must Succeed first), as `enqueue`'s.
+    after: Sequence[int] | None = None
 
 
 @attrs.frozen

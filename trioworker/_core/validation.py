@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -25,6 +25,8 @@ MAX_PRIORITY = 1000
 #: Largest trace context accepted, as UTF-8 JSON: W3C traceparent and tracestate take
 #: well under 1 KiB; the rest is room for what else a propagator carries (baggage).
 MAX_TRACE_CONTEXT_BYTES = 4096
+#: The largest item id (work_items.id is a bigint).
+MAX_ID = 2**63 - 1
 
 
 @attrs.frozen
@@ -39,6 +41,7 @@ class EnqueueRequest:
     run_at: dt.datetime | None  # absolute, when given as a datetime
     delay: float  # seconds from the database's now(), when given as a timedelta
     trace_context_json: str | None = None  # a propagator's carrier, as JSON text
+    after: tuple[int, ...] = ()  # the parents' ids, ascending, each once
 
 
 def validate_enqueue(
@@ -52,6 +55,7 @@ def validate_enqueue(
     now: dt.datetime,
     known_kinds: Collection[str] | None = None,
     trace_context: object = None,
+    after: object = None,
 ) -> EnqueueRequest:
     """Return the request as the store writes it, or raise InvalidWorkItem."""
     _check_name("kind", kind, optional=False)  # pragma: no mutate
@@ -62,6 +66,12 @@ def validate_enqueue(
     _check_name("scope", scope, optional=True)
     _check_name("dedup_key", dedup_key, optional=True)
     run_at, delay = _check_run_after(run_after, now)
+    parents = check_after(after)
+    if parents and dedup_key is not None:
+        raise InvalidWorkItem(
+            "an item enqueued after others takes no dedup_key (a dedup key merges onto a"
+            " Queued item, and this one waits)"
+        )
     return EnqueueRequest(
         kind=kind,
         scope=scope,  # type: ignore[arg-type]  # checked by _check_name
@@ -71,6 +81,7 @@ def validate_enqueue(
         run_at=run_at,
         delay=delay,
         trace_context_json=_trace_context_json(trace_context),
+        after=parents,
     )
 
 
@@ -99,6 +110,7 @@ def validate_many(
                     now=now,
                     known_kinds=known_kinds,
                     trace_context=item.trace_context,
+                    after=item.after,
                 )
             )
         except InvalidWorkItem as exc:
@@ -147,6 +159,28 @@ def _check_unicode(what: str, text: str) -> None:
             f"{what} is not valid Unicode: it holds a lone surrogate (U+{ord(char):04X},"
             " from bytes that are not UTF-8)"
         ) from None
+
+
+#: The most parents an item may have (the table's work_items_after_bounded).
+MAX_PARENTS = 1000
+
+
+def check_after(after: object) -> tuple[int, ...]:
+    """The parents' ids, ascending and each once, or InvalidWorkItem."""
+    if after is None:
+        return ()
+    if isinstance(after, str | bytes | int) or not isinstance(after, Iterable):
+        raise InvalidWorkItem(f"after must be a list of item ids, not {type(after).__name__}")
+    ids = list(after)
+    for id in ids:
+        if isinstance(id, bool) or not isinstance(id, int):
+            raise InvalidWorkItem(f"after takes item ids (integers), not {type(id).__name__}")
+        if not 1 <= id <= MAX_ID:
+            raise InvalidWorkItem(f"after: {id} is not an item id")
+    parents = tuple(sorted(set(ids)))
+    if len(parents) > MAX_PARENTS:
+        raise InvalidWorkItem(f"after names {len(parents)} items; at most {MAX_PARENTS}")
+    return parents
 
 
 def _check_priority(priority: object) -> int:

@@ -185,6 +185,7 @@ class Client:
         run_after: dt.datetime | dt.timedelta | None = None,
         priority: int = 0,
         trace_context: Mapping[str, str] | None = None,
+        after: Sequence[int] | None = None,
         conn: psycopg.Connection[Any] | None = None,
     ) -> Enqueued:  # pragma: no mutate block
         """Queue an item, as `PostgresStore.enqueue` does; with `conn`, in its
@@ -193,7 +194,7 @@ class Client:
         return self._run(
             operations.enqueue(
                 kind, scope=scope, payload=payload, dedup_key=dedup_key, run_after=run_after,
-                priority=priority, trace_context=trace_context, known_kinds=known,
+                priority=priority, trace_context=trace_context, known_kinds=known, after=after,
             ),
             conn,
         )  # fmt: skip
@@ -403,6 +404,7 @@ class AsyncClient:
         run_after: dt.datetime | dt.timedelta | None = None,
         priority: int = 0,
         trace_context: Mapping[str, str] | None = None,
+        after: Sequence[int] | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> Enqueued:  # pragma: no mutate block
         """Queue an item, as `PostgresStore.enqueue` does; with `conn`, in its
@@ -411,7 +413,7 @@ class AsyncClient:
         return await self._run(
             operations.enqueue(
                 kind, scope=scope, payload=payload, dedup_key=dedup_key, run_after=run_after,
-                priority=priority, trace_context=trace_context, known_kinds=known,
+                priority=priority, trace_context=trace_context, known_kinds=known, after=after,
             ),
             conn,
         )  # fmt: skip

@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
-from trioworker._core.errors import StoreError, UnknownItem
+from trioworker._core.errors import InvalidWorkItem, StoreError, UnknownItem
 from trioworker._core.jsontext import UndecodableValue, loads_or_mark
 from trioworker._core.limits import Declared, Limit, LimitChange, Rate
 from trioworker._core.model import (
@@ -51,6 +51,7 @@ from trioworker._store.reads import (
     ItemDetails,
     QueueCounts,
     QueueStatus,
+    Relative,
     RunningItem,
     WaitFacts,
     WorkerState,
@@ -107,8 +108,10 @@ def enqueue(
     priority: int = 0,
     trace_context: Mapping[str, str] | None = None,
     known_kinds: Collection[str] | None = None,
+    after: Sequence[int] | None = None,
 ) -> Operation[Enqueued]:
-    """Queue an item (merged onto the Queued item holding its dedup key, if any).
+    """Queue an item (merged onto the Queued item holding its dedup key, if any), or,
+    `after` other items, store it Waiting until they have all Succeeded.
     `trace_context`: None takes the current span's, if the otel extra is installed."""
     request = validate_enqueue(
         kind,
@@ -120,6 +123,7 @@ def enqueue(
         now=dt.datetime.now(dt.UTC),
         known_kinds=known_kinds,
         trace_context=trace_context_or_current(trace_context),
+        after=after,
     )
     return Operation("enqueue", lambda: enqueue_steps(request))
 
@@ -136,7 +140,9 @@ def enqueue_steps(request: EnqueueRequest) -> Steps[Enqueued]:
         "run_at": request.run_at,
         "delay": request.delay,
         "trace_context": request.trace_context_json,
+        "after": list(request.after) or None,
     }
+    yield from _check_parents_exist(request.after)
     for _ in range(ENQUEUE_ROUNDS):
         rows = yield Query("enqueue", params)
         if rows:
@@ -162,6 +168,7 @@ def enqueue_many(
 def _enqueue_many_steps(requests: Sequence[EnqueueRequest]) -> Steps[list[Enqueued]]:
     if not requests:
         return []
+    yield from _check_parents_exist(sorted({id for r in requests for id in r.after}))
     rows = yield Query(
         "enqueue_many",
         {
@@ -173,6 +180,7 @@ def _enqueue_many_steps(requests: Sequence[EnqueueRequest]) -> Steps[list[Enqueu
             "run_ats": [r.run_at for r in requests],
             "delays": [r.delay for r in requests],
             "trace_contexts": [r.trace_context_json for r in requests],
+            "afters": [_array_text(r.after) for r in requests],
         },
     )
     inserted = [(row["id"], row["dedup_key"]) for row in rows]
@@ -192,6 +200,22 @@ def _enqueue_many_steps(requests: Sequence[EnqueueRequest]) -> Steps[list[Enqueu
                 holders[key] = result.id
         results.append(result)
     return results
+
+
+def _check_parents_exist(after: Sequence[int]) -> Steps[None]:
+    """InvalidWorkItem naming the ids of `after` that name no item, before anything is
+    written (so a caller's transaction goes on). The table refuses them too."""
+    if not after:
+        return
+    rows = yield Query("unknown_items", {"ids": list(after)})
+    if rows:
+        unknown = ", ".join(str(row["id"]) for row in rows)
+        raise InvalidWorkItem(f"after names items that do not exist: {unknown}")
+
+
+def _array_text(ids: Sequence[int]) -> str | None:
+    """An array's text for PostgreSQL ('{1,2}'); None for none."""
+    return "{" + ",".join(map(str, ids)) + "}" if ids else None
 
 
 def match_inserted(
@@ -317,7 +341,18 @@ def _show_steps(id: int) -> Steps[ItemDetails | None]:
         rows = yield Query("wait_facts", params)
         if rows:  # (none if it left Queued in between: nothing to say)
             waiting = waiting_reasons(WaitFacts(**rows[0]), item.kind, item.scope)
-    return ItemDetails(item, history, steps, waiting)
+    family = yield Query("family", {"id": id})
+    relatives = {
+        relation: [
+            Relative(row["id"], row["kind"], Status(row["status"]))
+            for row in family
+            if row["relation"] == relation
+        ]
+        for relation in ("parent", "child")
+    }
+    return ItemDetails(
+        item, history, steps, waiting, parents=relatives["parent"], children=relatives["child"]
+    )
 
 
 def _steps_steps(id: int) -> Steps[list[StepRecord]]:

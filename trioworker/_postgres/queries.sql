@@ -6,28 +6,39 @@
 
 -- name: enqueue
 -- One row, or none when a Queued item already holds the dedup key. The triggers
--- place the item in its scope's line (migrations/0001.queue.sql, section 6).
-INSERT INTO work_items (kind, scope, payload, priority, dedup_key, run_after, trace_context)
+-- place the item in its scope's line (migrations/0001.queue.sql, section 6), or, with
+-- `after`, store it Waiting for its parents (migrations/0003.dependencies.sql).
+INSERT INTO work_items (kind, scope, payload, priority, dedup_key, run_after, trace_context,
+                        after)
 VALUES (%(kind)s, %(scope)s, %(payload)s::jsonb, %(priority)s, %(dedup_key)s,
         COALESCE(%(run_at)s, now() + make_interval(secs => %(delay)s)),
-        %(trace_context)s::jsonb)
+        %(trace_context)s::jsonb, %(after)s::bigint[])
 ON CONFLICT (dedup_key) WHERE status = 'Queued' AND dedup_key IS NOT NULL DO NOTHING
 RETURNING id;
 
 -- name: enqueue_many
 -- Many rows in one statement (one round trip), in order; a row whose dedup key a
 -- Queued item (or an earlier row of the batch) holds is not inserted.
-INSERT INTO work_items (kind, scope, payload, priority, dedup_key, run_after, trace_context)
+-- Each row's parents come as the text of an array ('{12,13}'; NULL: none).
+INSERT INTO work_items (kind, scope, payload, priority, dedup_key, run_after, trace_context,
+                        after)
 SELECT kind, scope, payload::jsonb, priority, dedup_key,
-       COALESCE(run_at, now() + make_interval(secs => delay)), trace_context::jsonb
+       COALESCE(run_at, now() + make_interval(secs => delay)), trace_context::jsonb,
+       after::bigint[]
 FROM unnest(%(kinds)s::text[], %(scopes)s::text[], %(payloads)s::text[],
             %(priorities)s::integer[], %(dedup_keys)s::text[], %(run_ats)s::timestamptz[],
-            %(delays)s::float8[], %(trace_contexts)s::text[])
+            %(delays)s::float8[], %(trace_contexts)s::text[], %(afters)s::text[])
      WITH ORDINALITY AS r (kind, scope, payload, priority, dedup_key, run_at, delay,
-                           trace_context, n)
+                           trace_context, after, n)
 ORDER BY n
 ON CONFLICT (dedup_key) WHERE status = 'Queued' AND dedup_key IS NOT NULL DO NOTHING
 RETURNING id, dedup_key;
+
+-- name: unknown_items
+-- Which of these ids name no item (an enqueue's `after`, checked before its insert).
+SELECT a AS id FROM unnest(%(ids)s::bigint[]) AS a
+WHERE NOT EXISTS (SELECT 1 FROM work_items WHERE id = a)
+ORDER BY a;
 
 -- name: queued_with_dedup_keys
 SELECT id, dedup_key FROM work_items WHERE dedup_key = ANY(%(dedup_keys)s) AND status = 'Queued';
@@ -109,6 +120,24 @@ SELECT work_record_step_v1(%(id)s, %(attempt)s, %(name)s, %(result)s::jsonb) AS 
 -- A step's recorded result, as text; no row: not recorded.
 SELECT result::text AS result FROM work_steps WHERE item_id = %(id)s AND name = %(name)s;
 
+-- name: parent_results
+-- An item's parents and their results (a handler's `ctx.parent_results()`).
+SELECT d.parent_id AS id, p.status, p.result::text AS result
+FROM work_dependencies AS d JOIN work_items AS p ON p.id = d.parent_id
+WHERE d.child_id = %(id)s
+ORDER BY d.parent_id;
+
+-- name: family
+-- An item's parents and children with their statuses (`show`), parents first.
+SELECT 'parent' AS relation, p.id, p.kind, p.status
+FROM work_dependencies AS d JOIN work_items AS p ON p.id = d.parent_id
+WHERE d.child_id = %(id)s
+UNION ALL
+SELECT 'child', c.id, c.kind, c.status
+FROM work_dependencies AS d JOIN work_items AS c ON c.id = d.child_id
+WHERE d.parent_id = %(id)s
+ORDER BY 1 DESC, 2;
+
 -- name: steps
 -- An item's recorded steps, in the order they were recorded.
 SELECT name, attempt, recorded_at, result::text AS result
@@ -171,11 +200,12 @@ FROM work_held_leases_v1(%(limit)s);
 
 -- name: request_cancel
 -- NULL for an item already finished, or whose attempt committed its success in its own
--- transaction (work_request_cancel_v1).
-SELECT work_request_cancel_v1(%(id)s) AS status;
+-- transaction (work_request_cancel_v2: a Waiting item is cancelled as a Queued one).
+SELECT work_request_cancel_v2(%(id)s) AS status;
 
 -- name: settle_noted_scopes
-SELECT work_settle_noted_v1(%(limit)s) AS settled;
+-- The scopes, and the Waiting items, that a change left to settle (work_settle_noted_v2).
+SELECT work_settle_noted_v2(%(limit)s) AS settled;
 
 -- name: repair_heads
 SELECT scope, promoted FROM work_repair_v1(%(limit)s);
@@ -241,9 +271,10 @@ SELECT status FROM work_items WHERE id = %(id)s;
 -- from %(after)s on, read from the work_items_finished index in finished_at order (no
 -- scan of the table; the caller passes the last batch's latest finished_at, so rows
 -- of other statuses are walked once in all), rows another transaction holds left
--- alone; the finished_at of each deleted (work_delete_finished_v1). Their attempt history goes with them.
+-- alone, and so are parents a child still needs; the finished_at of each deleted
+-- (work_delete_finished_v2). Their attempt history goes with them.
 SELECT finished_at
-FROM work_delete_finished_v1(%(statuses)s, %(after)s, %(older_than)s, %(batch)s) AS finished_at;
+FROM work_delete_finished_v2(%(statuses)s, %(after)s, %(older_than)s, %(batch)s) AS finished_at;
 
 -- name: count_finished
 -- What delete_finished would delete now, counted (`prune --dry-run`).

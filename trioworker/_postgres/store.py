@@ -266,6 +266,7 @@ class PostgresStore:
         run_after: dt.datetime | dt.timedelta | None = None,
         priority: int = 0,
         trace_context: Mapping[str, str] | None = None,
+        after: Sequence[int] | None = None,
         tx: Transaction | None = None,
     ) -> Enqueued:  # pragma: no mutate block
         """Queue an item; with `tx`, only if the caller's transaction commits.
@@ -280,6 +281,7 @@ class PostgresStore:
             priority=priority,
             trace_context=trace_context,
             known_kinds=self.known_kinds,
+            after=after,
         )
         enqueued = await self._run(op, tx)
         self._dedup_hits += enqueued.deduplicated
@@ -554,6 +556,11 @@ class PostgresStore:
         if not rows:
             return False, None
         return True, loads_or_mark(rows[0]["result"])
+
+    async def parent_results(self, id: int) -> dict[int, Any]:  # pragma: no mutate block
+        """The results of item `id`'s parents, by id (`Context.parent_results`)."""
+        rows = await self._rows("parent_results", {"id": id})
+        return {row["id"]: loads_or_mark(row["result"]) for row in rows}
 
     async def record_step(
         self,

@@ -103,6 +103,7 @@ class Client(Protocol):
         run_after: dt.datetime | dt.timedelta | None = None,
         priority: int = 0,
         trace_context: Mapping[str, str] | None = None,
+        after: Sequence[int] | None = None,
         tx: Transaction | None = None,
     ) -> Enqueued:
         """`tx`: a transaction of this store's (`transaction()`, or a handler's
@@ -254,6 +255,10 @@ class WorkerStore(Protocol):
         """Finish many attempts Succeeded; the ids written. `results`: each one's result
         as JSON text (None: none, or the one its own transaction stored), written with
         its Succeeded or not at all."""
+        ...
+
+    async def parent_results(self, id: int) -> dict[int, Any]:
+        """The results of item `id`'s parents (`after=`), by id."""
         ...
 
     async def step(self, id: int, name: str) -> tuple[bool, Any]:

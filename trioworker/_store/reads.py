@@ -227,6 +227,18 @@ class ItemDetails:
     attempts: Sequence[AttemptRecord]
     steps: Sequence[StepRecord] = ()
     waiting: Sequence[str] = ()
+    #: The items it was enqueued after, and those enqueued after it, by id.
+    parents: Sequence[Relative] = ()
+    children: Sequence[Relative] = ()
+
+
+@attrs.frozen
+class Relative:
+    """A parent or child of an item (`after=`), as `show` lists it."""
+
+    id: int
+    kind: str
+    status: Status
 
 
 def finished_result(

@@ -229,15 +229,31 @@ class Context:
             return (await steps.step(item.id, name))[1]
         return None if text is None else json.loads(text)
 
+    async def parent_results(self) -> dict[int, Any]:
+        """The results of the items this one was enqueued after (`after=`), by id, as
+        stored JSON reads back: every one Succeeded before this item could be claimed.
+        {} for an item without parents.
+
+            thumbnails = await ctx.parent_results()   # {12: {"path": ...}, 13: ...}
+        """
+        attempt = self._attempt
+        try:
+            return await self._shared.steps.parent_results(attempt.item.id)
+        except DatabaseUnavailable as exc:
+            attempt.database_errors.append(exc)
+            raise
+
     def _deadline(self) -> float:
         return self._attempt.deadline
 
 
 class Steps(Protocol):
-    """What `Context.step` needs of the Worker's store (`WorkerStore.step`,
-    `record_step`)."""
+    """What `Context.step` and `Context.parent_results` read and write through the
+    Worker's store (`WorkerStore.step`, `record_step`, `parent_results`)."""
 
     async def step(self, id: int, name: str) -> tuple[bool, Any]: ...
+
+    async def parent_results(self, id: int) -> dict[int, Any]: ...
 
     async def record_step(
         self, id: int, attempt: int, name: str, result: str | None, *, until: Callable[[], float]

@@ -369,6 +369,7 @@ class MemoryStore:
         run_after: dt.datetime | dt.timedelta | None = None,
         priority: int = 0,
         trace_context: Mapping[str, str] | None = None,
+        after: Sequence[int] | None = None,
         tx: Transaction | None = None,
     ) -> Enqueued:
         fenced = self._in_fenced(tx)
