@@ -11,6 +11,7 @@ from trioworker import InvalidWorkItem
 from trioworker._core.jsontext import MAX_DEPTH
 from trioworker._core.validation import (
     MAX_NAME_LENGTH,
+    MAX_PARENTS,
     MAX_PAYLOAD_BYTES,
     MAX_RUN_AFTER_DISTANCE,
     EnqueueRequest,
@@ -430,3 +431,43 @@ def test_a_trace_context_must_be_valid_unicode() -> None:
         f"trace_context {SURROGATE_MESSAGE.format(0xD800)}",
         trace_context={"\ud800": "x"},
     )
+
+
+def test_after_comes_back_ascending_and_each_id_once() -> None:
+    """Any iterable of ids: sorted and de-duplicated; none or an empty list: ()."""
+    assert validate_enqueue("K", after=[9, 3, 9, 5], now=NOW).after == (3, 5, 9)
+    assert validate_enqueue("K", after=(i for i in (2, 1)), now=NOW).after == (1, 2)
+    assert validate_enqueue("K", after=[], now=NOW).after == ()
+    assert validate_enqueue("K", now=NOW).after == ()
+    most = list(range(1, MAX_PARENTS + 1))
+    assert validate_enqueue("K", after=most, now=NOW).after == tuple(most)
+    assert validate_enqueue("K", after=[2**63 - 1], now=NOW).after == (2**63 - 1,)
+
+
+@pytest.mark.parametrize(
+    ("after", "message"),
+    [
+        (5, "after must be a list of item ids, not int"),
+        ("12", "after must be a list of item ids, not str"),
+        (b"12", "after must be a list of item ids, not bytes"),
+        ([1, "2"], "after takes item ids (integers), not str"),
+        ([True], "after takes item ids (integers), not bool"),
+        ([1.0], "after takes item ids (integers), not float"),
+        ([0], "after: 0 is not an item id"),
+        ([-3], "after: -3 is not an item id"),
+        ([2**63], f"after: {2**63} is not an item id"),
+        (range(1, MAX_PARENTS + 2), f"after names {MAX_PARENTS + 1} items; at most {MAX_PARENTS}"),
+    ],
+)
+def test_after_that_is_not_a_list_of_ids_is_refused(after: object, message: str) -> None:
+    refused(message, after=after)
+
+
+def test_an_item_after_others_takes_no_dedup_key() -> None:
+    refused(
+        "an item enqueued after others takes no dedup_key (a dedup key merges onto a"
+        " Queued item, and this one waits)",
+        after=[1],
+        dedup_key="k",
+    )
+    assert validate_enqueue("K", dedup_key="k", after=[], now=NOW).dedup_key == "k"

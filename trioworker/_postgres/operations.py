@@ -56,6 +56,7 @@ from trioworker._store.reads import (
     WaitFacts,
     WorkerState,
     counts_by_kind,
+    parents_waited_for,
     finished_result,
     waiting_reasons,
 )
@@ -168,7 +169,10 @@ def enqueue_many(
 def _enqueue_many_steps(requests: Sequence[EnqueueRequest]) -> Steps[list[Enqueued]]:
     if not requests:
         return []
-    yield from _check_parents_exist(sorted({id for r in requests for id in r.after}))
+    unknown = yield from _unknown_items(sorted({id for r in requests for id in r.after}))
+    for index, request in enumerate(requests):
+        if missing := [id for id in request.after if id in unknown]:
+            raise InvalidWorkItem(f"item {index}: {_no_such_parents(missing)}")
     rows = yield Query(
         "enqueue_many",
         {
@@ -205,12 +209,20 @@ def _enqueue_many_steps(requests: Sequence[EnqueueRequest]) -> Steps[list[Enqueu
 def _check_parents_exist(after: Sequence[int]) -> Steps[None]:
     """InvalidWorkItem naming the ids of `after` that name no item, before anything is
     written (so a caller's transaction goes on). The table refuses them too."""
-    if not after:
-        return
-    rows = yield Query("unknown_items", {"ids": list(after)})
-    if rows:
-        unknown = ", ".join(str(row["id"]) for row in rows)
-        raise InvalidWorkItem(f"after names items that do not exist: {unknown}")
+    if unknown := (yield from _unknown_items(after)):
+        raise InvalidWorkItem(_no_such_parents(sorted(unknown)))
+
+
+def _unknown_items(ids: Sequence[int]) -> Steps[set[int]]:
+    """Which of `ids` name no item."""
+    if not ids:
+        return set()
+    rows = yield Query("unknown_items", {"ids": list(ids)})
+    return {row["id"] for row in rows}
+
+
+def _no_such_parents(ids: Sequence[int]) -> str:
+    return "after names items that do not exist: " + ", ".join(map(str, ids))
 
 
 def _array_text(ids: Sequence[int]) -> str | None:
@@ -350,6 +362,8 @@ def _show_steps(id: int) -> Steps[ItemDetails | None]:
         ]
         for relation in ("parent", "child")
     }
+    if item.status is Status.WAITING:
+        waiting = parents_waited_for(relatives["parent"])
     return ItemDetails(
         item, history, steps, waiting, parents=relatives["parent"], children=relatives["child"]
     )

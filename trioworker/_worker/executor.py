@@ -556,10 +556,12 @@ class Executor:
 
 
 class _StepStore:
-    """The store's steps, recorded under the Worker's `fenced_server_timeout`."""
+    """The store's steps, recorded under the Worker's `fenced_server_timeout`, and the
+    parents' results."""
 
     def __init__(self, store: Store, server_timeout: float | None) -> None:
         self.step = store.step
+        self.parent_results = store.parent_results
         self._store = store
         self._server_timeout = server_timeout
 
