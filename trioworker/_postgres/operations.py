@@ -56,8 +56,8 @@ from trioworker._store.reads import (
     WaitFacts,
     WorkerState,
     counts_by_kind,
-    parents_waited_for,
     finished_result,
+    parents_waited_for,
     waiting_reasons,
 )
 from trioworker._store.tracing import trace_context_or_current, with_current_trace

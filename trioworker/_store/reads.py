@@ -221,7 +221,9 @@ def waiting_reasons(facts: WaitFacts, kind: str, scope: str | None) -> list[str]
 @attrs.frozen
 class ItemDetails:
     """One item as `show` shows it: its row, how its attempts ended, its recorded
-    steps, and for a Queued item why it is not running (`waiting_reasons`)."""
+    steps, its parents and children, and for a Queued item why it is not running
+    (`waiting_reasons`), for a Waiting one which parents it waits for
+    (`parents_waited_for`)."""
 
     item: ItemState
     attempts: Sequence[AttemptRecord]
@@ -239,6 +241,32 @@ class Relative:
     id: int
     kind: str
     status: Status
+
+
+#: The most parents `parents_waited_for` names; the rest are counted.
+NAMED_PARENTS = 10
+
+
+def parents_waited_for(parents: Sequence[Relative]) -> list[str]:
+    """Why a Waiting item is not Queued yet, from its parents (`ItemDetails.parents`):
+    the ones that have not Succeeded, by id, with their kinds and statuses. Once a
+    parent has Failed or been Cancelled, or every one has Succeeded, the schema
+    settles the item at once, unless another transaction held it then: a Worker's
+    settle pass does it later, and these say so."""
+    if not parents:
+        return []
+    ended = [p for p in parents if p.status in (Status.FAILED, Status.CANCELLED)]
+    if ended:
+        return [
+            f"parent {ended[0].id} ({ended[0].kind}, {ended[0].status.value}) will not"
+            " succeed: a Worker's next settle pass cancels it"
+        ]
+    undone = [p for p in parents if p.status is not Status.SUCCEEDED]
+    if not undone:
+        return ["every parent has Succeeded: a Worker's next settle pass queues it"]
+    named = ", ".join(f"parent {p.id} ({p.kind}, {p.status.value})" for p in undone[:NAMED_PARENTS])
+    more = len(undone) - NAMED_PARENTS
+    return [f"for {named}" + (f" and {more} more" if more > 0 else "")]
 
 
 def finished_result(
