@@ -1,5 +1,5 @@
-"""`python -m bench hol|contention|e2e|pickup|bridge|prune|schema|floor|all [--quick] [--dsn DSN]
-[--out DIR]`."""
+"""`python -m bench hol|contention|e2e|pickup|bridge|prune|schema|fan_in|floor|all [--quick]
+[--dsn DSN] [--out DIR]`."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ SCENARIOS = {
     "prune": "retention of 1 M finished rows in batches, beside one DELETE, under a prober",
     "clients": "one enqueue through the Trio store, Client and AsyncClient, side by side",
     "schema": "per-call cost of the functions' pinned search_path, and of a schema of its own",
+    "fan_in": "a root, 1,000 children after it and one item after them: each statement"
+    " timed beside the same without dependencies",
     "floor": "CPU an item of an attempt's shape in Trio, with no database: call, cancel"
     " scope, nursery and watcher, and the Worker over a store that answers at once",
 }

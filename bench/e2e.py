@@ -66,6 +66,11 @@ def systems(graphile: bool) -> list[System]:
             supervised=True,
         ),
         Trioworker(f"trioworker, {serial}", True, PROCESSES, concurrency=32),
+        # Dependencies (issue 34): the unscoped case's items, in fans of 100 and 1,000.
+        Trioworker("trioworker, unscoped, fans of 100", False, PROCESSES, concurrency=128, fan=100),
+        Trioworker(
+            "trioworker, unscoped, fans of 1000", False, PROCESSES, concurrency=128, fan=1000
+        ),
         Procrastinate("procrastinate, plain", False, PROCESSES, concurrency=16),
         Procrastinate(f"procrastinate, {SERIAL_KEYS} locks", True, PROCESSES, concurrency=16),
         Pgqueuer("pgqueuer, plain (batch 10)", False, PROCESSES, batch_size=10),

@@ -54,6 +54,9 @@ class Shape:
     #: its global running limit of 8, all 8 slots busy) or "rate" (its rate window spent).
     held: int = 0
     held_by: str = ""
+    #: Due items of the served kind Waiting for parents that run (`after=`, issue 34),
+    #: older than any free item, each after one of `busy_scopes` Running items.
+    waiting: int = 0
 
     @property
     def kinds(self) -> list[str]:
@@ -61,7 +64,8 @@ class Shape:
 
     @property
     def rows(self) -> int:
-        return self.busy_scopes + self.behind + self.free_items + self.other_kinds + self.held
+        return (self.busy_scopes + self.behind + self.free_items + self.other_kinds + self.held
+                + self.waiting)  # fmt: skip
 
 
 SHAPES = {
@@ -77,6 +81,8 @@ SHAPES = {
               " Running), 1 free item", 0, 0, 1, 1, held=100_000, held_by="limit"),
         Shape("f", "100,000 due items of a served kind whose rate window is spent,"
               " 1 free item", 0, 0, 1, 1, held=100_000, held_by="rate"),
+        Shape("g", "100,000 due items of the served kind Waiting for 1,000 Running"
+              " parents (after=), 1 free item", 1000, 0, 1, 1, waiting=100_000),
     ],
     "quick": [
         Shape("a", "100 busy scopes x 100 queued, 1 free item", 100, 10_000, 1, 1),
@@ -90,6 +96,8 @@ SHAPES = {
               " Running), 1 free item", 0, 0, 1, 1, held=10_000, held_by="limit"),
         Shape("f", "10,000 due items of a served kind whose rate window is spent,"
               " 1 free item", 0, 0, 1, 1, held=10_000, held_by="rate"),
+        Shape("g", "10,000 due items of the served kind Waiting for 100 Running"
+              " parents (after=), 1 free item", 100, 0, 1, 1, waiting=10_000),
     ],
 }  # fmt: skip
 
@@ -127,6 +135,9 @@ def load(conn: psycopg.Connection[Any], shape: Shape | None, held_by: str = "") 
              "n": shape.behind, "age": 3600},
         )  # fmt: skip
         conn.execute(QUERIES["pause_scopes"], {"prefix": "paused-", "scopes": shape.paused_scopes})
+    elif shape is not None and shape.waiting:
+        conn.execute(QUERIES["insert_running"], {"prefix": "busy-", "scopes": shape.busy_scopes})
+        conn.execute(QUERIES["insert_waiting"], {"kind": "Free", "n": shape.waiting})
     elif shape is not None:
         conn.execute(QUERIES["insert_running"], {"prefix": "busy-", "scopes": shape.busy_scopes})
         conn.execute(

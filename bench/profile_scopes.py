@@ -48,7 +48,7 @@ def statements(conn: Any, start: int, dbname: str) -> dict[str, list[float]]:
         duration = re.search(r"duration: ([0-9.]+) ms\s+plan:", block)
         if duration is None or f"@{dbname} " not in block[:300]:
             continue
-        body = block[duration.end():]
+        body = block[duration.end() :]
         try:
             plan = json.loads(body)
         except ValueError:
@@ -81,7 +81,9 @@ def main() -> None:
         for name, value in settings.items():
             conn.execute(
                 sql.SQL("ALTER DATABASE {} SET {} = {}").format(
-                    sql.Identifier(dbname), sql.SQL(name), sql.Literal(value)  # constants
+                    sql.Identifier(dbname),
+                    sql.SQL(name),
+                    sql.Literal(value),  # constants
                 )
             )
         with processes(out) as procs:
@@ -89,7 +91,8 @@ def main() -> None:
                 procs.start(command, f"worker-{i}")
             wait_until(
                 lambda: conn.execute(QUERIES["other_backends"]).fetchone()[0] >= PROCESSES,
-                60, "workers connecting",
+                60,
+                "workers connecting",
             )
             system.enqueue(dsn, 50 * PROCESSES)
             wait_finished(conn, system, procs, 60)
@@ -97,8 +100,12 @@ def main() -> None:
             conn.execute("SELECT pg_stat_reset()")
             start = log_size(conn) if args.explain else 0
             pids = procs.pids()
-            own = [r[0] for r in conn.execute(  # this database's backends alone
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()")]
+            own = [
+                r[0]
+                for r in conn.execute(  # this database's backends alone
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                )
+            ]
             before = cpu.snapshot(pids, own)
             began = system.enqueue(dsn, args.items)
             left = wait_finished(conn, system, procs, 600)

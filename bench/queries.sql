@@ -17,6 +17,16 @@ INSERT INTO work_items (kind, status, attempt, worker_id, lease_expires_at, star
 SELECT %(kind)s, 'Running', 1, 'bench-holder', now() + interval '1 day', now(), now()
 FROM generate_series(1, %(n)s);
 
+-- name: insert_waiting
+-- %(n)s items of %(kind)s, due an hour ago, each after one of the Running items of kind
+-- Busy (round robin; issue 34's dependencies, Waiting while their parents run), half
+-- unscoped and half over 1,000 scopes.
+INSERT INTO work_items (kind, scope, after, run_after)
+SELECT %(kind)s, CASE WHEN mod(g, 2) = 0 THEN 'waiting-' || mod(g, 1000) END,
+       ARRAY[p.ids[1 + mod(g, cardinality(p.ids))]], now() - interval '1 hour'
+FROM generate_series(0, %(n)s - 1) AS g,
+     (SELECT array_agg(id ORDER BY id) AS ids FROM work_items WHERE kind = 'Busy') AS p;
+
 -- name: set_default_limit
 SELECT * FROM work_set_limit_v1(NULL, NULL, %(running)s);
 
@@ -123,7 +133,23 @@ ORDER BY n.nspname, c.relname;
 VACUUM work_items;
 
 -- name: unfinished
-SELECT count(*) FROM work_items WHERE status IN ('Queued', 'Running');
+SELECT count(*) FROM work_items WHERE status IN ('Waiting', 'Queued', 'Running');
+
+-- name: insert_fan_roots
+-- %(groups)s roots of fans (issue 34's dependencies): each is followed by
+-- insert_fan_children and insert_fan_ins, in the same transaction.
+INSERT INTO work_items (kind) SELECT %(kind)s FROM generate_series(1, %(groups)s)
+RETURNING id;
+
+-- name: insert_fan_children
+-- %(children)s items after each of the roots %(roots)s.
+INSERT INTO work_items (kind, after)
+SELECT %(kind)s, ARRAY[r] FROM unnest(%(roots)s::bigint[]) AS r, generate_series(1, %(children)s)
+RETURNING id, after[1] AS root;
+
+-- name: insert_fan_in
+-- One item after the items %(parents)s.
+INSERT INTO work_items (kind, after) VALUES (%(kind)s, %(parents)s::bigint[]) RETURNING id;
 
 -- name: procrastinate_unfinished
 SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing');

@@ -76,6 +76,9 @@ class Trioworker:
     migrated: bool = True
     #: The default running limit of scopes (docs/design/limits.md); 1: the founding rule.
     scope_limit: int = 1
+    #: Items in fans of this many (0: none): a root, `fan - 2` items after it, and one
+    #: item after all of those (`after=`, issue 34), unscoped.
+    fan: int = 0
     #: A global running limit on the kind (None: none).
     kind_limit: int | None = None
 
@@ -103,6 +106,8 @@ class Trioworker:
         ]
 
     def enqueue(self, dsn: str, n: int) -> float:
+        if self.fan:
+            return enqueue_fans(dsn, n, self.fan)
         params = {"kind": "Noop", "prefix": "s-", "n": n, "age": 0,
                   "scopes": SERIAL_KEYS if self.serialised else 0}  # fmt: skip
         with connect(dsn) as conn:
@@ -114,6 +119,24 @@ class Trioworker:
 
     def settings(self) -> dict[str, Any]:
         return attrs.asdict(self)
+
+
+def enqueue_fans(dsn: str, n: int, fan: int) -> float:
+    """`n` items (rounded down to whole fans) in fans of `fan`, in one transaction;
+    the time it committed."""
+    with connect(dsn) as conn, conn.transaction():
+        rows = conn.execute(
+            QUERIES["insert_fan_roots"], {"kind": "Noop", "groups": max(n // fan, 1)}
+        ).fetchall()
+        roots = [r[0] for r in rows]
+        children: dict[int, list[int]] = {r: [] for r in roots}
+        for id, root in conn.execute(
+            QUERIES["insert_fan_children"], {"kind": "Noop", "roots": roots, "children": fan - 2}
+        ).fetchall():
+            children[root].append(id)
+        for parents in children.values():
+            conn.execute(QUERIES["insert_fan_in"], {"kind": "Noop", "parents": parents})
+    return time.monotonic()
 
 
 @attrs.frozen

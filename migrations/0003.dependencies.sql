@@ -80,8 +80,20 @@ $$;
 -- Cancelled becomes Cancelled, with its own Waiting descendants, each reason naming
 -- the parent; the rest stay. An item another transaction holds is noted for a Worker
 -- (announced when p_announce). Never waits on a lock.
-CREATE FUNCTION work_settle_waiting(p_ids bigint[], p_announce boolean) RETURNS void
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+--
+-- Called by a parent's last transition (p_parent, p_parent_status), only that parent's
+-- outcome is read for certain: Failed or Cancelled cancels the children; Succeeded makes
+-- each child Queued unless a parent of its has not Succeeded, looked for from the
+-- newest parent back (children of a fan-in are claimed oldest first, so the one found
+-- is at the end: a fan-in of N children costs N probes in all, not N squared). A child
+-- left Waiting beside a Failed parent is that parent's to cancel (its transition, or
+-- the note its transition left).
+CREATE FUNCTION work_settle_waiting(
+    p_ids bigint[], p_announce boolean, p_parent bigint DEFAULT NULL,
+    p_parent_status text DEFAULT NULL
+) RETURNS void
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off AS $$
 DECLARE
     locked bigint[];
     ready bigint[];
@@ -103,21 +115,37 @@ BEGIN
         RETURN;
     END IF;
 
-    -- Each child's verdict, from the parent that decides it: a Failed or Cancelled one
-    -- first, else any that has not Succeeded (none: ready).
-    SELECT array_agg(c.id) FILTER (WHERE b.id IS NULL),
-           array_agg(c.id) FILTER (WHERE b.status IN ('Failed', 'Cancelled')),
-           array_agg(format('parent %s %s', b.id,
-                            CASE b.status WHEN 'Failed' THEN 'failed' ELSE 'was cancelled' END))
-               FILTER (WHERE b.status IN ('Failed', 'Cancelled'))
-    INTO ready, doomed, because
-    FROM unnest(locked) AS c (id)
-    LEFT JOIN LATERAL (
-        SELECT p.id, p.status FROM work_dependencies AS d
-        JOIN work_items AS p ON p.id = d.parent_id
-        WHERE d.child_id = c.id AND p.status <> 'Succeeded'
-        ORDER BY p.status IN ('Failed', 'Cancelled') DESC, p.id
-        LIMIT 1) AS b ON true;
+    IF p_parent_status IN ('Failed', 'Cancelled') THEN
+        doomed := locked;
+        because := array_fill(format('parent %s %s', p_parent,
+            CASE p_parent_status WHEN 'Failed' THEN 'failed' ELSE 'was cancelled' END),
+            ARRAY[cardinality(locked)]);
+    ELSIF p_parent_status = 'Succeeded' THEN
+        SELECT array_agg(c.id) INTO ready
+        FROM unnest(locked) AS c (id)
+        WHERE NOT EXISTS (
+            SELECT 1 FROM (
+                SELECT p.status FROM work_dependencies AS d
+                JOIN work_items AS p ON p.id = d.parent_id
+                WHERE d.child_id = c.id AND p.status <> 'Succeeded'
+                ORDER BY d.parent_id DESC LIMIT 1) AS undone);
+    ELSE
+        -- Each child's verdict, from the parent that decides it: a Failed or Cancelled one
+        -- first, else any that has not Succeeded (none: ready).
+        SELECT array_agg(c.id) FILTER (WHERE b.id IS NULL),
+               array_agg(c.id) FILTER (WHERE b.status IN ('Failed', 'Cancelled')),
+               array_agg(format('parent %s %s', b.id,
+                                CASE b.status WHEN 'Failed' THEN 'failed' ELSE 'was cancelled' END))
+                   FILTER (WHERE b.status IN ('Failed', 'Cancelled'))
+        INTO ready, doomed, because
+        FROM unnest(locked) AS c (id)
+        LEFT JOIN LATERAL (
+            SELECT p.id, p.status FROM work_dependencies AS d
+            JOIN work_items AS p ON p.id = d.parent_id
+            WHERE d.child_id = c.id AND p.status <> 'Succeeded'
+            ORDER BY p.status IN ('Failed', 'Cancelled') DESC, p.id
+            LIMIT 1) AS b ON true;
+    END IF;
 
     IF ready IS NOT NULL THEN
         -- As an enqueue arrives (trioworker.internal off: the triggers place each in its
@@ -175,7 +203,8 @@ $$;
 -- only when every parent has Succeeded (else refused); into Queued from elsewhere (a
 -- retry) it waits again; into Running it is passed over (the row is left as it was).
 CREATE FUNCTION work_items_after_parents() RETURNS trigger
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off AS $$
 DECLARE
     undone record;
 BEGIN
@@ -228,7 +257,8 @@ CREATE TRIGGER work_items_after_parents_done
 
 -- The parents, as rows (their ids checked here: an unknown one is named).
 CREATE FUNCTION work_items_record_parents() RETURNS trigger
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off AS $$
 DECLARE
     unknown bigint[];
 BEGIN
@@ -260,12 +290,9 @@ CREATE TRIGGER work_items_record_parents
 -- At commit of an item made Waiting (its enqueue, or a retry): lock its parents in id
 -- order, mark them, and settle it.
 CREATE FUNCTION work_items_wait_for_parents() RETURNS trigger
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off AS $$
 BEGIN
-    PERFORM 1 FROM work_items WHERE id = NEW.id AND status = 'Waiting' FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
     PERFORM 1 FROM work_items
     WHERE id IN (SELECT parent_id FROM work_dependencies WHERE child_id = NEW.id)
     ORDER BY id FOR NO KEY UPDATE;
@@ -286,13 +313,15 @@ CREATE CONSTRAINT TRIGGER work_items_wait_for_parents
 -- A parent's last transition settles its Waiting children (a cascade's own
 -- cancellations are left to its loop, in work_settle_waiting).
 CREATE FUNCTION work_items_release_children() RETURNS trigger
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off AS $$
 BEGIN
     IF current_setting('trioworker.cascading', true) = 'on' THEN
         RETURN NULL;
     END IF;
     PERFORM work_settle_waiting(
-        ARRAY(SELECT child_id FROM work_dependencies WHERE parent_id = NEW.id), true);
+        ARRAY(SELECT child_id FROM work_dependencies WHERE parent_id = NEW.id), true,
+        NEW.id, NEW.status);
     RETURN NULL;
 END
 $$;
@@ -306,7 +335,8 @@ CREATE TRIGGER work_items_release_children
 -- A parent a child still needs (its result, or its Succeeded) stays: not deleted, and
 -- not moved from Succeeded, while a child is Waiting, Queued or Running.
 CREATE FUNCTION work_items_keep_needed_parents() RETURNS trigger
-LANGUAGE plpgsql SET enable_seqscan = off AS $$
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off AS $$
 DECLARE
     needy bigint;
 BEGIN

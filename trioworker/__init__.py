@@ -67,7 +67,7 @@ if _typing.TYPE_CHECKING:  # imported on first use, by __getattr__ below
     from trioworker._postgres.migrate import QUEUE_MIGRATION_HEAD, check_schema, migrate
     from trioworker._postgres.store import PostgresStore, open_store
     from trioworker._store.api import FencedTransaction, Store, Transaction
-    from trioworker._store.reads import ItemDetails, QueueCounts, QueueStatus
+    from trioworker._store.reads import ItemDetails, QueueCounts, QueueStatus, Relative
     from trioworker._worker.context import Context
     from trioworker._worker.worker import Worker, WorkerStatistics
 
@@ -87,6 +87,7 @@ _LAZY = {
     "ItemDetails": "trioworker._store.reads",
     "QueueCounts": "trioworker._store.reads",
     "QueueStatus": "trioworker._store.reads",
+    "Relative": "trioworker._store.reads",
     "Context": "trioworker._worker.context",
     "Worker": "trioworker._worker.worker",
     "WorkerStatistics": "trioworker._worker.worker",
@@ -138,6 +139,7 @@ __all__ = [
     "QueueStatus",
     "Rate",
     "Registry",
+    "Relative",
     "RetryPolicy",
     "Schedule",
     "ScheduleState",

@@ -91,7 +91,10 @@ async def test_a_crawl_fans_out_and_in_from_its_fenced_transaction(store: Postgr
         ]
         worker.stop()
     thumbs = result["thumbnails"]
-    assert seen["parents"] == {id: {"thumbnail": f + ".thumb"} for id, f in zip(thumbs, ["a", "bb", "ccc"], strict=True)}
+    files = ["a", "bb", "ccc"]
+    assert seen["parents"] == {
+        id: {"thumbnail": f + ".thumb"} for id, f in zip(thumbs, files, strict=True)
+    }
     states = [await store.get_item(id) for id in [*thumbs, result["bursts"]]]
     assert all(s is not None and s.started_at is not None for s in states)
     last_thumb_done = max(s.finished_at for s in states[:-1] if s is not None)
