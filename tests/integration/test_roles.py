@@ -31,7 +31,7 @@ from tests.support.clusters import pgbouncer
 from tests.support.database import Databases
 from tests.support.processes import kill_workers, wait_for, workers
 from tests.support.roles import RoleSetup
-from trioworker import AsyncClient, CancelOutcome, Client, NewItem, StoreError
+from trioworker import AsyncClient, CancelOutcome, Client, NewItem, Status, StoreError
 from trioworker._postgres.queries import WRITTEN
 
 Conn = psycopg.Connection[Any]
@@ -106,6 +106,9 @@ APPLICATIONS = [
     "result_state",
     "step",
     "steps",
+    "unknown_items",
+    "parent_results",
+    "family",
     "counts_by_kind_and_status",
     "running_items",
     "busy_scopes",
@@ -180,6 +183,7 @@ PARAMS: dict[str, Any] = {
     "next_due": T0, "due": T0, "item": None, "host": "h", "pid": 1, "gone_pid": 0,
     "concurrency": 1, "advertise_every": 1.0, "alive_beats": 3, "alive_within": 30.0,
     "running": 2, "rate": None, "per": None, "result": '{"a": 1}', "results": ['{"a": 1}'],
+    "parents": None, "parent_lists": [None, None],
 }  # fmt: skip
 #: Where a statement takes a parameter of that name otherwise: a Worker's id is text,
 #: and a limit or a pause is of a kind or of a scope.
@@ -257,6 +261,19 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
     ("INSERT INTO work_items (kind, cancel_requested) VALUES ('K', true)", ANYONE),
     ("INSERT INTO work_items (kind, reason, error) VALUES ('K', 'done', 'none')", ANYONE),
     ("INSERT INTO work_items (id, kind) VALUES (9000000000, 'K')", ANYONE),
+    # Dependencies: an insert names its parents (`after`); the rest is the schema's.
+    ("INSERT INTO work_items (kind, status) VALUES ('K', 'Waiting')", ANYONE),
+    ("INSERT INTO work_items (kind, has_children) VALUES ('K', true)", ANYONE),
+    ("UPDATE work_items SET after = NULL", ANYONE),
+    ("UPDATE work_items SET has_children = false", ANYONE),
+    (f"INSERT INTO work_dependencies (child_id, parent_id) VALUES ({ITEM}, {ITEM})", ANYONE),
+    ("UPDATE work_dependencies SET parent_id = parent_id", ANYONE),
+    ("DELETE FROM work_dependencies", ANYONE),
+    ("INSERT INTO work_unsettled_waiting (item_id) VALUES (1)", ANYONE),
+    ("DELETE FROM work_unsettled_waiting", ANYONE),
+    ("SELECT work_settle_noted_v2(10)", (CLIENT, OPERATOR)),
+    ("SELECT * FROM work_delete_finished_v2('{Queued}', '-infinity', 0, 10)", (CLIENT,)),
+    (f"SELECT work_settle_waiting(ARRAY[{ITEM}], true)", ANYONE),
     # The attempt history.
     (f"INSERT INTO work_attempts (item_id, attempt, outcome) VALUES ({ITEM}, 9, 'x')", ANYONE),
     ("UPDATE work_attempts SET outcome = 'succeeded'", ANYONE),
@@ -358,8 +375,16 @@ TRANSITIONS = (
     "declare_limit", "delete_finished", "finish_result", "complete_result", "record_step",
 )  # fmt: skip
 TRANSITION = re.compile(rf"work_({'|'.join(TRANSITIONS)})_v[0-9]+")
-#: Triggers deferred to the commit, which run as the session's role.
-DEFINER_TRIGGERS = {"work_items_confirm_place", "work_limits_settle"}
+#: Triggers deferred to the commit, which run as the session's role, and the triggers of
+#: an insert with parents (migrations/0003.dependencies.sql), which write what the
+#: enqueuing role has no grant on.
+DEFINER_TRIGGERS = {
+    "work_items_confirm_place", "work_limits_settle", "work_items_record_parents",
+    "work_items_wait_for_parents", "work_items_release_children", "work_items_after_parents",
+    "work_items_keep_needed_parents",
+}  # fmt: skip
+#: The transitions at a second version (0003.dependencies), beside the first.
+SECOND_VERSIONS = {"work_request_cancel_v2", "work_settle_noted_v2", "work_delete_finished_v2"}
 
 
 def definers(conn: Conn, schema: str) -> dict[str, tuple[bool, bool]]:
@@ -380,7 +405,7 @@ def test_the_transitions_alone_run_as_the_owner_pinned_and_closed_to_public(
     queue_roles: RoleSetup, dsn: str, databases: Databases
 ) -> None:
     """In the roles' schema and in public (no roles set up): every version of each
-    transition, and the two triggers deferred to the commit, run SECURITY DEFINER,
+    transition, and the triggers that write for the enqueuing role, run SECURITY DEFINER,
     pinned to their schema, and PUBLIC may not call one; no other function does. A
     temporary table of the caller's cannot stand in for the queue's in one, and a role
     with no grants calls none."""
@@ -390,8 +415,11 @@ def test_the_transitions_alone_run_as_the_owner_pinned_and_closed_to_public(
                 "SELECT proname FROM pg_proc WHERE pronamespace = %s::regnamespace", [schema]
             )]  # fmt: skip
             expected = {n for n in names if TRANSITION.fullmatch(n)} | DEFINER_TRIGGERS
-            # One version of each (the baseline, issue 32): no alias of a newer one.
-            assert expected == {f"work_{t}_v1" for t in TRANSITIONS} | DEFINER_TRIGGERS
+            # One version of each in the baseline (issue 32), and the versions a later
+            # migration added beside it: no alias of a newer one.
+            assert expected == (
+                {f"work_{t}_v1" for t in TRANSITIONS} | SECOND_VERSIONS | DEFINER_TRIGGERS
+            )
             assert definers(conn, schema) == dict.fromkeys(expected, (True, False)), schema
 
     with psycopg.connect(queue_roles.dsn(CLIENT), autocommit=True) as client:
@@ -488,6 +516,39 @@ def test_an_application_enqueues_reads_and_cancels_as_the_client_role(
                  "--running", "9"], ["prune", "--older-than", "1s"]):  # fmt: skip
         refused = trioworker(*args, dsn=dsn)
         assert refused.returncode == 1 and "permission denied" in refused.stderr, args
+
+
+def test_the_client_role_enqueues_after_other_items_and_a_worker_releases_them(
+    roles: RoleSetup,
+) -> None:
+    """Dependencies through the roles: the client role enqueues with parents (Client,
+    and a plain INSERT of `after`), each child Waiting; its cancel of a Waiting child
+    cascades; the Worker role's finish of the parent makes the other child Queued."""
+    with Client(roles.dsn(CLIENT)) as client:
+        parent = client.enqueue("Record").id
+        child = client.enqueue("Record", after=[parent]).id
+        with psycopg.connect(roles.dsn(CLIENT), autocommit=True) as conn:
+            [(plain,)] = conn.execute(
+                "INSERT INTO work_items (kind, after) VALUES ('Record', %s) RETURNING id",
+                [[child]],
+            ).fetchall()
+            [(other,)] = conn.execute(
+                "INSERT INTO work_items (kind, after) VALUES ('Record', %s) RETURNING id",
+                [[parent]],
+            ).fetchall()
+        states = [client.get_item(i) for i in (child, plain, other)]
+        assert [s.status if s else None for s in states] == [Status.WAITING] * 3
+        assert client.cancel(child) is CancelOutcome.CANCELLED
+        gone = client.get_item(plain)
+        assert gone is not None and gone.reason == f"parent {child} was cancelled"
+    with psycopg.connect(roles.dsn(WORKER), autocommit=True) as conn:
+        [(id, attempt)] = conn.execute(
+            "SELECT id, attempt FROM work_claim_v1('w', 30, 1, ARRAY['Record'])"
+        ).fetchall()
+        assert id == parent
+        conn.execute("SELECT work_finish_v1(%s, %s, 'Succeeded')", [[id], [attempt]])
+        [(status,)] = conn.execute("SELECT status FROM work_items WHERE id = %s", [other])
+        assert status == "Queued"
 
 
 def test_a_worker_runs_items_end_to_end_as_the_worker_role_directly_and_through_pgbouncer(

@@ -141,7 +141,7 @@ def enqueue_steps(request: EnqueueRequest) -> Steps[Enqueued]:
         "run_at": request.run_at,
         "delay": request.delay,
         "trace_context": request.trace_context_json,
-        "after": list(request.after) or None,
+        "parents": list(request.after) or None,
     }
     yield from _check_parents_exist(request.after)
     for _ in range(ENQUEUE_ROUNDS):
@@ -184,7 +184,7 @@ def _enqueue_many_steps(requests: Sequence[EnqueueRequest]) -> Steps[list[Enqueu
             "run_ats": [r.run_at for r in requests],
             "delays": [r.delay for r in requests],
             "trace_contexts": [r.trace_context_json for r in requests],
-            "afters": [_array_text(r.after) for r in requests],
+            "parent_lists": [_array_text(r.after) for r in requests],
         },
     )
     inserted = [(row["id"], row["dedup_key"]) for row in rows]

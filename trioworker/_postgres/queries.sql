@@ -12,7 +12,7 @@ INSERT INTO work_items (kind, scope, payload, priority, dedup_key, run_after, tr
                         after)
 VALUES (%(kind)s, %(scope)s, %(payload)s::jsonb, %(priority)s, %(dedup_key)s,
         COALESCE(%(run_at)s, now() + make_interval(secs => %(delay)s)),
-        %(trace_context)s::jsonb, %(after)s::bigint[])
+        %(trace_context)s::jsonb, %(parents)s::bigint[])
 ON CONFLICT (dedup_key) WHERE status = 'Queued' AND dedup_key IS NOT NULL DO NOTHING
 RETURNING id;
 
@@ -27,7 +27,7 @@ SELECT kind, scope, payload::jsonb, priority, dedup_key,
        after::bigint[]
 FROM unnest(%(kinds)s::text[], %(scopes)s::text[], %(payloads)s::text[],
             %(priorities)s::integer[], %(dedup_keys)s::text[], %(run_ats)s::timestamptz[],
-            %(delays)s::float8[], %(trace_contexts)s::text[], %(afters)s::text[])
+            %(delays)s::float8[], %(trace_contexts)s::text[], %(parent_lists)s::text[])
      WITH ORDINALITY AS r (kind, scope, payload, priority, dedup_key, run_at, delay,
                            trace_context, after, n)
 ORDER BY n
