@@ -274,8 +274,11 @@ def test_migrate_says_one_line_per_migration(databases: Any) -> None:
 
 
 def test_status_fits_80_columns(dsn: str, pg: Conn) -> None:
-    """The status tables, rendered 80 columns wide, wrap no line."""
+    """The status tables, rendered 80 columns wide, wrap no line; the counts have a
+    Waiting column (items enqueued after others), before Queued."""
     pg.execute("INSERT INTO work_items (kind, scope) VALUES ('Crawl', 'cfg-7')")
+    pg.execute("INSERT INTO work_items (kind, after) SELECT 'Thumbnail', ARRAY[min(id)]"
+               " FROM work_items")  # fmt: skip
     pg.execute(
         "INSERT INTO work_items (kind, scope, status, finished_at, reason, error) VALUES"
         " ('Thumbnail', 'cfg-7', 'Failed', now(), 'failed 5 of 5 attempts',"
@@ -285,6 +288,9 @@ def test_status_fits_80_columns(dsn: str, pg: Conn) -> None:
     assert result.returncode == 0
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
     assert "2026" in result.stdout or "20" in result.stdout  # the timestamp, whole
+    lines = [line.split() for line in result.stdout.splitlines()]
+    assert ["kind", "Waiting", "Queued", "Running", "Succeeded", "Failed", "Cancelled"] in lines
+    assert ["Thumbnail", "1", "·", "·", "·", "1", "·"] in lines
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """What `enqueue` reads from the command line, checked before anything connects
-(trioworker._cli.input): the depth bound, the line splitting, the bounded reads."""
+(trioworker._cli.input): the depth bound, the line splitting, the bounded reads, the
+items' lines."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ from typing import Any
 
 import pytest
 
-from trioworker._cli.input import READ_LIMIT, UsageError, check_value, lines_of, parse_json
+from trioworker._cli.input import (
+    READ_LIMIT,
+    UsageError,
+    check_value,
+    lines_of,
+    on_its_line,
+    parse_json,
+    read_items,
+)
+from trioworker._core.errors import InvalidWorkItem
 from trioworker._core.jsontext import MAX_DEPTH, depth
 
 
@@ -56,6 +66,35 @@ def test_lines_end_at_newlines_only_and_are_bounded() -> None:
     assert endless.tell() == READ_LIMIT + 1
     with pytest.raises(UsageError, match="line 2 is not UTF-8: invalid start byte at byte 2"):
         list(lines_of(io.BytesIO(b"ok\nK\xff\n"), "f"))
+
+
+# -- enqueue --from's items and their lines ----------------------------------------------
+
+
+def test_items_keep_their_line_numbers_and_their_parents() -> None:
+    """Each item of `--from` comes with its line's number (blank lines counted, not
+    read), and its "after" as given (checked: a list of item ids)."""
+    lines = ['{"kind": "A"}', "", '{"kind": "B", "after": [7, 3]}', " ", '{"kind": "C"}']
+    items = read_items(lines, known_kinds=None)
+    assert [(number, item.kind, item.after) for number, item in items] == [
+        (1, "A", None),
+        (3, "B", [7, 3]),
+        (5, "C", None),
+    ]
+
+
+def test_an_items_error_by_index_is_said_by_its_line() -> None:
+    """enqueue_many's error naming an item by its index (an unknown parent) names its
+    line instead; any other error is left as it is."""
+    unknown = InvalidWorkItem("item 2: after names items that do not exist: 9")
+    assert str(on_its_line(unknown, [1, 3, 8])) == (
+        "line 8: after names items that do not exist: 9"
+    )
+    assert str(on_its_line(InvalidWorkItem("item 0: x"), [4])) == "line 4: x"
+    other = InvalidWorkItem("after names items that do not exist: 9")
+    assert on_its_line(other, [1]) is other
+    beyond = InvalidWorkItem("item 3: x")
+    assert on_its_line(beyond, [1, 2, 3]) is beyond
 
 
 # -- enqueue's warning of a kind no live Worker serves -----------------------------------

@@ -131,6 +131,7 @@ def test_queue_depth_fills_in_every_status_of_a_kind() -> None:
     depth = queue_depth(QueueCounts(counts_by_kind(rows), 1), 123.0)
     assert (depth.busy_scopes, depth.read_at) == (1, 123.0)
     assert depth.by_kind_and_status == {
+        ("A", "Waiting"): 0,
         ("A", "Queued"): 2,
         ("A", "Running"): 0,
         ("A", "Succeeded"): 0,

@@ -31,7 +31,14 @@ from trioworker._core.limits import Limit, LimitChange, Rate
 from trioworker._core.model import ScopeHolder
 from trioworker._postgres import operations
 from trioworker._postgres.operations import Operation, Query, Rows
-from trioworker._store.reads import ALIVE_BEATS, ALIVE_WITHIN, Failure, RunningItem, WorkerState
+from trioworker._store.reads import (
+    ALIVE_BEATS,
+    ALIVE_WITHIN,
+    Failure,
+    Relative,
+    RunningItem,
+    WorkerState,
+)
 
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 MIN = dt.datetime.min.replace(tzinfo=dt.UTC)
@@ -354,16 +361,18 @@ def test_attempts_and_show() -> None:
     assert op.name == "show"
     step = {"name": "scan /a", "attempt": 1, "recorded_at": T0, "result": '["x.jpg"]'}
     running = {**ROW, "status": "Running", "result": '{"n": 2}'}
-    details, sent = run(op, [running], [ATTEMPT], [step])
+    details, sent = run(op, [running], [ATTEMPT], [step], [])
     assert isinstance(details, ItemDetails) and details.item.id == 1
     assert details.item.result == {"n": 2}
     assert details.attempts == [AttemptRecord(**ATTEMPT)]
     assert details.steps == [StepRecord("scan /a", 1, T0, ["x.jpg"])]
-    assert details.waiting == []  # only a Queued item is asked why it waits
+    assert details.waiting == []  # only a Queued or Waiting item is asked why it waits
+    assert (details.parents, details.children) == ([], [])
     assert sent == [
         Query("get_item", {"id": 1}, as_stored=True),
         Query("attempts", {"id": 1}, as_stored=True),
         Query("steps", {"id": 1}, as_stored=True),
+        Query("family", {"id": 1}),
     ]
     assert run(operations.show(2), []) == (None, [Query("get_item", {"id": 2}, as_stored=True)])
 
@@ -377,14 +386,33 @@ def test_show_says_why_a_queued_item_waits() -> None:
         "scope_running": 1, "scope_limit": 1, "kind_running": 1, "kind_limit": None,
         "rate_spent": False, "ahead": 0,
     }  # fmt: skip
-    details, sent = run(operations.show(1), [queued], [], [], [facts])
+    details, sent = run(operations.show(1), [queued], [], [], [facts], [])
     assert details is not None
     assert list(details.waiting) == ["kind K is paused", "scope S is full: 1 of 1 Running"]
-    assert sent[-1] == Query(
+    assert sent[-2] == Query(
         "wait_facts", {"id": 1, "alive_beats": ALIVE_BEATS, "alive_within": ALIVE_WITHIN}
     )
-    details, _ = run(operations.show(1), [queued], [], [], [])
+    details, _ = run(operations.show(1), [queued], [], [], [], [])
     assert details is not None and list(details.waiting) == []
+
+
+def test_show_lists_the_family_and_which_parents_a_waiting_item_waits_for() -> None:
+    """An item's parents and children come from one `family` read, by relation; a
+    Waiting item is not asked the wait facts: its parents not Succeeded say why."""
+    waiting = {**ROW, "id": 5, "status": "Waiting"}
+    family = [
+        {"relation": "parent", "id": 2, "kind": "Thumb", "status": "Succeeded"},
+        {"relation": "parent", "id": 3, "kind": "Thumb", "status": "Running"},
+        {"relation": "child", "id": 8, "kind": "Zip", "status": "Waiting"},
+    ]
+    details, sent = run(operations.show(5), [waiting], [], [], family)
+    assert details.parents == [
+        Relative(2, "Thumb", Status.SUCCEEDED),
+        Relative(3, "Thumb", Status.RUNNING),
+    ]
+    assert details.children == [Relative(8, "Zip", Status.WAITING)]
+    assert details.waiting == ["for parent 3 (Thumb, Running)"]
+    assert [q.name for q in sent] == ["get_item", "attempts", "steps", "family"]
 
 
 def test_result_state() -> None:

@@ -15,6 +15,7 @@ from rich.console import Console, RenderableType
 from trioworker._cli.show import render_item
 from trioworker._cli.status import render
 from trioworker._core.text import visible
+from trioworker._store.reads import STATUS_ORDER
 from trioworker._worker.logging import TextFormatter
 
 #: rich's own styling on a terminal, stripped before looking at what the text became.
@@ -57,8 +58,8 @@ def terminal(renderable: RenderableType) -> str:
 
 def status_of(**rows: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
-        "counts": {}, "totals": dict.fromkeys(("Queued", "Running", "Succeeded", "Failed",
-        "Cancelled"), 0), "running": [], "busy_scopes": 0, "recent_failures": [],
+        "counts": {}, "totals": dict.fromkeys(STATUS_ORDER, 0), "running": [],
+        "busy_scopes": 0, "recent_failures": [],
         "workers": [], "unserved_kinds": {}, "schedules": [], "pauses": [],
     }  # fmt: skip
     return {**base, **rows}
@@ -72,7 +73,7 @@ HOSTILE = ["[/bold]", "[link=https://evil.example/]L[/link]", "\x1b]0;PWNED\x07"
 def test_status_shows_item_text_as_it_is(text: str) -> None:
     """A kind, scope, error, Worker id, schedule and pause holding markup, emoji codes or
     escape sequences: `status` prints each literally and never fails on it."""
-    counts = dict.fromkeys(("Queued", "Running", "Succeeded", "Failed", "Cancelled"), 1)
+    counts = dict.fromkeys(STATUS_ORDER, 1)
     status = status_of(
         counts={text: counts},
         running=[{"id": 1, "kind": text, "scope": text, "attempt": 1, "worker_id": text,
@@ -92,8 +93,9 @@ def test_status_shows_item_text_as_it_is(text: str) -> None:
 
 @pytest.mark.parametrize("text", HOSTILE)
 def test_show_shows_item_text_as_it_is(text: str) -> None:
-    """The item's kind, scope, dedup key, Worker, error and traceback, and its attempts'
-    Workers, outcomes and errors: `show` prints each literally and never fails on it."""
+    """The item's kind, scope, dedup key, Worker, error and traceback, its attempts'
+    Workers, outcomes and errors, and its parents' and children's kinds: `show` prints
+    each literally and never fails on it."""
     item = dict.fromkeys(("requested_at", "run_after", "started_at", "heartbeat_at",
                           "lease_expires_at", "finished_at"))  # fmt: skip
     item.update(id=7, kind=text, scope=text, status="Failed", reason=text, priority=0,
@@ -102,8 +104,10 @@ def test_show_shows_item_text_as_it_is(text: str) -> None:
                 traceback=f"Traceback\nValueError: {text}\n")  # fmt: skip
     attempt = {"attempt": 1, "worker_id": text, "started_at": None, "ended_at": None,
                "outcome": text, "error": text}  # fmt: skip
-    shown = terminal(render_item({"item": item, "attempts": [attempt]}))
-    assert shown.count(visible(text)) >= 10, shown  # (the payload is JSON: \\u001b)
+    relatives = {"parents": [{"id": 3, "kind": text, "status": "Failed"}],
+                 "children": [{"id": 9, "kind": text, "status": "Cancelled"}]}  # fmt: skip
+    shown = terminal(render_item({"item": item, "attempts": [attempt], **relatives}))
+    assert shown.count(visible(text)) >= 12, shown  # (the payload is JSON: \\u001b)
 
 
 def test_a_payloads_c1_controls_are_escaped_where_json_leaves_them() -> None:

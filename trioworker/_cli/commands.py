@@ -26,7 +26,13 @@ from trioworker._cli.exits import (
     EXIT_TAKEN_OVER,
     EXIT_TIMEOUT,
 )
-from trioworker._cli.input import UsageError, read_items, read_lines, read_payload
+from trioworker._cli.input import (
+    UsageError,
+    on_its_line,
+    read_items,
+    read_lines,
+    read_payload,
+)
 from trioworker._core.errors import (
     ConfigurationError,
     DatabaseUnavailable,
@@ -123,7 +129,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     try:  # bad input is reported before anything connects
         validate_enqueue(
             args.kind, args.scope, payload, args.dedup_key, run_after, priority=args.priority,
-            now=dt.datetime.now(dt.UTC), known_kinds=kinds,
+            now=dt.datetime.now(dt.UTC), known_kinds=kinds, after=args.after,
         )  # fmt: skip
     except InvalidWorkItem as exc:
         raise UsageError(str(exc)) from None
@@ -137,6 +143,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
             dedup_key=args.dedup_key,
             run_after=run_after,
             priority=args.priority,
+            after=args.after,
         )
         print(enqueued.id)
         if enqueued.deduplicated:
@@ -183,15 +190,20 @@ def _warn_unserved(kinds: Collection[str], served: Mapping[str, bool]) -> None:
 def _enqueue_from(args: argparse.Namespace, kinds: Collection[str] | None) -> int:
     given = [o for o, v in (("KIND", args.kind), ("--scope", args.scope),
              ("--payload", args.payload), ("--dedup-key", args.dedup_key),
-             ("--delay", args.delay), ("--priority", args.priority)) if v]  # fmt: skip
+             ("--delay", args.delay), ("--priority", args.priority),
+             ("--after", args.after)) if v]  # fmt: skip
     if given:
         raise UsageError(f"--from takes each item from its line: not with {', '.join(given)}")
-    items = read_items(read_lines(args.from_file), known_kinds=kinds)
+    numbered = read_items(read_lines(args.from_file), known_kinds=kinds)
+    items = [item for _, item in numbered]
     check_schema(args.dsn, schema=args.schema)
 
     async def enqueue(store: PostgresStore) -> list[Enqueued]:
         async with store.transaction() as tx:
-            enqueued = await store.enqueue_many(items, tx=tx)
+            try:
+                enqueued = await store.enqueue_many(items, tx=tx)
+            except InvalidWorkItem as exc:  # an unknown parent: its line, nothing written
+                raise on_its_line(exc, [number for number, _ in numbered]) from None
         _warn_unserved([item.kind for item in items], await _kinds_served(store))
         return enqueued
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import re
 import sys
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 from trioworker._core.errors import ConfigurationError, InvalidWorkItem
@@ -24,7 +25,7 @@ from trioworker._core.validation import MAX_PAYLOAD_BYTES, MAX_RUN_AFTER_DISTANC
 READ_LIMIT = 16 * MAX_PAYLOAD_BYTES
 
 #: The fields a line of `enqueue --from` may have.
-ITEM_FIELDS = ("kind", "scope", "payload", "dedup_key", "delay", "priority")
+ITEM_FIELDS = ("kind", "scope", "payload", "dedup_key", "delay", "priority", "after")
 
 
 class UsageError(ConfigurationError):
@@ -149,12 +150,16 @@ def _item(fields: dict[str, Any], where: str) -> NewItem:
         dedup_key=fields.get("dedup_key"),
         run_after=dt.timedelta(seconds=delay) if delay else None,
         priority=fields.get("priority", 0),
+        after=fields.get("after"),  # checked by validate_many: a list of item ids
     )
 
 
-def read_items(lines: Iterable[str], *, known_kinds: Collection[str] | None) -> list[NewItem]:
+def read_items(
+    lines: Iterable[str], *, known_kinds: Collection[str] | None
+) -> list[tuple[int, NewItem]]:
     """`enqueue --from`: one JSON object per line (blank lines skipped), each checked
-    as an enqueue; the first bad one raises UsageError naming its line."""
+    as an enqueue, with its line's number; the first bad one raises UsageError naming
+    its line."""
     now = dt.datetime.now(dt.UTC)
     items = []
     for number, line in enumerate(lines, start=1):
@@ -174,5 +179,17 @@ def read_items(lines: Iterable[str], *, known_kinds: Collection[str] | None) -> 
             validate_many([item], now=now, known_kinds=known_kinds)
         except InvalidWorkItem as exc:
             raise UsageError(f"{where}: {str(exc).removeprefix('item 0: ')}") from None
-        items.append(item)
+        items.append((number, item))
     return items
+
+
+_ITEM_INDEX = re.compile(r"item (\d+): ")
+
+
+def on_its_line(error: InvalidWorkItem, numbers: Sequence[int]) -> InvalidWorkItem:
+    """An error of `enqueue_many` that names an item by its index (one whose parent
+    does not exist), naming its line instead: `numbers` are the items' lines."""
+    found = _ITEM_INDEX.match(str(error))
+    if found is None or int(found[1]) >= len(numbers):
+        return error
+    return InvalidWorkItem(f"line {numbers[int(found[1])]}: {str(error)[found.end() :]}")

@@ -343,34 +343,7 @@ def build_parser(secrets: tuple[str, ...] = (), prog: str = "python -m trioworke
                      help="start at this migration (such as 0002.x): those the database"
                      " lacks; default: all")  # fmt: skip
 
-    enqueue = command(
-        "enqueue", "queue a work item (or many, --from a JSON Lines file); prints the ids"
-    )
-    enqueue.add_argument("kind", type=utf8, nargs="?", help="the item's kind (not with --from)")
-    enqueue.add_argument("--from", dest="from_file", metavar="FILE.jsonl|-",
-                         help="one item per line: a JSON object with kind and any of scope,"
-                         " payload, dedup_key, delay, priority; all queued or none")  # fmt: skip
-    enqueue.add_argument("--scope", type=utf8)
-    enqueue.add_argument("--payload", metavar="JSON|@FILE|-",
-                         help="the payload: JSON, @FILE to read it from a file, - for stdin"
-                         " (64 KiB at most)")  # fmt: skip
-    enqueue.add_argument("--dedup-key", type=utf8)
-    enqueue.add_argument(
-        "--delay",
-        type=duration_within(MAX_RUN_AFTER_DISTANCE),
-        metavar="DURATION",
-        help="due this long from now (such as 90s, 15m or 1h); due at once by default",
-    )
-    enqueue.add_argument(
-        "--priority",
-        type=number(integer=True, minimum=MIN_PRIORITY, maximum=MAX_PRIORITY),
-        default=0,
-        metavar="N",
-        help=f"{MIN_PRIORITY}..{MAX_PRIORITY}; higher is claimed sooner (0)",
-    )
-    enqueue.add_argument(
-        "--app", type=utf8, metavar="MODULE:ATTR", help="reject kinds it has no handler for"
-    )
+    _enqueue(command)
 
     show = command("show", "one item: its fields, payload, attempts and traceback")
     show.add_argument("id", type=ITEM_ID)
@@ -401,6 +374,43 @@ def build_parser(secrets: tuple[str, ...] = (), prog: str = "python -m trioworke
                       help="seconds of load (40; at least 1)")  # fmt: skip
     demo.add_argument("--users", type=number(integer=True, minimum=1, maximum=8), default=3)
     return parser
+
+
+def _enqueue(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """`enqueue`: one item from its options, or many `--from` a JSON Lines file."""
+    enqueue = command(
+        "enqueue", "queue a work item (or many, --from a JSON Lines file); prints the ids"
+    )
+    enqueue.add_argument("kind", type=utf8, nargs="?", help="the item's kind (not with --from)")
+    enqueue.add_argument("--from", dest="from_file", metavar="FILE.jsonl|-",
+                         help="one item per line: a JSON object with kind and any of scope,"
+                         " payload, dedup_key, delay, priority, after (a list of ids); all"
+                         " queued or none")  # fmt: skip
+    enqueue.add_argument("--scope", type=utf8)
+    enqueue.add_argument("--payload", metavar="JSON|@FILE|-",
+                         help="the payload: JSON, @FILE to read it from a file, - for stdin"
+                         " (64 KiB at most)")  # fmt: skip
+    enqueue.add_argument("--dedup-key", type=utf8)
+    enqueue.add_argument(
+        "--delay",
+        type=duration_within(MAX_RUN_AFTER_DISTANCE),
+        metavar="DURATION",
+        help="due this long from now (such as 90s, 15m or 1h); due at once by default",
+    )
+    enqueue.add_argument(
+        "--priority",
+        type=number(integer=True, minimum=MIN_PRIORITY, maximum=MAX_PRIORITY),
+        default=0,
+        metavar="N",
+        help=f"{MIN_PRIORITY}..{MAX_PRIORITY}; higher is claimed sooner (0)",
+    )
+    enqueue.add_argument("--after", type=ITEM_ID, action="append", metavar="ID",
+                         help="run only after item ID has Succeeded (repeat for more): the"
+                         " item waits until then, and is cancelled if ID fails or is"
+                         " cancelled")  # fmt: skip
+    enqueue.add_argument(
+        "--app", type=utf8, metavar="MODULE:ATTR", help="reject kinds it has no handler for"
+    )
 
 
 def _operating(command: Callable[[str, str], argparse.ArgumentParser]) -> None:

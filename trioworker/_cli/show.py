@@ -20,7 +20,7 @@ from trioworker._core.limits import Limit
 from trioworker._core.model import ItemState
 from trioworker._core.text import visible
 from trioworker._store.api import Client
-from trioworker._store.reads import limit_json
+from trioworker._store.reads import Relative, limit_json
 
 
 async def item_details(store: Client, id: int) -> dict[str, Any] | None:
@@ -44,12 +44,20 @@ async def item_details(store: Client, id: int) -> dict[str, Any] | None:
         "item": fields,
         "attempts": attempts,
         "limits": limits,
-        # Why a Queued item is not running, a reason a line (none for other statuses).
+        # Why a Queued item is not running, or which parents a Waiting one waits for, a
+        # reason a line (none for other statuses).
         "waiting": list(details.waiting),
+        # The items it runs after (`after=`), and those that run after it, by id.
+        "parents": [_relative(r) for r in details.parents],
+        "children": [_relative(r) for r in details.children],
         # A Succeeded item's result (None: none, or not Succeeded), and its steps.
         "result": fields["result"],
         "steps": steps,
     }
+
+
+def _relative(relative: Relative) -> dict[str, Any]:
+    return {"id": relative.id, "kind": relative.kind, "status": relative.status.value}
 
 
 def applying(limits: Sequence[Limit], item: ItemState) -> list[Limit]:
@@ -135,6 +143,9 @@ def render_item(details: dict[str, Any]) -> RenderableType:
                           _time(a["ended_at"]), _text(a["outcome"]),
                           _text(a["error"] or "", lines=True))  # fmt: skip
         parts.append(table)
+    for relation in ("parents", "children"):
+        if details.get(relation):
+            parts.append(_relatives_table(relation, details[relation]))
     for lim in details.get("limits", []):
         parts.append(_text(_limit_line(lim, item)))
     for reason in details.get("waiting", []):
@@ -163,6 +174,24 @@ def _result_and_steps(details: dict[str, Any]) -> list[RenderableType]:
                           _text(_short(step["result"])))  # fmt: skip
         parts.append(steps)
     return parts
+
+
+#: The most parents or children `show` lists (`show --json` has every one).
+RELATIVES_LIMIT = 50
+
+
+def _relatives_table(title: str, relatives: Sequence[dict[str, Any]]) -> Table:
+    """The item's parents or children: id, kind and status, by id."""
+    table = Table(title=title, box=box.SIMPLE, title_justify="left")
+    table.add_column("id", justify="right")
+    for column in ("kind", "status"):
+        table.add_column(column, overflow="fold")
+    for r in relatives[:RELATIVES_LIMIT]:
+        table.add_row(str(r["id"]), _text(r["kind"]), r["status"])
+    if len(relatives) > RELATIVES_LIMIT:
+        more = len(relatives) - RELATIVES_LIMIT
+        table.add_row("...", f"{more} more (show --json lists them all)", "", style="dim")
+    return table
 
 
 #: A step's value is shown cut to this many characters (`show --json` has it whole).
