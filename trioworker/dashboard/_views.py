@@ -8,7 +8,14 @@ from typing import Any
 
 from trioworker._core.jsontext import loads_or_mark
 from trioworker._core.model import Status
-from trioworker._store.reads import ALIVE_BEATS, ALIVE_WITHIN, WaitFacts, waiting_reasons
+from trioworker._store.reads import (
+    ALIVE_BEATS,
+    ALIVE_WITHIN,
+    Relative,
+    WaitFacts,
+    parents_waited_for,
+    waiting_reasons,
+)
 from trioworker.dashboard._chart import minutes, throughput_svg
 from trioworker.dashboard._reader import Reader, Rows
 
@@ -20,6 +27,8 @@ CHART_MINUTES = 60
 #: The most rows a list page shows (its total is still counted).
 PAGE_ROWS = 500
 FAILURES_PAGE = 50
+#: The most children an item's page lists (a parent may have any number; all counted).
+CHILDREN_ROWS = 200
 
 
 def counts_table(rows: Rows) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
@@ -135,6 +144,8 @@ async def item(reader: Reader, id: int) -> dict[str, Any] | None:
         item_attempts={"id": id},
         item_steps={"id": id},
         wait_facts={"id": id, **ALIVE},
+        item_parents={"id": id},
+        item_children={"id": id, "limit": CHILDREN_ROWS},
     )
     if not got["item"]:
         return None
@@ -143,6 +154,10 @@ async def item(reader: Reader, id: int) -> dict[str, Any] | None:
     if got["wait_facts"]:  # (a row only for a Queued item)
         facts = WaitFacts(**got["wait_facts"][0])
         waiting = waiting_reasons(facts, row["kind"], row["scope"])
+    if row["status"] == Status.WAITING.value:
+        parents = [Relative(p["id"], p["kind"], Status(p["status"])) for p in got["item_parents"]]
+        waiting = parents_waited_for(parents)
+    children = got["item_children"]
     # Read as text, decoded here: what Python cannot decode stands as an UndecodableValue.
     row["payload"] = loads_or_mark(row["payload"])
     row["trace_context"] = loads_or_mark(row["trace_context"])
@@ -154,6 +169,9 @@ async def item(reader: Reader, id: int) -> dict[str, Any] | None:
         "attempts": attempt_history(row, got["item_attempts"]),
         "steps": steps,
         "waiting": waiting,
+        "parents": got["item_parents"],
+        "children": children,
+        "children_total": children[0]["total"] if children else 0,
     }
 
 

@@ -2,7 +2,8 @@
 -- Only SELECTs: each page runs its statements together in one READ ONLY, REPEATABLE
 -- READ transaction, so every number on a page comes from the same snapshot and now().
 -- The read-only role of docs/dashboard.md may run all of them (SELECT on work_items,
--- work_attempts, work_workers, work_schedules and work_pauses). What `status` reads too
+-- work_attempts, work_steps, work_dependencies, work_workers, work_schedules,
+-- work_pauses, work_limits and work_rate_slots). What `status` reads too
 -- (the counts, the unserved kinds) is the queue's own statement, not a copy (_reader.py).
 
 -- name: clock
@@ -189,3 +190,20 @@ ORDER BY attempt;
 SELECT name, attempt, recorded_at, result::text AS result
 FROM work_steps WHERE item_id = %(id)s
 ORDER BY recorded_at, name;
+
+-- name: item_parents
+-- The items it runs after (`after=`; 1,000 at most, as work_items_after_bounded holds),
+-- by id, with their statuses.
+SELECT p.id, p.kind, p.status
+FROM work_dependencies AS d JOIN work_items AS p ON p.id = d.parent_id
+WHERE d.child_id = %(id)s
+ORDER BY p.id;
+
+-- name: item_children
+-- The items that run after it, by id, up to %(limit)s (a parent may have any number);
+-- `total` counts them all. Read from the work_dependencies_children index.
+SELECT c.id, c.kind, c.status, count(*) OVER () AS total
+FROM work_dependencies AS d JOIN work_items AS c ON c.id = d.child_id
+WHERE d.parent_id = %(id)s
+ORDER BY c.id
+LIMIT %(limit)s;
