@@ -67,7 +67,7 @@ def run(op: Operation[Any], *answers: Answer) -> tuple[Any, list[Query]]:
 def enqueue_params(**changes: Any) -> dict[str, Any]:
     return {
         "kind": "A", "scope": None, "payload": "{}", "priority": 0, "dedup_key": None,
-        "run_at": None, "delay": 0.0, "trace_context": None, **changes,
+        "run_at": None, "delay": 0.0, "trace_context": None, "parents": None, **changes,
     }  # fmt: skip
 
 
@@ -104,6 +104,34 @@ def test_enqueue_checks_its_input_before_anything_is_sent() -> None:
     with pytest.raises(InvalidWorkItem, match=r"unknown kind 'B' \(known kinds: A\)"):
         operations.enqueue("B", known_kinds=frozenset({"A"}))
     assert operations.enqueue("A", known_kinds=frozenset({"A"})).name == "enqueue"
+
+
+def test_enqueue_after_checks_its_parents_exist_then_sends_them() -> None:
+    """With parents: the unknown ones are looked for first; none unknown, the insert
+    carries them ascending and each once."""
+    result, sent = run(operations.enqueue("A", after=[9, 3, 9]), [], [{"id": 10}])
+    assert result == Enqueued(id=10, deduplicated=False)
+    assert sent == [
+        Query("unknown_items", {"ids": [3, 9]}),
+        Query("enqueue", enqueue_params(parents=[3, 9])),
+    ]
+
+
+def test_enqueue_after_unknown_items_writes_nothing() -> None:
+    """Unknown parents raise InvalidWorkItem naming them; no insert is sent."""
+    with pytest.raises(InvalidWorkItem, match=r"^after names items that do not exist: 3, 9$"):
+        run(operations.enqueue("A", after=[9, 3, 5]), [{"id": 3}, {"id": 9}])
+
+
+def test_enqueue_many_names_the_first_item_whose_parent_is_unknown() -> None:
+    """One lookup for every item's parents; the first item naming an unknown one is
+    named, with its own unknown ids; the batch is not inserted."""
+    items = [NewItem("A", after=[1]), NewItem("A"), NewItem("A", after=[2, 7, 8])]
+    with pytest.raises(InvalidWorkItem, match=r"^item 2: after names items that do not exist: 7, 8$"):
+        run(operations.enqueue_many(items), [{"id": 7}, {"id": 8}])
+    _, sent = run(operations.enqueue_many(items), [], [{"id": 4, "dedup_key": None}] * 3)
+    assert sent[0] == Query("unknown_items", {"ids": [1, 2, 7, 8]})
+    assert sent[1].params["parent_lists"] == ["{1}", None, "{2,7,8}"]
 
 
 def test_a_taken_dedup_key_returns_the_queued_holder() -> None:
@@ -155,6 +183,7 @@ def test_enqueue_many_sends_one_statement_of_columns() -> None:
                 "kinds": ["A", "B"], "scopes": ["s", None], "payloads": ["[1]", "{}"],
                 "priorities": [2, 0], "dedup_keys": [None, "k"], "run_ats": [None, None],
                 "delays": [0.0, 0.0], "trace_contexts": [None, None],
+                "parent_lists": [None, None],
             },
         )
     ]  # fmt: skip

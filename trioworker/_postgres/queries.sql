@@ -128,14 +128,16 @@ WHERE d.child_id = %(id)s
 ORDER BY d.parent_id;
 
 -- name: family
--- An item's parents and children with their statuses (`show`), parents first.
-SELECT 'parent' AS relation, p.id, p.kind, p.status
-FROM work_dependencies AS d JOIN work_items AS p ON p.id = d.parent_id
-WHERE d.child_id = %(id)s
+-- An item's parents (1,000 at most, by the table's bound) and its first 1,000 children,
+-- with their statuses (`show`), parents first.
+(SELECT 'parent' AS relation, p.id, p.kind, p.status
+ FROM work_dependencies AS d JOIN work_items AS p ON p.id = d.parent_id
+ WHERE d.child_id = %(id)s)
 UNION ALL
-SELECT 'child', c.id, c.kind, c.status
-FROM work_dependencies AS d JOIN work_items AS c ON c.id = d.child_id
-WHERE d.parent_id = %(id)s
+(SELECT 'child', c.id, c.kind, c.status
+ FROM work_dependencies AS d JOIN work_items AS c ON c.id = d.child_id
+ WHERE d.parent_id = %(id)s
+ ORDER BY d.child_id LIMIT 1000)
 ORDER BY 1 DESC, 2;
 
 -- name: steps

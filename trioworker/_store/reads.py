@@ -229,7 +229,7 @@ class ItemDetails:
     attempts: Sequence[AttemptRecord]
     steps: Sequence[StepRecord] = ()
     waiting: Sequence[str] = ()
-    #: The items it was enqueued after, and those enqueued after it, by id.
+    #: The items it was enqueued after, and the first 1,000 enqueued after it, by id.
     parents: Sequence[Relative] = ()
     children: Sequence[Relative] = ()
 
