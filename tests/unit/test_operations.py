@@ -127,8 +127,11 @@ def test_enqueue_many_names_the_first_item_whose_parent_is_unknown() -> None:
     """One lookup for every item's parents; the first item naming an unknown one is
     named, with its own unknown ids; the batch is not inserted."""
     items = [NewItem("A", after=[1]), NewItem("A"), NewItem("A", after=[2, 7, 8])]
-    with pytest.raises(InvalidWorkItem, match=r"^item 2: after names items that do not exist: 7, 8$"):
+    with pytest.raises(
+        InvalidWorkItem, match=r"^item 2: after names items that do not exist: 7, 8$"
+    ) as unknown:
         run(operations.enqueue_many(items), [{"id": 7}, {"id": 8}])
+    assert unknown.value.index == 2
     _, sent = run(operations.enqueue_many(items), [], [{"id": 4, "dedup_key": None}] * 3)
     assert sent[0] == Query("unknown_items", {"ids": [1, 2, 7, 8]})
     assert sent[1].params["parent_lists"] == ["{1}", None, "{2,7,8}"]

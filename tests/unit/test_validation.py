@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from trioworker import InvalidWorkItem
+from trioworker import InvalidWorkItem, NewItem
 from trioworker._core.jsontext import MAX_DEPTH
 from trioworker._core.validation import (
     MAX_NAME_LENGTH,
@@ -16,6 +16,7 @@ from trioworker._core.validation import (
     MAX_RUN_AFTER_DISTANCE,
     EnqueueRequest,
     validate_enqueue,
+    validate_many,
 )
 
 NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
@@ -245,9 +246,6 @@ def test_a_trace_context_not_of_str_to_str_is_refused(carrier: object, message: 
 
 def test_enqueue_many_checks_each_items_trace_context() -> None:
     """A NewItem's trace context is checked as enqueue's, and named by index."""
-    from trioworker import NewItem
-    from trioworker._core.validation import validate_many
-
     good = NewItem("K", trace_context={"traceparent": TRACEPARENT})
     requests = validate_many([good, NewItem("K")], now=NOW)
     assert [r.trace_context_json for r in requests] == [
@@ -263,9 +261,6 @@ def test_enqueue_many_checks_each_items_trace_context() -> None:
 def test_enqueue_many_checks_every_field_as_enqueue_does() -> None:
     """Each NewItem becomes the request enqueue would make of the same arguments (the
     default priority is 0), and kinds are checked against the known ones."""
-    from trioworker import NewItem
-    from trioworker._core.validation import validate_many
-
     run_at = NOW + dt.timedelta(hours=1)
     item = NewItem("K", scope="s", payload={"n": 1}, dedup_key="d", run_after=run_at, priority=4)
     assert validate_many([item, NewItem("K")], now=NOW, known_kinds={"K"}) == [
@@ -289,9 +284,6 @@ def test_enqueue_many_checks_every_field_as_enqueue_does() -> None:
 )
 def test_enqueue_many_takes_only_a_sequence_of_new_items(shape: str, message: str) -> None:
     """A string, a set, or anything but NewItem in the batch is refused, naming it."""
-    from trioworker import NewItem
-    from trioworker._core.validation import validate_many
-
     items = {"str": "KK", "set": {NewItem("K")}, "dict": [NewItem("K"), {"kind": "K"}]}[shape]
     with pytest.raises(InvalidWorkItem) as raised:
         validate_many(items, now=NOW)  # type: ignore[arg-type]
@@ -471,3 +463,10 @@ def test_an_item_after_others_takes_no_dedup_key() -> None:
         dedup_key="k",
     )
     assert validate_enqueue("K", dedup_key="k", after=[], now=NOW).dedup_key == "k"
+
+
+def test_enqueue_many_names_the_bad_items_index() -> None:
+    """validate_many's error carries the index of the item it is about."""
+    with pytest.raises(InvalidWorkItem, match=r"^item 1: after: 0 is not an item id$") as bad:
+        validate_many([NewItem("K"), NewItem("K", after=[0])], now=NOW)
+    assert bad.value.index == 1

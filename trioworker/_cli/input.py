@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import re
 import sys
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
@@ -183,13 +182,10 @@ def read_items(
     return items
 
 
-_ITEM_INDEX = re.compile(r"item (\d+): ")
-
-
 def on_its_line(error: InvalidWorkItem, numbers: Sequence[int]) -> InvalidWorkItem:
-    """An error of `enqueue_many` that names an item by its index (one whose parent
-    does not exist), naming its line instead: `numbers` are the items' lines."""
-    found = _ITEM_INDEX.match(str(error))
-    if found is None or int(found[1]) >= len(numbers):
+    """An error of `enqueue_many` about one of its items (one whose parent does not
+    exist), naming that item's line instead: `numbers` are the items' lines."""
+    if error.index is None or error.index >= len(numbers):
         return error
-    return InvalidWorkItem(f"line {numbers[int(found[1])]}: {str(error)[found.end() :]}")
+    message = str(error).removeprefix(f"item {error.index}: ")
+    return InvalidWorkItem(f"line {numbers[error.index]}: {message}")

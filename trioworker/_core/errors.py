@@ -27,7 +27,12 @@ class TrioWorkerError(Exception):
 
 
 class InvalidWorkItem(TrioWorkerError, ValueError):
-    """Input to enqueue that cannot become a work item; nothing was written."""
+    """Input to enqueue that cannot become a work item; nothing was written. `index`:
+    the item's place in an `enqueue_many` batch, when the error is one item's."""
+
+    def __init__(self, message: str, *, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
 
 
 class InvalidLimit(TrioWorkerError, ValueError):

@@ -114,7 +114,7 @@ def validate_many(
                 )
             )
         except InvalidWorkItem as exc:
-            raise InvalidWorkItem(f"item {index}: {exc}") from None
+            raise InvalidWorkItem(f"item {index}: {exc}", index=index) from None
     return requests
 
 
