@@ -122,7 +122,7 @@ class Client:
         with self._lock:
             if self._own_pool is None:
                 settings = self._settings
-                self._own_pool = psycopg_pool.ConnectionPool(
+                pool = psycopg_pool.ConnectionPool(
                     settings.dsn,
                     kwargs=settings.kwargs,
                     min_size=1,
@@ -130,8 +130,10 @@ class Client:
                     timeout=settings.timeout,
                     name="trioworker-client",
                     configure=_configure,
-                    open=True,
+                    open=False,
                 )
+                pool.open()
+                self._own_pool = pool
             return self._own_pool
 
     def _run(
@@ -158,9 +160,10 @@ class Client:
     def close(self) -> None:  # pragma: no mutate block
         """Close the client's own pool (the application's, if given, is left open)."""
         with self._lock:
-            if self._own_pool is not None:
-                self._own_pool.close()
-                self._own_pool = None
+            pool = self._own_pool
+            self._own_pool = None
+            if pool is not None:
+                pool.close()
 
     def __enter__(self) -> Self:  # pragma: no mutate block
         return self
@@ -171,7 +174,7 @@ class Client:
         self.close()
 
     def __repr__(self) -> str:  # pragma: no mutate block
-        return f"Client({redact_dsn(self._settings.dsn)!r})"
+        return f"{type(self).__name__}({redact_dsn(self._settings.dsn)!r})"
 
     # -- the operations (each one of operations.py) ---------------------------------------
 
@@ -203,7 +206,8 @@ class Client:
         self, items: Sequence[NewItem], *, conn: psycopg.Connection[Any] | None = None
     ) -> list[Enqueued]:  # pragma: no mutate block
         """Queue many items in one statement, all or none (`PostgresStore.enqueue_many`)."""
-        return self._run(operations.enqueue_many(items, known_kinds=self.known_kinds), conn)
+        known = self.known_kinds
+        return self._run(operations.enqueue_many(items, known_kinds=known), conn)
 
     def cancel(
         self, id: int, *, conn: psycopg.Connection[Any] | None = None
@@ -293,7 +297,7 @@ class Client:
         listen = None
         if self._pool is None:
             settings = self._settings
-            listen = functools.partial(psycopg.connect, settings.dsn, **settings.kwargs)
+            listen = functools.partial(psycopg.Connection.connect, settings.dsn, **settings.kwargs)
         return result_wait.wait_sync(lambda: self._run(op, None), id, timeout, listen)
 
 
@@ -328,15 +332,13 @@ class AsyncClient:
         self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
         self._pool = pool
         self._own_pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
-        self._lock: asyncio.Lock | None = None
+        self._lock = asyncio.Lock()
 
     async def _connections(
         self,
     ) -> psycopg_pool.AsyncConnectionPool[Any]:  # pragma: no mutate block
         if self._pool is not None:
             return self._pool
-        if self._lock is None:
-            self._lock = asyncio.Lock()
         async with self._lock:
             if self._own_pool is None:
                 settings = self._settings
@@ -377,9 +379,11 @@ class AsyncClient:
 
     async def close(self) -> None:  # pragma: no mutate block
         """Close the client's own pool (the application's, if given, is left open)."""
-        if self._own_pool is not None:
-            pool, self._own_pool = self._own_pool, None
-            await pool.close()
+        async with self._lock:
+            pool = self._own_pool
+            self._own_pool = None
+            if pool is not None:
+                await pool.close()
 
     async def __aenter__(self) -> Self:  # pragma: no mutate block
         return self
@@ -390,7 +394,7 @@ class AsyncClient:
         await self.close()
 
     def __repr__(self) -> str:  # pragma: no mutate block
-        return f"AsyncClient({redact_dsn(self._settings.dsn)!r})"
+        return f"{type(self).__name__}({redact_dsn(self._settings.dsn)!r})"
 
     # -- the operations (each one of operations.py) ---------------------------------------
 
@@ -524,7 +528,8 @@ class AsyncClient:
 def _configure(conn: psycopg.Connection[Any]) -> None:  # pragma: no mutate block
     # as the Trio store's connections (connection.py): READ COMMITTED, set for the
     # session only when the server's default is another (no session state otherwise)
-    row = conn.execute(ISOLATION_SHOW).fetchone()
+    cur = conn.execute(ISOLATION_SHOW)
+    row = cur.fetchone()
     if row is not None and row[0] != "read committed":
         conn.execute(ISOLATION_SET)
 
