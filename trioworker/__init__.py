@@ -62,10 +62,11 @@ from trioworker._core.settings import DSN_ENV, Settings
 from trioworker._postgres.schema_name import SCHEMA_ENV, resolve_schema
 
 if _typing.TYPE_CHECKING:  # imported on first use, by __getattr__ below
-    from trioworker._postgres.clients import AsyncClient, Client
+    from trioworker._postgres.async_client import AsyncClient
     from trioworker._postgres.dsn import resolve_dsn
     from trioworker._postgres.migrate import QUEUE_MIGRATION_HEAD, check_schema, migrate
     from trioworker._postgres.store import PostgresStore, open_store
+    from trioworker._postgres.sync_client import Client
     from trioworker._store.api import FencedTransaction, Store, Transaction
     from trioworker._store.reads import ItemDetails, QueueCounts, QueueStatus, Relative
     from trioworker._worker.context import Context
@@ -73,8 +74,8 @@ if _typing.TYPE_CHECKING:  # imported on first use, by __getattr__ below
 
 #: The names imported on first use, and the module each comes from.
 _LAZY = {
-    "AsyncClient": "trioworker._postgres.clients",
-    "Client": "trioworker._postgres.clients",
+    "AsyncClient": "trioworker._postgres.async_client",
+    "Client": "trioworker._postgres.sync_client",
     "resolve_dsn": "trioworker._postgres.dsn",
     "QUEUE_MIGRATION_HEAD": "trioworker._postgres.migrate",
     "check_schema": "trioworker._postgres.migrate",

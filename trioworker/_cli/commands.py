@@ -47,11 +47,11 @@ from trioworker._core.retry import Backoff
 from trioworker._core.settings import Settings
 from trioworker._core.text import shell_word, short_duration, visible
 from trioworker._core.validation import pause_target, validate_enqueue, validate_scope
-from trioworker._postgres.clients import Client
 from trioworker._postgres.dsn import resolve_dsn
 from trioworker._postgres.migrate import check_schema, migrate
 from trioworker._postgres.queries import queries_in
 from trioworker._postgres.store import PostgresStore, open_store
+from trioworker._postgres.sync_client import Client
 from trioworker._store.reads import ALIVE_BEATS, ALIVE_WITHIN
 from trioworker._worker.executor import Tracer
 from trioworker._worker.watchdog import WatchdogLink
