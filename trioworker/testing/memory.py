@@ -14,14 +14,20 @@ import collections
 import copy
 import datetime as dt
 import json
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Literal, LiteralString
 
 import attrs
 import trio
 
-from trioworker._core.errors import DatabaseUnavailable, Lost, SelfStopped, UnknownItem
+from trioworker._core.errors import (
+    DatabaseUnavailable,
+    InvalidWorkItem,
+    Lost,
+    SelfStopped,
+    UnknownItem,
+)
 from trioworker._core.limits import Declared, Limit, LimitChange, Rate, limit_target, validate_limit
 from trioworker._core.model import (
     FINISHED,
@@ -57,6 +63,7 @@ from trioworker._store.reads import (
     ItemDetails,
     QueueCounts,
     QueueStatus,
+    Relative,
     RunningItem,
     WaitFacts,
     WorkerState,
@@ -64,14 +71,24 @@ from trioworker._store.reads import (
     counts_by_kind,
     finished_result,
     id_in_use,
+    parents_waited_for,
     process_gone,
     waiting_reasons,
 )
 from trioworker._store.tracing import trace_context_or_current, with_current_trace
 from trioworker._store.waiting import wait_result
+from trioworker.testing._memory_dependencies import (
+    NEEDS_PARENTS,
+    Dependencies,
+    cascade_reason,
+    verdict,
+)
 from trioworker.testing._memory_limits import DEFAULT, MemoryLimits
 
 Fault = Literal["fail", "hang"] | None
+
+#: The most children `show` lists, the first by id (as PostgreSQL's `family`).
+SHOWN_CHILDREN = 1000
 
 
 @attrs.frozen
@@ -217,6 +234,8 @@ class MemoryStore:
         #: The schedules' specs, by name (what the database compares).
         self._specs: dict[str, str] = {}
         self._limits = MemoryLimits()
+        #: Each item's parents and children (`after=`).
+        self._deps = Dependencies()
         self._respond = respond
         self._statements: list[Statement] = []
 
@@ -312,6 +331,12 @@ class MemoryStore:
         return row is not None
 
     def _finish(self, row: _Row, status: Status, reason: str | None = None) -> None:
+        """End the row, and settle its Waiting children (work_items_release_children)."""
+        self._end(row, status, reason)
+        self._settle(self._deps.children(row.id), ended=(row.id, status))
+
+    def _end(self, row: _Row, status: Status, reason: str | None = None) -> None:
+        """End the row Succeeded, Failed or Cancelled (its children left as they are)."""
         self._ended.set()
         self._ended = trio.Event()
         row.status = status
@@ -339,16 +364,21 @@ class MemoryStore:
         """Back to Queued, unless a Queued sibling holds its dedup key."""
         sibling = self._queued_with(row.dedup_key, besides=row.id)
         row.worker_id = None
-        row.lease_expires_at = None
         if sibling is not None:
-            row.status = Status.CANCELLED
-            row.reason = f"superseded by queued item {sibling.id}"
-            row.finished_at = self.now()
-        else:
-            row.status = Status.QUEUED
-            row.reason = None
-            row.finished_at = None
+            self._finish(row, Status.CANCELLED, f"superseded by queued item {sibling.id}")
+            return
+        row.lease_expires_at = None
+        row.status = Status.QUEUED
+        row.reason = None
+        row.finished_at = None
         self._notify_if_freed(row.scope)
+
+    def _arrive(self, row: _Row) -> None:
+        """Queued, in its scope's line, as an enqueue arrives (announced when it is due
+        and its scope free)."""
+        row.status = Status.QUEUED
+        if row.run_after <= self.now() and not self._busy(row.scope):
+            self._notify(row.scope)
 
     def _notify_if_freed(self, scope: str | None) -> None:
         if not self._busy(scope) and any(
@@ -356,6 +386,64 @@ class MemoryStore:
             for r in self._rows.values()
         ):
             self._notify(scope)
+
+    # -- dependencies (migrations/0003.dependencies.sql) ----------------------------
+
+    def _unknown_parents(
+        self, request: EnqueueRequest, fenced: MemoryFencedTransaction | None
+    ) -> str | None:
+        """Why the request's parents are refused: the ids that name no item (None: all
+        do); an item enqueued earlier in the same transaction is one. Checked before
+        anything is written."""
+        pending = {id for id, _ in fenced._enqueued} if fenced is not None else set()
+        unknown = [id for id in request.after if id not in self._rows and id not in pending]
+        if not unknown:
+            return None
+        return "after names items that do not exist: " + ", ".join(map(str, unknown))
+
+    def _parent_states(self, id: int) -> list[tuple[int, Status]]:
+        return [(p, self._rows[p].status) for p in self._deps.parents(id)]
+
+    def _waiting(self, ids: Iterable[int]) -> list[_Row]:
+        """The Waiting items of `ids`, by id."""
+        rows = (self._rows.get(id) for id in set(ids))
+        return sorted((r for r in rows if r and r.status is Status.WAITING), key=lambda r: r.id)
+
+    def _commit_waiting(self, ids: Iterable[int]) -> None:
+        """At the commit that wrote them (their enqueue, a retry), settle the items made
+        Waiting, one by one in the order written (work_items_wait_for_parents)."""
+        for id in ids:
+            self._settle([id])
+
+    def _settle(self, ids: Iterable[int], *, ended: tuple[int, Status] | None = None) -> None:
+        """Settle the Waiting items of `ids` (work_settle_waiting): each whose parents
+        have all Succeeded arrives Queued; each with a parent Failed or Cancelled is
+        Cancelled, naming it, and so are its Waiting descendants, level by level, each
+        naming its lowest parent cancelled at the level above; the rest wait. A level's
+        verdicts are all read before any is written. `ended`: the parent whose last
+        transition settles them (id, status), the only one whose end cancels them."""
+        verdicts = [
+            (row, verdict(self._parent_states(row.id), ended=ended)) for row in self._waiting(ids)
+        ]
+        for row, decided in verdicts:
+            if decided.status is Status.QUEUED:
+                self._arrive(row)
+        doomed = [
+            (row, decided.reason) for row, decided in verdicts if decided.status is Status.CANCELLED
+        ]
+        while doomed:
+            for row, reason in doomed:
+                self._end(row, Status.CANCELLED, reason)
+            frontier = {row.id for row, _ in doomed}
+            below = self._waiting(c for p in frontier for c in self._deps.children(p))
+            doomed = [
+                (row, cascade_reason(frontier.intersection(self._deps.parents(row.id))))
+                for row in below
+            ]
+
+    def _needed(self, id: int) -> bool:
+        """Whether a child still needs item `id` (work_items_keep_needed_parents)."""
+        return any(self._rows[c].status in NEEDS_PARENTS for c in self._deps.children(id))
 
     # -- the protocol ---------------------------------------------------------------
 
@@ -384,9 +472,15 @@ class MemoryStore:
             now=now,
             known_kinds=self.known_kinds,
             trace_context=trace_context_or_current(trace_context),
+            after=after,
         )
         await self._enter("enqueue")
-        return self._insert(request, now, fenced)
+        if refused := self._unknown_parents(request, fenced):
+            raise InvalidWorkItem(refused)
+        enqueued = self._insert(request, now, fenced)
+        if fenced is None:
+            self._commit_waiting([enqueued.id])
+        return enqueued
 
     def _insert(
         self,
@@ -395,8 +489,9 @@ class MemoryStore:
         fenced: MemoryFencedTransaction | None = None,
         id: int | None = None,
     ) -> Enqueued:
-        """Insert the item now, or (`fenced`) take its id now and insert it with `id`
-        when that transaction commits."""
+        """Insert the item now (Queued, or Waiting for the parents it names, which the
+        caller settles at its commit), or (`fenced`) take its id now and insert it with
+        `id` when that transaction commits."""
         holder = self._queued_with(request.dedup_key)
         if holder is not None:
             self._dedup_hits += 1
@@ -423,6 +518,7 @@ class MemoryStore:
             requested_at=now,
             run_after=request.run_at or now + dt.timedelta(seconds=request.delay),
             priority=request.priority,
+            status=Status.WAITING,
             trace_context=(
                 None
                 if request.trace_context_json is None
@@ -430,8 +526,10 @@ class MemoryStore:
             ),
         )
         self._rows[row.id] = row
-        if row.run_after <= now and not self._busy(row.scope):
-            self._notify(row.scope)
+        if request.after:
+            self._deps.add(row.id, (p for p in request.after if p in self._rows))
+        else:
+            self._arrive(row)
         return Enqueued(id=row.id, deduplicated=False)
 
     async def enqueue_many(
@@ -441,7 +539,13 @@ class MemoryStore:
         now = self.now()
         requests = validate_many(with_current_trace(items), now=now, known_kinds=self.known_kinds)
         await self._enter("enqueue_many")
-        return [self._insert(request, now, fenced) for request in requests]
+        for index, request in enumerate(requests):
+            if refused := self._unknown_parents(request, fenced):
+                raise InvalidWorkItem(f"item {index}: {refused}", index=index)
+        enqueued = [self._insert(request, now, fenced) for request in requests]
+        if fenced is None:
+            self._commit_waiting(e.id for e in enqueued)
+        return enqueued
 
     async def claim(
         self,
@@ -651,6 +755,11 @@ class MemoryStore:
         record = self._steps.get(id, {}).get(name)
         return (False, None) if record is None else (True, copy.deepcopy(record.result))
 
+    async def parent_results(self, id: int) -> dict[int, Any]:
+        """The results of item `id`'s parents, by id (`Context.parent_results`)."""
+        await self._enter("parent_results")
+        return {p: copy.deepcopy(self._rows[p].result) for p in self._deps.parents(id)}
+
     async def record_step(
         self,
         id: int,
@@ -798,6 +907,7 @@ class MemoryStore:
         self._statements.extend(tx._statements)
         for new_id, request in tx._enqueued:
             self._insert(request, self.now(), id=new_id)
+        self._commit_waiting(new_id for new_id, _ in tx._enqueued)
         if tx.completes:
             row.completed_at = row.completed_at or self.now()
             if tx.result_json is not None:
@@ -852,7 +962,7 @@ class MemoryStore:
         row = self._rows.get(id)
         if row is None:
             return CancelOutcome.NOT_FOUND
-        if row.status is Status.QUEUED:
+        if row.status in (Status.QUEUED, Status.WAITING):
             row.cancel_requested = True
             self._finish(row, Status.CANCELLED, "cancelled before it ran")
             return CancelOutcome.CANCELLED
@@ -876,7 +986,10 @@ class MemoryStore:
             (
                 r
                 for r in self._rows.values()
-                if r.status in statuses and r.finished_at is not None and r.finished_at < cutoff
+                if r.status in statuses
+                and r.finished_at is not None
+                and r.finished_at < cutoff
+                and not self._needed(r.id)
             ),
             key=lambda r: (r.finished_at, r.id),
         )
@@ -887,6 +1000,7 @@ class MemoryStore:
                 del self._rows[row.id]
                 self._attempts.pop(row.id, None)
                 self._steps.pop(row.id, None)
+                self._deps.forget(row.id)
             if on_batch is not None:
                 on_batch(len(chunk), 0.0)
             if len(chunk) < batch:
@@ -930,7 +1044,9 @@ class MemoryStore:
                 continue
             if self._queued_with(row.dedup_key) is not None:
                 continue
-            row.status = Status.QUEUED
+            # Queued, or Waiting again while a parent has not Succeeded (settled below).
+            ready = verdict(self._parent_states(id)).status is Status.QUEUED
+            row.status = Status.QUEUED if ready else Status.WAITING
             row.run_after = self.now()
             row.finished_at = None
             row.failures = row.stalls = 0
@@ -945,6 +1061,7 @@ class MemoryStore:
             )
             retried.append(id)
             self._notify_if_freed(row.scope)
+        self._commit_waiting(retried)
         return retried
 
     async def failed_items(
@@ -1134,10 +1251,23 @@ class MemoryStore:
         if item is None:
             return None
         steps = copy.deepcopy(list(self._steps.get(id, {}).values()))
+        parents = self._relatives(self._deps.parents(id))
         waiting: list[str] = []
         if item.status is Status.QUEUED:
             waiting = waiting_reasons(self._wait_facts(self._rows[id]), item.kind, item.scope)
-        return ItemDetails(item, await self.attempts(id), steps, waiting)
+        elif item.status is Status.WAITING:
+            waiting = parents_waited_for(parents)
+        return ItemDetails(
+            item,
+            await self.attempts(id),
+            steps,
+            waiting,
+            parents=parents,
+            children=self._relatives(self._deps.children(id)[:SHOWN_CHILDREN]),
+        )
+
+    def _relatives(self, ids: Iterable[int]) -> list[Relative]:
+        return [Relative(r.id, r.kind, r.status) for r in map(self._rows.__getitem__, ids)]
 
     def _alive(self, worker: WorkerInfo, now: dt.datetime) -> bool:
         """Whether an advertised Worker is alive, as `workers` says on PostgreSQL."""
