@@ -7,26 +7,35 @@
 -- Queued when every parent has Succeeded, and Cancelled, with a reason that names the
 -- parent, when one ends Failed or Cancelled (and so do its own waiting descendants).
 --
--- Who moves a Waiting item, and why none waits forever:
+-- Who moves a Waiting item, and why none waits forever (no party ever waits on a lock:
+-- each takes the rows it needs with SKIP LOCKED, and leaves what it could not take to
+-- a Worker's settle pass, work_settle_noted_v2, run on NOTIFY and every poll):
 --
--- * Its own enqueue, at commit (work_items_wait_for_parents, a deferred constraint
---   trigger): it locks the parents in id order and marks them has_children, then reads
---   them. A parent's transition that committed first is read; one that comes later
---   waits for this commit, and its trigger then sees the child.
+-- * Its adoption (work_adopt_waiting): its parents, locked, are marked has_children
+--   and read. A parent's transition that committed first is read; one that comes later
+--   waits for this commit, and its trigger then sees the child. At READ COMMITTED the
+--   enqueue's own commit adopts it (work_items_wait_for_parents, a deferred constraint
+--   trigger); a parent another transaction holds (its Worker's heartbeat, another
+--   enqueue), or an enqueue at REPEATABLE READ or SERIALIZABLE (whose snapshot may be
+--   older than a parent's last change: locking it would fail the caller's commit),
+--   leaves the child noted in work_unsettled_waiting, announced, for a Worker to adopt.
 -- * A parent's last transition (work_items_release_children: Succeeded, Failed or
 --   Cancelled, on a row marked has_children): it settles its Waiting children. A child
 --   another transaction holds (the last two parents of one child finishing at once, in
---   two transactions) is noted in work_unsettled_waiting and announced; a Worker's
---   settle pass, on NOTIFY and every poll, settles it once that transaction has ended.
---   Neither waits on a lock the other holds.
+--   two transactions) is noted and announced, and a Worker settles it once that
+--   transaction has ended.
 --
--- What holds the rule whoever writes: a Waiting item is never made Running, and made
--- Queued by hand only when every parent has Succeeded (work_items_after_parents_done);
--- a retried item whose parents have not all Succeeded waits again; a row with parents
--- that is not Queued when some parent has not Succeeded is never made Running (the
--- update of that row is passed over); a parent that Succeeded keeps Succeeded while a
--- child still needs it, and is not deleted until then (work_items_keep_needed_parents).
--- Parents come before their children (parent_id < child_id): no cycle can wait forever.
+-- What holds the rule whoever writes, read from each item's own `after` (a parent that
+-- no longer exists has not Succeeded: it was deleted, so it had ended, and nothing says
+-- how): a Waiting item becomes Queued only when every parent has Succeeded
+-- (work_items_after_parents_done refuses it by hand otherwise); a retried item whose
+-- parents have not all Succeeded waits again; a row with parents is never made Running
+-- while one has not Succeeded (the update of that row is passed over); a parent that
+-- Succeeded keeps Succeeded while a child still needs it, and is not deleted until then
+-- (work_items_keep_needed_parents). Parents come before their children (a parent's id is
+-- lower): no cycle can wait forever. work_dependencies is the index from a parent to its
+-- children; it takes no lock on a parent (no foreign key to it: a foreign key's check
+-- would hold the parent's row against a claim until the enqueue's transaction ends).
 --
 -- As 0002.results-steps: append-only; the transitions it changes are new versions
 -- (work_request_cancel_v2, work_settle_noted_v2, work_delete_finished_v2) beside the
@@ -45,10 +54,11 @@ ALTER TABLE work_items ADD CONSTRAINT work_items_status_known
     CHECK (status IN ('Waiting', 'Queued', 'Running', 'Succeeded', 'Failed', 'Cancelled'));
 
 -- One row per (child, parent): written from `after` by work_items_record_parents, read
--- by both sides. Deleted with either item (a parent only once no child needs it).
+-- by a parent to find its children. Deleted with the child (and with its parent by
+-- work_items_keep_needed_parents, once no child needs it).
 CREATE TABLE work_dependencies (
     child_id  bigint NOT NULL REFERENCES work_items (id) ON DELETE CASCADE,
-    parent_id bigint NOT NULL REFERENCES work_items (id) ON DELETE CASCADE,
+    parent_id bigint NOT NULL,
     PRIMARY KEY (child_id, parent_id),
     CONSTRAINT work_dependencies_parent_first CHECK (parent_id < child_id)
 );
@@ -122,29 +132,35 @@ BEGIN
             ARRAY[cardinality(locked)]);
     ELSIF p_parent_status = 'Succeeded' THEN
         SELECT array_agg(c.id) INTO ready
-        FROM unnest(locked) AS c (id)
-        WHERE NOT EXISTS (
-            SELECT 1 FROM (
-                SELECT p.status FROM work_dependencies AS d
-                JOIN work_items AS p ON p.id = d.parent_id
-                WHERE d.child_id = c.id AND p.status <> 'Succeeded'
-                ORDER BY d.parent_id DESC LIMIT 1) AS undone);
+        FROM work_items AS c
+        WHERE c.id = ANY(locked)
+          AND NOT EXISTS (
+              SELECT 1 FROM (SELECT u.a FROM unnest(c.after) WITH ORDINALITY AS u (a, n)
+                             ORDER BY u.n DESC) AS newest_first
+              WHERE NOT EXISTS (SELECT 1 FROM work_items AS p
+                                WHERE p.id = newest_first.a AND p.status = 'Succeeded'));
     ELSE
-        -- Each child's verdict, from the parent that decides it: a Failed or Cancelled one
-        -- first, else any that has not Succeeded (none: ready).
+        -- Each child's verdict, from the parent that decides it: one gone, Failed or
+        -- Cancelled first, else any that has not Succeeded (none: ready).
         SELECT array_agg(c.id) FILTER (WHERE b.id IS NULL),
-               array_agg(c.id) FILTER (WHERE b.status IN ('Failed', 'Cancelled')),
+               array_agg(c.id) FILTER (WHERE b.ended),
                array_agg(format('parent %s %s', b.id,
-                                CASE b.status WHEN 'Failed' THEN 'failed' ELSE 'was cancelled' END))
-                   FILTER (WHERE b.status IN ('Failed', 'Cancelled'))
+                                CASE b.status WHEN 'Failed' THEN 'failed'
+                                              WHEN 'Cancelled' THEN 'was cancelled'
+                                              ELSE 'no longer exists' END))
+                   FILTER (WHERE b.ended)
         INTO ready, doomed, because
-        FROM unnest(locked) AS c (id)
+        FROM work_items AS c
         LEFT JOIN LATERAL (
-            SELECT p.id, p.status FROM work_dependencies AS d
-            JOIN work_items AS p ON p.id = d.parent_id
-            WHERE d.child_id = c.id AND p.status <> 'Succeeded'
-            ORDER BY p.status IN ('Failed', 'Cancelled') DESC, p.id
-            LIMIT 1) AS b ON true;
+            SELECT u.a AS id, p.status, p.status IS DISTINCT FROM 'Waiting'
+                   AND p.status IS DISTINCT FROM 'Queued'
+                   AND p.status IS DISTINCT FROM 'Running' AS ended
+            FROM unnest(c.after) AS u (a)
+            LEFT JOIN work_items AS p ON p.id = u.a
+            WHERE p.status IS DISTINCT FROM 'Succeeded'
+            ORDER BY 3 DESC, u.a
+            LIMIT 1) AS b ON true
+        WHERE c.id = ANY(locked);
     END IF;
 
     IF ready IS NOT NULL THEN
@@ -223,10 +239,11 @@ BEGIN
         NEW.is_head := false;
         RETURN NEW;
     END IF;
-    SELECT p.id, p.status INTO undone FROM work_dependencies AS d
-    JOIN work_items AS p ON p.id = d.parent_id
-    WHERE d.child_id = NEW.id AND p.status <> 'Succeeded'
-    ORDER BY p.id LIMIT 1;
+    SELECT u.a AS id, COALESCE(p.status, 'gone') AS status INTO undone
+    FROM unnest(NEW.after) AS u (a)
+    LEFT JOIN work_items AS p ON p.id = u.a
+    WHERE p.status IS DISTINCT FROM 'Succeeded'
+    ORDER BY u.a LIMIT 1;
     IF NOT FOUND THEN
         RETURN NEW;
     END IF;
@@ -287,19 +304,56 @@ CREATE TRIGGER work_items_record_parents
     FOR EACH ROW WHEN (NEW.after IS NOT NULL)
     EXECUTE FUNCTION work_items_record_parents();
 
--- At commit of an item made Waiting (its enqueue, or a retry): lock its parents in id
--- order, mark them, and settle it.
+-- Adopt Waiting items: each whose parents could all be locked (SKIP LOCKED, in id
+-- order; a parent that no longer exists needs no lock) has them marked has_children and
+-- is settled; the rest are noted for a Worker (announced when p_announce).
+CREATE FUNCTION work_adopt_waiting(p_ids bigint[], p_announce boolean) RETURNS void
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off AS $$
+DECLARE
+    parents bigint[];
+    held bigint[];
+    adopted bigint[];
+    blocked bigint[];
+BEGIN
+    SELECT array_agg(DISTINCT a) INTO parents
+    FROM work_items AS c, unnest(c.after) AS a
+    WHERE c.id = ANY(p_ids) AND c.status = 'Waiting';
+    -- Parents that exist but another transaction holds; the others are locked here.
+    SELECT COALESCE(array_agg(p.id), '{}') INTO held FROM work_items AS p
+    WHERE p.id = ANY(parents)
+      AND p.id NOT IN (SELECT l.id FROM work_items AS l WHERE l.id = ANY(parents)
+                       ORDER BY l.id FOR NO KEY UPDATE SKIP LOCKED);
+    UPDATE work_items SET has_children = true
+    WHERE id = ANY(parents) AND id <> ALL(held) AND NOT has_children;
+    SELECT array_agg(c.id) FILTER (WHERE c.after && held),
+           array_agg(c.id) FILTER (WHERE NOT COALESCE(c.after && held, false))
+    INTO blocked, adopted
+    FROM work_items AS c WHERE c.id = ANY(p_ids) AND c.status = 'Waiting';
+    IF blocked IS NOT NULL THEN
+        INSERT INTO work_unsettled_waiting (item_id) SELECT unnest(blocked);
+        IF p_announce THEN
+            PERFORM pg_notify('trioworker_settle', '');
+        END IF;
+    END IF;
+    IF adopted IS NOT NULL THEN
+        PERFORM work_settle_waiting(adopted, p_announce);
+    END IF;
+END
+$$;
+
+-- At commit of an item made Waiting (its enqueue, or a retry): adopted at READ
+-- COMMITTED; at a stricter level, noted for a Worker (see the top of this file).
 CREATE FUNCTION work_items_wait_for_parents() RETURNS trigger
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off AS $$
 BEGIN
-    PERFORM 1 FROM work_items
-    WHERE id IN (SELECT parent_id FROM work_dependencies WHERE child_id = NEW.id)
-    ORDER BY id FOR NO KEY UPDATE;
-    UPDATE work_items SET has_children = true
-    WHERE id IN (SELECT parent_id FROM work_dependencies WHERE child_id = NEW.id)
-      AND NOT has_children;
-    PERFORM work_settle_waiting(ARRAY[NEW.id], true);
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM work_adopt_waiting(ARRAY[NEW.id], true);
+    ELSE
+        INSERT INTO work_unsettled_waiting (item_id) VALUES (NEW.id);
+        PERFORM pg_notify('trioworker_settle', '');
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -348,7 +402,11 @@ BEGIN
         PERFORM work_refuse_dependency('work_items_needed_parent_stays',
             format('item %s is a parent that item %s still needs', OLD.id, needy), OLD.id);
     END IF;
-    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    IF TG_OP = 'DELETE' THEN
+        DELETE FROM work_dependencies WHERE parent_id = OLD.id;
+        RETURN OLD;
+    END IF;
+    RETURN NEW;
 END
 $$;
 
@@ -416,7 +474,7 @@ BEGIN
     SELECT array_agg(DISTINCT item_id) INTO ids FROM taken;
     IF ids IS NOT NULL THEN
         -- Not announced: one still held is settled at a later pass.
-        PERFORM work_settle_waiting(ids, false);
+        PERFORM work_adopt_waiting(ids, false);
         n := n + cardinality(ids);
     END IF;
     RETURN n;
