@@ -5,6 +5,8 @@ lockstep: both must answer alike, and the invariants must hold after every step.
 from __future__ import annotations
 
 import collections
+import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -21,7 +23,7 @@ from hypothesis.stateful import (
 
 from tests.support.harness import MemoryHarness, PostgresHarness
 from tests.support.lines import wedges
-from trioworker import ItemState, Lost, PostgresStore, Status
+from trioworker import InvalidWorkItem, ItemState, Lost, PostgresStore, Status
 
 LEASE = 300.0
 SCOPES = st.sampled_from([None, "a", "b", "c"])
@@ -30,6 +32,11 @@ WORKERS = st.sampled_from(["w1", "w2", "w3"])
 FILTERS = st.sampled_from([None, ("a",), ("b", "c")])
 KINDS = st.sampled_from([("Crawl", "Purge"), ("Crawl",), ("Purge",)])
 PRIORITIES = st.sampled_from([0, 0, 0, 5, -5])
+#: Ids in reasons ("parent 7 failed", "superseded by queued item 7"), which the two
+#: stores may number apart (a deduplicated insert takes an id on PostgreSQL).
+IDS_IN_REASONS = re.compile(r"(parent|queued item) (\d+)")
+
+Call = Callable[[Any, Callable[[int], int]], Awaitable[Any]]
 
 
 def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
@@ -38,12 +45,13 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
 
         def __init__(self) -> None:
             super().__init__()
-            pg.execute("TRUNCATE work_items RESTART IDENTITY CASCADE")
+            pg.execute("TRUNCATE work_items, work_unsettled_waiting RESTART IDENTITY CASCADE")
             self.pg = PostgresHarness(store, pg)
             self.mem = MemoryHarness()
             self.ids: dict[int, int] = {}
             self.seen: dict[int, ItemState] = {}
             self.claims: dict[int, int] = {}  # pg id -> attempt of its latest claim
+            self.parents: dict[int, list[int]] = {}  # pg id -> its parents' pg ids
 
         def both(self, op: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
             on_pg = trio.from_thread.run(lambda: getattr(self.pg.store, op)(*args, **kwargs))
@@ -52,6 +60,22 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
             ]
             on_mem = trio.from_thread.run(lambda: getattr(self.mem.store, op)(*mem_args, **kwargs))
             return on_pg, on_mem
+
+        def apart(self, call: Call) -> tuple[Any, Any]:
+            """`call(store, id_of)` on each store, `id_of` giving that store's id of a
+            PostgreSQL id."""
+            on_pg = trio.from_thread.run(lambda: call(self.pg.store, lambda id: id))
+            on_mem = trio.from_thread.run(lambda: call(self.mem.store, self.ids.__getitem__))
+            return on_pg, on_mem
+
+        def in_memory(self, reason: str | None) -> str | None:
+            """A PostgreSQL reason with the in-memory store's ids."""
+            if reason is None:
+                return None
+            return IDS_IN_REASONS.sub(lambda m: f"{m[1]} {self.ids[int(m[2])]}", reason)
+
+        def waiting(self) -> list[int]:
+            return sorted(id for id, s in self.seen.items() if s.status is Status.WAITING)
 
         @rule(
             kind=st.sampled_from(["Crawl", "Purge"]),
@@ -67,6 +91,88 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
             if a.deduplicated:
                 assert self.ids[a.id] == b.id
             self.ids[a.id] = b.id
+
+        @precondition(lambda self: self.ids)
+        @rule(
+            data=st.data(),
+            kind=st.sampled_from(["Crawl", "Purge"]),
+            scope=SCOPES,
+            priority=PRIORITIES,
+            unknown=st.sampled_from([False] * 9 + [True]),
+        )
+        def enqueue_after(
+            self, data: st.DataObject, kind: str, scope: str | None, priority: int, unknown: bool
+        ) -> None:
+            """An item after 1-3 items (the newest likelier), or after one that does not
+            exist: refused by both, nothing written."""
+            known = sorted(self.ids)
+            parents = data.draw(
+                st.lists(st.sampled_from(known[-6:] + known), min_size=1, max_size=3)
+            )
+
+            async def enqueue(store: Any, id_of: Callable[[int], int]) -> Any:
+                after = [id_of(p) for p in parents]
+                if unknown:
+                    after.append(max(after) + 1000)
+                try:
+                    return await store.enqueue(kind, scope=scope, priority=priority, after=after)
+                except InvalidWorkItem as exc:
+                    return exc
+
+            a, b = self.apart(enqueue)
+            if unknown:
+                assert isinstance(a, InvalidWorkItem) and isinstance(b, InvalidWorkItem), (a, b)
+                return
+            assert not a.deduplicated and not b.deduplicated
+            self.ids[a.id] = b.id
+            self.parents[a.id] = sorted(set(parents))
+
+        @precondition(lambda self: self.waiting())
+        @rule(data=st.data())
+        def cancel_waiting(self, data: st.DataObject) -> None:
+            """A Waiting item cancelled, its Waiting descendants with it."""
+            id = data.draw(st.sampled_from(self.waiting()))
+            a, b = self.both("cancel", id)
+            assert a == b
+
+        @precondition(lambda self: self.ids)
+        @rule(data=st.data())
+        def retry(self, data: st.DataObject) -> None:
+            """Items retried (those Failed or Cancelled): a child whose parents have not
+            all Succeeded waits again, or is Cancelled again at once."""
+            ids = data.draw(st.lists(st.sampled_from(sorted(self.ids)), min_size=1, max_size=3))
+
+            async def retry(store: Any, id_of: Callable[[int], int]) -> Any:
+                return await store.retry([id_of(id) for id in ids])
+
+            a, b = self.apart(retry)
+            assert sorted(self.ids[id] for id in a) == sorted(b), (a, b)
+            for id in a:  # out of a terminal state by an operator's hand
+                self.seen.pop(id, None)
+
+        @precondition(lambda self: self.parents)
+        @rule(data=st.data())
+        def family(self, data: st.DataObject) -> None:
+            """`show`'s parents and children (and for a Waiting item, why it waits), and
+            `parent_results`, alike."""
+            id = data.draw(st.sampled_from(sorted(self.ids)))
+
+            async def read(store: Any, id_of: Callable[[int], int]) -> Any:
+                shown = await store.show(id_of(id))
+                waits = shown.waiting if shown.item.status is Status.WAITING else []
+                relatives = [
+                    [(r.id, r.kind, r.status) for r in rs] for rs in (shown.parents, shown.children)
+                ]
+                return relatives, waits, await store.parent_results(id_of(id))
+
+            (relatives, waits, results), on_mem = self.apart(read)
+            on_pg = (
+                [[(self.ids[r], kind, status) for r, kind, status in rs] for rs in relatives],
+                [self.in_memory(w) for w in waits],
+                {self.ids[p]: v for p, v in results.items()},
+            )
+            assert on_pg == on_mem
+            assert [r for r, _, _ in relatives[0]] == self.parents.get(id, [])
 
         @rule(worker=WORKERS, scopes=FILTERS, kinds=KINDS)
         def claim(
@@ -117,6 +223,20 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
             b = trio.from_thread.run(complete, self.mem.store, self.ids[id])
             assert a == b, (a, b)
 
+        @rule(ok=st.booleans())
+        def run_one(self, ok: bool) -> None:
+            """The next item of any kind and scope claimed and ended at once, Succeeded or
+            Failed: parents end while their children wait."""
+            a, b = self.both("claim", "w1", LEASE, None, unscoped=True, kinds=("Crawl", "Purge"))
+            assert (a is None) == (b is None), (a, b)
+            if a is None:
+                return
+            assert self.ids[a.id] == b.id and a.attempt == b.attempt
+            self.claims[a.id] = a.attempt
+            args = (a.id, a.attempt) if ok else (a.id, a.attempt, "gave up", "Error")
+            done = self.both("complete" if ok else "fail", *args)
+            assert done == (True, True), done
+
         @precondition(lambda self: self.claims)
         @rule(data=st.data())
         def expire_lease(self, data: st.DataObject) -> None:
@@ -144,6 +264,8 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
             pg_items = self.pg.items()
             mem_items = {i.id: i for i in self.mem.items()}
             assert sorted(self.ids) == [i.id for i in pg_items], "an item disappeared"
+            assert len(mem_items) == len(pg_items), "an item appeared in memory"
+            by_id = {i.id: i for i in pg_items}
             running: collections.Counter[str] = collections.Counter()
             queued_keys: collections.Counter[str] = collections.Counter()
             for item in pg_items:
@@ -151,6 +273,16 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
                 assert (item.status, item.attempt, item.stalls, item.failures) == (
                     twin.status, twin.attempt, twin.stalls, twin.failures,
                 ), (item, twin)  # fmt: skip
+                assert self.in_memory(item.reason) == twin.reason, (item, twin)
+                assert (item.finished_at is None) == (twin.finished_at is None), (item, twin)
+                parents = [by_id[p].status for p in self.parents.get(item.id, [])]
+                undone = [s for s in parents if s is not Status.SUCCEEDED]
+                if item.status is Status.WAITING:
+                    assert undone and not {Status.FAILED, Status.CANCELLED} & set(undone), (
+                        "a Waiting item has a parent pending, none ended otherwise"
+                    )
+                elif item.status in (Status.QUEUED, Status.RUNNING, Status.SUCCEEDED):
+                    assert not undone, "an item runs only after every parent has Succeeded"
                 assert (item.completed_at is None) == (twin.completed_at is None), (item, twin)
                 before = self.seen.get(item.id)
                 if before is not None:
@@ -170,6 +302,8 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
             assert all(n == 1 for n in running.values()), running
             assert all(n == 1 for n in queued_keys.values()), queued_keys
             assert wedges(pg) == []
+            (noted,) = pg.execute("SELECT count(*) FROM work_unsettled_waiting").fetchone() or (0,)
+            assert noted == 0, "one session at a time: every Waiting item settled at once"
 
     return StoreMachine
 
@@ -178,9 +312,11 @@ async def test_random_operation_sequences_keep_the_invariants(
     store: PostgresStore, pg: psycopg.Connection[Any]
 ) -> None:
     """At most one Running per scope, one Queued per dedup key, attempts only grow,
-    terminal stays terminal, a success committed in a fenced transaction ends
-    Succeeded or not at all, nothing disappears, no line wedged; and the two stores
-    never disagree, in priorities and kinds too.
+    terminal stays terminal (but by a retry), a success committed in a fenced
+    transaction ends Succeeded or not at all, nothing disappears, no line wedged, a
+    Waiting item waits for a parent still pending and an item with parents runs only
+    after they have all Succeeded; and the two stores never disagree, in statuses,
+    reasons, priorities, kinds, parents and children too.
     """
     machine = lockstep_machine(store, pg)
     await trio.to_thread.run_sync(
