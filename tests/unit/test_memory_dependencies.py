@@ -39,13 +39,15 @@ S, Q, R, F, C, W = (
         ([(1, Q), (5, F)], Verdict(C, "parent 5 failed")),  # before a lower pending one
         ([(7, F), (3, C), (2, R)], Verdict(C, "parent 3 was cancelled")),  # the lowest
         ([(3, F), (2, S)], Verdict(C, "parent 3 failed")),
+        ([(2, R), (4, None)], Verdict(C, "parent 4 no longer exists")),  # deleted
+        ([(5, None), (4, F)], Verdict(C, "parent 4 failed")),
     ],
 )
 def test_a_waiting_items_verdict_from_its_parents(
-    parents: list[tuple[int, Status]], expected: Verdict
+    parents: list[tuple[int, Status | None]], expected: Verdict
 ) -> None:
-    """Queued once every parent has Succeeded; Cancelled naming the lowest Failed or
-    Cancelled parent, before any still pending; else Waiting."""
+    """Queued once every parent has Succeeded; Cancelled naming the lowest parent Failed,
+    Cancelled or gone (None: deleted), before any still pending; else Waiting."""
     assert verdict(parents) == expected
     assert verdict(list(reversed(parents))) == expected
 
@@ -56,12 +58,13 @@ def test_a_waiting_items_verdict_from_its_parents(
         ((4, S), [(2, S), (4, S)], Verdict(Q)),
         ((4, S), [(2, R), (4, S)], Verdict(W)),
         ((4, S), [(2, F), (4, S)], Verdict(W)),  # the Failed parent's to cancel
+        ((4, S), [(2, None), (4, S)], Verdict(W)),
         ((4, F), [(2, C), (4, F)], Verdict(C, "parent 4 failed")),
         ((4, C), [(2, Q), (4, C)], Verdict(C, "parent 4 was cancelled")),
     ],
 )
 def test_a_parents_last_transition_decides_by_its_own_outcome(
-    ended: tuple[int, Status], parents: list[tuple[int, Status]], expected: Verdict
+    ended: tuple[int, Status], parents: list[tuple[int, Status | None]], expected: Verdict
 ) -> None:
     """Settled by a parent's end: that parent's Failed or Cancelled cancels, naming it;
     its Succeeded queues the child when no other parent is undone."""
@@ -72,18 +75,18 @@ def test_a_cascades_reason_names_the_lowest_parent_cancelled_above() -> None:
     assert cascade_reason({9, 4, 12}) == "parent 4 was cancelled"
 
 
-def test_pairs_go_with_either_item() -> None:
-    """Parents ascending and each once; children ascending; a deleted item's pairs go,
-    on both sides."""
+def test_pairs_go_with_either_item_and_after_stays_as_written() -> None:
+    """`after` ascending and each id once; children ascending; a deleted item's pairs go,
+    as a child and as a parent, but its children's `after` still names it."""
     deps = Dependencies()
     deps.add(5, [3, 1, 3])
     deps.add(6, [3])
-    assert (deps.parents(5), deps.children(3), deps.children(1)) == ((1, 3), [5, 6], [5])
-    assert deps.parents(1) == () and deps.children(6) == []
+    assert (deps.after(5), deps.children(3), deps.children(1)) == ((1, 3), [5, 6], [5])
+    assert deps.after(1) == () and deps.children(6) == []
     deps.forget(3)
-    assert (deps.parents(5), deps.parents(6), deps.children(3)) == ((1,), (), [])
+    assert (deps.after(5), deps.after(6), deps.children(3)) == ((1, 3), (3,), [])
     deps.forget(5)
-    assert deps.children(1) == []
+    assert deps.children(1) == [] and deps.after(5) == ()
 
 
 def fan_registry(seen: dict[str, Any]) -> Registry:

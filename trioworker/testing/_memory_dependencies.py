@@ -11,11 +11,14 @@ import attrs
 
 from trioworker._core.model import Status
 
-#: The statuses of a child that still needs its parents: a parent it has is neither
-#: deleted nor moved from Succeeded while it is in one (work_items_keep_needed_parents).
-NEEDS_PARENTS = (Status.WAITING, Status.QUEUED, Status.RUNNING)
-#: The statuses of a parent that cancel its Waiting children.
-CANCEL_CHILDREN = (Status.FAILED, Status.CANCELLED)
+#: Not ended yet. A parent in one of these keeps its Waiting children waiting; a child
+#: in one still needs its parents, which are neither deleted nor moved from Succeeded
+#: meanwhile (work_items_keep_needed_parents).
+PENDING = (Status.WAITING, Status.QUEUED, Status.RUNNING)
+
+#: A parent's status as a Waiting child reads it: None for one that no longer exists
+#: (deleted by retention, so it had ended, and nothing says how).
+ParentStatus = Status | None
 
 
 @attrs.frozen
@@ -27,29 +30,34 @@ class Verdict:
 
 
 def verdict(
-    parents: Iterable[tuple[int, Status]], *, ended: tuple[int, Status] | None = None
+    parents: Iterable[tuple[int, ParentStatus]], *, ended: tuple[int, Status] | None = None
 ) -> Verdict:
     """What a Waiting item with these parents (id, status) becomes (work_settle_waiting):
     Queued when every one has Succeeded; Cancelled, naming the parent, when one has
-    Failed or was Cancelled (the lowest such id, before any still pending); else it
-    waits. Settled by a parent's last transition (`ended`, its id and status), only that
-    parent's outcome decides a cancel: a child left Waiting beside another Failed parent
-    is that parent's to cancel."""
+    Failed, was Cancelled or no longer exists (the lowest such id, before any still
+    pending); else it waits. Settled by a parent's last transition (`ended`, its id and
+    status), only that parent's outcome decides a cancel: a child left Waiting beside
+    another Failed parent is that parent's to cancel."""
     undone = [(id, status) for id, status in parents if status is not Status.SUCCEEDED]
     if ended is not None:
-        if ended[1] in CANCEL_CHILDREN:
+        if ended[1] is not Status.SUCCEEDED:
             return _cancelled(*ended)
         return Verdict(Status.WAITING if undone else Status.QUEUED)
     if not undone:
         return Verdict(Status.QUEUED)
-    id, status = min(undone, key=lambda p: (p[1] not in CANCEL_CHILDREN, p[0]))
-    if status not in CANCEL_CHILDREN:
+    id, status = min(undone, key=lambda p: (p[1] in PENDING, p[0]))
+    if status in PENDING:
         return Verdict(Status.WAITING)
     return _cancelled(id, status)
 
 
-def _cancelled(parent: int, status: Status) -> Verdict:
-    how = "failed" if status is Status.FAILED else "was cancelled"
+def _cancelled(parent: int, status: ParentStatus) -> Verdict:
+    if status is Status.FAILED:
+        how = "failed"
+    elif status is Status.CANCELLED:
+        how = "was cancelled"
+    else:
+        how = "no longer exists"
     return Verdict(Status.CANCELLED, f"parent {parent} {how}")
 
 
@@ -60,29 +68,30 @@ def cascade_reason(cancelled_parents: Iterable[int]) -> str:
 
 
 class Dependencies:
-    """Each item's parents and children, as the table work_dependencies holds them: a
-    pair goes with either of its items (ON DELETE CASCADE)."""
+    """Each item's parents as it was enqueued after them (`after`, kept as written: one
+    deleted since still counts), and each parent's children, as the table
+    work_dependencies indexes them (a pair goes with either item)."""
 
     def __init__(self) -> None:
-        self._parents: dict[int, tuple[int, ...]] = {}
+        self._after: dict[int, tuple[int, ...]] = {}
         self._children: collections.defaultdict[int, set[int]] = collections.defaultdict(set)
 
-    def add(self, child: int, parents: Iterable[int]) -> None:
-        self._parents[child] = tuple(sorted(set(parents)))
-        for parent in self._parents[child]:
+    def add(self, child: int, after: Iterable[int]) -> None:
+        self._after[child] = tuple(sorted(set(after)))
+        for parent in self._after[child]:
             self._children[parent].add(child)
 
-    def parents(self, id: int) -> tuple[int, ...]:
-        """Item `id`'s parents, ascending (none for an item enqueued without `after`)."""
-        return self._parents.get(id, ())
+    def after(self, id: int) -> tuple[int, ...]:
+        """The ids item `id` was enqueued after, ascending (none without `after`)."""
+        return self._after.get(id, ())
 
     def children(self, id: int) -> list[int]:
-        """The items enqueued after item `id`, ascending."""
+        """The items enqueued after item `id`, ascending, while it exists."""
         return sorted(self._children.get(id, ()))
 
     def forget(self, id: int) -> None:
-        """Item `id` is deleted: its pairs go with it."""
-        for parent in self._parents.pop(id, ()):
+        """Item `id` is deleted: its pairs go, as a child and as a parent (its children
+        keep it in their `after`)."""
+        for parent in self._after.pop(id, ()):
             self._children[parent].discard(id)
-        for child in self._children.pop(id, set()):
-            self._parents[child] = tuple(p for p in self._parents[child] if p != id)
+        self._children.pop(id, None)

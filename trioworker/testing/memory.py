@@ -78,8 +78,9 @@ from trioworker._store.reads import (
 from trioworker._store.tracing import trace_context_or_current, with_current_trace
 from trioworker._store.waiting import wait_result
 from trioworker.testing._memory_dependencies import (
-    NEEDS_PARENTS,
+    PENDING,
     Dependencies,
+    ParentStatus,
     cascade_reason,
     verdict,
 )
@@ -401,8 +402,14 @@ class MemoryStore:
             return None
         return "after names items that do not exist: " + ", ".join(map(str, unknown))
 
-    def _parent_states(self, id: int) -> list[tuple[int, Status]]:
-        return [(p, self._rows[p].status) for p in self._deps.parents(id)]
+    def _parent_states(self, id: int) -> list[tuple[int, ParentStatus]]:
+        """Item `id`'s parents as it was enqueued after them: (id, status), None for one
+        that no longer exists."""
+        return [(p, r.status if (r := self._rows.get(p)) else None) for p in self._deps.after(id)]
+
+    def _parents(self, id: int) -> list[_Row]:
+        """Item `id`'s parents that still exist, by id."""
+        return [self._rows[p] for p in self._deps.after(id) if p in self._rows]
 
     def _waiting(self, ids: Iterable[int]) -> list[_Row]:
         """The Waiting items of `ids`, by id."""
@@ -437,13 +444,13 @@ class MemoryStore:
             frontier = {row.id for row, _ in doomed}
             below = self._waiting(c for p in frontier for c in self._deps.children(p))
             doomed = [
-                (row, cascade_reason(frontier.intersection(self._deps.parents(row.id))))
+                (row, cascade_reason(frontier.intersection(self._deps.after(row.id))))
                 for row in below
             ]
 
     def _needed(self, id: int) -> bool:
         """Whether a child still needs item `id` (work_items_keep_needed_parents)."""
-        return any(self._rows[c].status in NEEDS_PARENTS for c in self._deps.children(id))
+        return any(self._rows[c].status in PENDING for c in self._deps.children(id))
 
     # -- the protocol ---------------------------------------------------------------
 
@@ -527,7 +534,7 @@ class MemoryStore:
         )
         self._rows[row.id] = row
         if request.after:
-            self._deps.add(row.id, (p for p in request.after if p in self._rows))
+            self._deps.add(row.id, request.after)
         else:
             self._arrive(row)
         return Enqueued(id=row.id, deduplicated=False)
@@ -758,7 +765,7 @@ class MemoryStore:
     async def parent_results(self, id: int) -> dict[int, Any]:
         """The results of item `id`'s parents, by id (`Context.parent_results`)."""
         await self._enter("parent_results")
-        return {p: copy.deepcopy(self._rows[p].result) for p in self._deps.parents(id)}
+        return {p.id: copy.deepcopy(p.result) for p in self._parents(id)}
 
     async def record_step(
         self,
@@ -1251,7 +1258,7 @@ class MemoryStore:
         if item is None:
             return None
         steps = copy.deepcopy(list(self._steps.get(id, {}).values()))
-        parents = self._relatives(self._deps.parents(id))
+        parents = [Relative(r.id, r.kind, r.status) for r in self._parents(id)]
         waiting: list[str] = []
         if item.status is Status.QUEUED:
             waiting = waiting_reasons(self._wait_facts(self._rows[id]), item.kind, item.scope)
@@ -1263,11 +1270,11 @@ class MemoryStore:
             steps,
             waiting,
             parents=parents,
-            children=self._relatives(self._deps.children(id)[:SHOWN_CHILDREN]),
+            children=[
+                Relative(r.id, r.kind, r.status)
+                for r in map(self._rows.__getitem__, self._deps.children(id)[:SHOWN_CHILDREN])
+            ],
         )
-
-    def _relatives(self, ids: Iterable[int]) -> list[Relative]:
-        return [Relative(r.id, r.kind, r.status) for r in map(self._rows.__getitem__, ids)]
 
     def _alive(self, worker: WorkerInfo, now: dt.datetime) -> bool:
         """Whether an advertised Worker is alive, as `workers` says on PostgreSQL."""
