@@ -206,3 +206,226 @@ async def test_retention_keeps_a_parent_that_a_child_still_needs(harness: Harnes
         harness.age(id, 3600)
     assert await harness.store.delete_finished(dt.timedelta(minutes=1)) == 3
     assert harness.items() == []
+
+
+# -- added by the memory store's author
+
+
+def reasons(harness: Harness, *ids: int) -> list[str | None]:
+    """The items' reasons, in the order of `ids`."""
+    return [state(harness, id).reason for id in ids]
+
+
+def trio_store_only(harness: Harness) -> None:
+    """Skip on the clients: a handler's fenced transaction is the Trio store's."""
+    if harness.name in ("client", "async-client"):
+        pytest.skip("a handler's transaction is the Trio store's: the clients take none")
+
+
+async def child_of(harness: Harness, *parents: int, kind: str = "C") -> int:
+    """A new item of `kind` after `parents`: its id."""
+    return (await harness.store.enqueue(kind, after=list(parents))).id
+
+
+async def test_a_cascade_names_each_descendants_parent_level_by_level(harness: Harness) -> None:
+    """A failed parent: its Waiting children name it; below them, each descendant names
+    its lowest parent cancelled at the level above; an item that is not Waiting (a
+    child cancelled before) is left alone, and so is a sibling parent."""
+    p1 = (await harness.store.enqueue("A")).id
+    p2 = (await harness.store.enqueue("B")).id
+    x = await child_of(harness, p1, p2)
+    y = await child_of(harness, x)
+    z = await child_of(harness, y, x)
+    w = await child_of(harness, z, y)
+    v = await child_of(harness, w)
+    lone = await child_of(harness, p1)
+    assert await harness.store.cancel(lone) is CancelOutcome.CANCELLED
+    await run(harness, p1, ok=False)
+    assert statuses(harness, x, y, z, w, v) == [Status.CANCELLED] * 5
+    assert reasons(harness, x, y, z, w, v, lone) == [
+        f"parent {p1} failed",
+        f"parent {x} was cancelled",
+        f"parent {x} was cancelled",
+        f"parent {y} was cancelled",
+        f"parent {w} was cancelled",
+        "cancelled before it ran",
+    ]
+    assert state(harness, p2).status is Status.QUEUED
+
+
+async def test_a_failed_parent_is_named_before_a_lower_pending_one(harness: Harness) -> None:
+    """Of a Waiting item's parents, a Failed or Cancelled one decides, the lowest first,
+    before any still pending; a Cancelled one is said to be cancelled."""
+    pending = (await harness.store.enqueue("A")).id
+    cancelled = (await harness.store.enqueue("B")).id
+    failed = (await harness.store.enqueue("B")).id
+    assert await harness.store.cancel(cancelled) is CancelOutcome.CANCELLED
+    item = await harness.store.claim("w1", LEASE, kinds=("B",))
+    assert item is not None and item.id == failed
+    assert await harness.store.fail(failed, item.attempt, "failed", "boom")
+    one = await child_of(harness, pending, failed)
+    both = await child_of(harness, pending, failed, cancelled)
+    assert reasons(harness, one, both) == [
+        f"parent {failed} failed",
+        f"parent {cancelled} was cancelled",
+    ]
+    assert state(harness, pending).status is Status.QUEUED
+
+
+async def test_cancelling_a_waiting_item_cancels_its_waiting_descendants(harness: Harness) -> None:
+    """`cancel` of a Waiting item: it ends Cancelled, and so do its Waiting children and
+    theirs, each naming its parent; its own parent is left alone."""
+    a = (await harness.store.enqueue("A")).id
+    b = await child_of(harness, a)
+    c = await child_of(harness, b)
+    d = await child_of(harness, c, b)
+    assert await harness.store.cancel(b) is CancelOutcome.CANCELLED
+    assert statuses(harness, a, b, c, d) == [Status.QUEUED] + [Status.CANCELLED] * 3
+    assert reasons(harness, b, c, d) == [
+        "cancelled before it ran",
+        f"parent {b} was cancelled",
+        f"parent {b} was cancelled",
+    ]
+    assert await harness.store.cancel(c) is CancelOutcome.ALREADY_FINISHED
+    await run(harness, a)
+    assert statuses(harness, b, c, d) == [Status.CANCELLED] * 3
+
+
+async def test_a_retry_of_a_chain_settles_it_in_id_order(harness: Harness) -> None:
+    """Retrying a child and its grandchild while the root is still Failed: the child is
+    Cancelled again naming the root, the grandchild naming the child; retried with the
+    root too, both wait, and run in turn; a retried item whose parents have Succeeded
+    is Queued at once."""
+    a = (await harness.store.enqueue("A")).id
+    b = await child_of(harness, a)
+    c = await child_of(harness, b)
+    await run(harness, a, ok=False)
+    assert sorted(await harness.store.retry([c, b])) == [b, c]
+    assert statuses(harness, b, c) == [Status.CANCELLED] * 2
+    assert reasons(harness, b, c) == [f"parent {a} failed", f"parent {b} was cancelled"]
+    assert sorted(await harness.store.retry([a, b, c])) == [a, b, c]
+    assert statuses(harness, a, b, c) == [Status.QUEUED, Status.WAITING, Status.WAITING]
+    assert reasons(harness, b, c) == [
+        "retried by an operator after attempt 1",
+        "retried by an operator after attempt 1",
+    ]
+    await run(harness, a)
+    assert statuses(harness, b, c) == [Status.QUEUED, Status.WAITING]
+    await run(harness, b, ok=False)
+    assert reasons(harness, c) == [f"parent {b} failed"]
+    assert await harness.store.retry([b]) == [b]
+    await run(harness, b)
+    assert await harness.store.retry([c]) == [c]
+    assert state(harness, c).status is Status.QUEUED
+
+
+async def test_lease_recovery_and_a_superseded_requeue_cancel_children(harness: Harness) -> None:
+    """A parent failed by lease recovery (stalls), or Cancelled as superseded by a Queued
+    item with its dedup key: its Waiting children end Cancelled, naming it."""
+    a = (await harness.store.enqueue("A")).id
+    child = await child_of(harness, a)
+    item = await harness.store.claim("w1", LEASE, kinds=("A",))
+    assert item is not None and item.id == a
+    harness.expire_lease(a)
+    [recovered] = await harness.store.recover_expired_leases(max_stalls=1)
+    assert recovered.status is Status.FAILED
+    assert reasons(harness, child) == [f"parent {a} failed"]
+
+    keyed = (await harness.store.enqueue("B", dedup_key="k")).id
+    below = await child_of(harness, keyed)
+    item = await harness.store.claim("w1", LEASE, kinds=("B",))
+    assert item is not None and item.id == keyed
+    sibling = (await harness.store.enqueue("B", dedup_key="k")).id
+    assert await harness.store.release(keyed, item.attempt)
+    assert reasons(harness, keyed, below) == [
+        f"superseded by queued item {sibling}",
+        f"parent {keyed} was cancelled",
+    ]
+    assert state(harness, below).status is Status.CANCELLED
+
+
+async def test_a_handler_enqueues_children_in_its_fenced_transaction(harness: Harness) -> None:
+    """In a fenced transaction: an item after one enqueued earlier in it, and one after
+    the handler's own item; nothing exists until the commit; then they wait, and the
+    one after the handler's item is Queued once it has Succeeded. One after an item not
+    yet committed elsewhere is refused."""
+    trio_store_only(harness)
+    first = (await harness.store.enqueue("A")).id
+    item = await harness.store.claim("w1", LEASE, kinds=KINDS)
+    assert item is not None and item.id == first
+    async with harness.store.fenced_transaction(first, item.attempt) as tx:
+        early = await harness.store.enqueue("B", tx=tx)
+        later = await harness.store.enqueue("C", after=[early.id], tx=tx)
+        own = await harness.store.enqueue("C", after=[first], tx=tx)
+        assert len(harness.items()) == 1
+        tx.complete(result=[1])
+    assert statuses(harness, early.id, later.id, own.id) == [
+        Status.QUEUED,
+        Status.WAITING,
+        Status.WAITING,
+    ]
+    assert await harness.store.complete_batch([(first, item.attempt)]) == {first}
+    assert state(harness, own.id).status is Status.QUEUED
+    assert await harness.store.parent_results(own.id) == {first: [1]}
+
+
+async def test_counts_and_retention_with_dependencies(harness: Harness) -> None:
+    """Waiting items are counted under their status; a parent whose child has ended
+    (any way) may be deleted, and is then no longer among the child's parents; a Failed
+    parent's Cancelled child does not hold it."""
+    a = (await harness.store.enqueue("A")).id
+    b = (await harness.store.enqueue("B")).id
+    child = await child_of(harness, a, b)
+    counts = await harness.store.queue_counts()
+    assert counts.totals["Waiting"] == 1 and counts.by_kind["C"]["Waiting"] == 1
+    status = await harness.store.status()
+    assert status.counts.totals["Waiting"] == 1
+    await run(harness, a)
+    await run(harness, b, ok=False)
+    assert state(harness, child).status is Status.CANCELLED
+    harness.age(a, 3600)
+    harness.age(b, 3600)
+    assert await harness.store.delete_finished(dt.timedelta(minutes=1)) == 2
+    shown = await harness.store.show(child)
+    assert shown is not None and shown.parents == []
+    assert await harness.store.parent_results(child) == {}
+    assert await harness.store.retry([child]) == [child]
+    assert state(harness, child).status is Status.CANCELLED
+    assert state(harness, child).reason == f"parent {a} no longer exists"
+
+
+async def test_a_running_child_keeps_its_parent(harness: Harness) -> None:
+    """A Succeeded parent whose child is Running is not deleted; a Succeeded parent of
+    only finished children is."""
+    a = (await harness.store.enqueue("A")).id
+    await run(harness, a)
+    child = await child_of(harness, a)
+    item = await harness.store.claim("w1", LEASE, kinds=KINDS)
+    assert item is not None and item.id == child
+    harness.age(a, 3600)
+    assert await harness.store.delete_finished(dt.timedelta(minutes=1)) == 0
+    assert await harness.store.complete_batch([(child, item.attempt)]) == {child}
+    assert await harness.store.delete_finished(dt.timedelta(minutes=1)) == 1
+    shown = await harness.store.show(child)
+    assert shown is not None and shown.parents == []
+
+
+async def test_show_says_which_parents_a_waiting_item_waits_for(harness: Harness) -> None:
+    """`show` of a Waiting item: the parents that have not Succeeded, with their kinds
+    and statuses; of a parent, its children with theirs."""
+    a = (await harness.store.enqueue("A")).id
+    b = (await harness.store.enqueue("B")).id
+    c = (await harness.store.enqueue("A")).id
+    child = await child_of(harness, c, a, b)
+    await run(harness, a)
+    item = await harness.store.claim("w1", LEASE, kinds=("B",))
+    assert item is not None and item.id == b
+    shown = await harness.store.show(child)
+    assert shown is not None
+    assert list(shown.waiting) == [f"for parent {b} (B, Running), parent {c} (A, Queued)"]
+    assert [(r.id, r.status) for r in shown.parents] == [
+        (a, Status.SUCCEEDED), (b, Status.RUNNING), (c, Status.QUEUED),
+    ]  # fmt: skip
+    parent = await harness.store.show(a)
+    assert parent is not None and list(parent.waiting) == []
+    assert [(r.id, r.kind, r.status) for r in parent.children] == [(child, "C", Status.WAITING)]
