@@ -235,7 +235,7 @@ class MemoryStore:
         #: The schedules' specs, by name (what the database compares).
         self._specs: dict[str, str] = {}
         self._limits = MemoryLimits()
-        #: Each item's parents and children (`after=`).
+        #: Each item's `after` as enqueued, and each parent's children.
         self._deps = Dependencies()
         self._respond = respond
         self._statements: list[Statement] = []
@@ -424,8 +424,8 @@ class MemoryStore:
 
     def _settle(self, ids: Iterable[int], *, ended: tuple[int, Status] | None = None) -> None:
         """Settle the Waiting items of `ids` (work_settle_waiting): each whose parents
-        have all Succeeded arrives Queued; each with a parent Failed or Cancelled is
-        Cancelled, naming it, and so are its Waiting descendants, level by level, each
+        have all Succeeded arrives Queued; each with a parent Failed, Cancelled or gone
+        is Cancelled, naming it, and so are its Waiting descendants, level by level, each
         naming its lowest parent cancelled at the level above; the rest wait. A level's
         verdicts are all read before any is written. `ended`: the parent whose last
         transition settles them (id, status), the only one whose end cancels them."""
