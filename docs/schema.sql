@@ -24,6 +24,16 @@ CREATE TABLE work_claim_locks (
 );
 
 
+CREATE TABLE work_dependencies (
+    child_id bigint NOT NULL,
+    parent_id bigint NOT NULL,
+    CONSTRAINT work_dependencies_child_id_fkey FOREIGN KEY (child_id) REFERENCES work_items(id) ON DELETE CASCADE,
+    CONSTRAINT work_dependencies_parent_first CHECK ((parent_id < child_id)),
+    CONSTRAINT work_dependencies_pkey PRIMARY KEY (child_id, parent_id)
+);
+
+CREATE INDEX work_dependencies_children ON public.work_dependencies USING btree (parent_id);
+
 CREATE TABLE work_failover_guard (
     singleton boolean NOT NULL DEFAULT true,
     timeline bigint NOT NULL,
@@ -65,13 +75,15 @@ CREATE TABLE work_items (
     kind_slot integer,
     completed_at timestamp with time zone,
     result jsonb,
+    after bigint[],
+    has_children boolean NOT NULL DEFAULT false,
     CONSTRAINT work_items_completed_only_running_or_succeeded CHECK (((completed_at IS NULL) OR (status = ANY (ARRAY['Running'::text, 'Succeeded'::text])))),
     CONSTRAINT work_items_counters_sane CHECK (((attempt >= 0) AND (stalls >= 0) AND (failures >= 0))),
     CONSTRAINT work_items_heads_are_queued_and_scoped CHECK (((NOT is_head) OR ((status = 'Queued'::text) AND (scope IS NOT NULL)))),
     CONSTRAINT work_items_pkey PRIMARY KEY (id),
     CONSTRAINT work_items_running_has_lease CHECK (((status = 'Running'::text) = (lease_expires_at IS NOT NULL))),
     CONSTRAINT work_items_slots_only_running CHECK (((status = 'Running'::text) OR ((scope_slot IS NULL) AND (kind_slot IS NULL)))),
-    CONSTRAINT work_items_status_known CHECK ((status = ANY (ARRAY['Queued'::text, 'Running'::text, 'Succeeded'::text, 'Failed'::text, 'Cancelled'::text]))),
+    CONSTRAINT work_items_status_known CHECK ((status = ANY (ARRAY['Waiting'::text, 'Queued'::text, 'Running'::text, 'Succeeded'::text, 'Failed'::text, 'Cancelled'::text]))),
     CONSTRAINT work_items_traceback_fits CHECK ((length(traceback) <= 20000))
 );
 
@@ -182,6 +194,14 @@ CREATE TABLE work_unsettled_scopes (
 
 CREATE INDEX work_unsettled_scopes_scope ON public.work_unsettled_scopes USING btree (scope);
 
+CREATE TABLE work_unsettled_waiting (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    item_id bigint NOT NULL,
+    noted_at timestamp with time zone NOT NULL DEFAULT now(),
+    CONSTRAINT work_unsettled_waiting_pkey PRIMARY KEY (id)
+);
+
+
 CREATE TABLE work_workers (
     id text NOT NULL,
     host text NOT NULL,
@@ -204,6 +224,45 @@ CREATE OR REPLACE FUNCTION public.pg_notify(p_channel text, p_payload text)
  RETURNS void
  LANGUAGE sql
 AS $function$ SELECT pg_catalog.pg_notify(work_channel(p_channel), p_payload) $function$;
+
+CREATE OR REPLACE FUNCTION public.work_adopt_waiting(p_ids bigint[], p_announce boolean)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET enable_seqscan TO 'off'
+AS $function$
+DECLARE
+    parents bigint[];
+    held bigint[];
+    adopted bigint[];
+    blocked bigint[];
+BEGIN
+    SELECT array_agg(DISTINCT a) INTO parents
+    FROM work_items AS c, unnest(c.after) AS a
+    WHERE c.id = ANY(p_ids) AND c.status = 'Waiting';
+    -- Parents that exist but another transaction holds; the others are locked here.
+    SELECT COALESCE(array_agg(p.id), '{}') INTO held FROM work_items AS p
+    WHERE p.id = ANY(parents)
+      AND p.id NOT IN (SELECT l.id FROM work_items AS l WHERE l.id = ANY(parents)
+                       ORDER BY l.id FOR NO KEY UPDATE SKIP LOCKED);
+    UPDATE work_items SET has_children = true
+    WHERE id = ANY(parents) AND id <> ALL(held) AND NOT has_children;
+    SELECT array_agg(c.id) FILTER (WHERE c.after && held),
+           array_agg(c.id) FILTER (WHERE NOT COALESCE(c.after && held, false))
+    INTO blocked, adopted
+    FROM work_items AS c WHERE c.id = ANY(p_ids) AND c.status = 'Waiting';
+    IF blocked IS NOT NULL THEN
+        INSERT INTO work_unsettled_waiting (item_id) SELECT unnest(blocked);
+        IF p_announce THEN
+            PERFORM pg_notify('trioworker_settle', '');
+        END IF;
+    END IF;
+    IF adopted IS NOT NULL THEN
+        PERFORM work_settle_waiting(adopted, p_announce);
+    END IF;
+END
+$function$;
 
 CREATE OR REPLACE FUNCTION public.work_channel(p_name text)
  RETURNS text
@@ -491,6 +550,28 @@ AS $function$
         WHERE status IN ('Succeeded', 'Failed', 'Cancelled') AND status = ANY(p_statuses)
           AND finished_at >= p_after
           AND finished_at < now() - make_interval(secs => p_older_than)
+        ORDER BY finished_at
+        LIMIT p_batch
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM work_items AS w USING doomed WHERE w.id = doomed.id
+    RETURNING w.finished_at
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_delete_finished_v2(p_statuses text[], p_after timestamp with time zone, p_older_than double precision, p_batch integer)
+ RETURNS SETOF timestamp with time zone
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+    WITH doomed AS (
+        SELECT id FROM work_items AS w
+        WHERE status IN ('Succeeded', 'Failed', 'Cancelled') AND status = ANY(p_statuses)
+          AND finished_at >= p_after
+          AND finished_at < now() - make_interval(secs => p_older_than)
+          AND NOT (w.has_children AND EXISTS (
+              SELECT 1 FROM work_dependencies AS d JOIN work_items AS c ON c.id = d.child_id
+              WHERE d.parent_id = w.id AND c.status IN ('Waiting', 'Queued', 'Running')))
         ORDER BY finished_at
         LIMIT p_batch
         FOR UPDATE SKIP LOCKED
@@ -794,6 +875,55 @@ CREATE OR REPLACE FUNCTION public.work_internal_end(p_was text)
  LANGUAGE sql
 AS $function$ SELECT set_config('trioworker.internal', p_was, true) $function$;
 
+CREATE OR REPLACE FUNCTION public.work_items_after_parents()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+DECLARE
+    undone record;
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        IF cardinality(NEW.after) NOT BETWEEN 1 AND 1000
+           OR array_position(NEW.after, NULL) IS NOT NULL THEN
+            PERFORM work_refuse_dependency('work_items_after_bounded',
+                'after names 1 to 1000 parents, none NULL', NEW.id);
+        END IF;
+        IF NEW.status <> 'Queued' OR NEW.dedup_key IS NOT NULL THEN
+            PERFORM work_refuse_dependency('work_items_after_queued',
+                'an item with parents is enqueued Queued (it is stored Waiting) and'
+                ' without a dedup key', NEW.id);
+        END IF;
+        NEW.status := 'Waiting';
+        NEW.is_head := false;
+        RETURN NEW;
+    END IF;
+    SELECT u.a AS id, COALESCE(p.status, 'gone') AS status INTO undone
+    FROM unnest(NEW.after) AS u (a)
+    LEFT JOIN work_items AS p ON p.id = u.a
+    WHERE p.status IS DISTINCT FROM 'Succeeded'
+    ORDER BY u.a LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN NEW;
+    END IF;
+    IF NEW.status = 'Running' THEN
+        RETURN NULL;
+    END IF;
+    IF OLD.status = 'Waiting' THEN
+        PERFORM work_refuse_dependency('work_items_after_parents_done',
+            format('a Waiting item becomes Queued once every parent has Succeeded'
+                   ' (parent %s is %s)', undone.id, undone.status), NEW.id);
+    END IF;
+    NEW.status := 'Waiting';
+    NEW.is_head := false;
+    RETURN NEW;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_items_arrive()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -917,6 +1047,34 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_items_keep_needed_parents()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+DECLARE
+    needy bigint;
+BEGIN
+    SELECT c.id INTO needy FROM work_dependencies AS d
+    JOIN work_items AS c ON c.id = d.child_id
+    WHERE d.parent_id = OLD.id AND c.status IN ('Waiting', 'Queued', 'Running')
+    ORDER BY c.id LIMIT 1;
+    IF FOUND THEN
+        PERFORM work_refuse_dependency('work_items_needed_parent_stays',
+            format('item %s is a parent that item %s still needs', OLD.id, needy), OLD.id);
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        DELETE FROM work_dependencies WHERE parent_id = OLD.id;
+        RETURN OLD;
+    END IF;
+    RETURN NEW;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_items_notify_unscoped()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -926,6 +1084,38 @@ BEGIN
                WHERE scope IS NULL AND status = 'Queued' AND run_after <= now()) THEN
         PERFORM pg_notify('trioworker', '');
     END IF;
+    RETURN NULL;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_items_record_parents()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+DECLARE
+    unknown bigint[];
+BEGIN
+    SELECT array_agg(a ORDER BY a) INTO unknown
+    FROM unnest(NEW.after) AS a
+    WHERE NOT EXISTS (SELECT 1 FROM work_items WHERE id = a);
+    IF unknown IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'foreign_key_violation',
+            CONSTRAINT = 'work_items_after_known', TABLE = 'work_items',
+            MESSAGE = format('after names items that do not exist: %s',
+                             array_to_string(unknown, ', ')),
+            DETAIL = format('Failing row has id = %s.', NEW.id);
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(NEW.after) AS a WHERE a >= NEW.id) THEN
+        PERFORM work_refuse_dependency('work_dependencies_parent_first',
+            'a parent is enqueued before its children (its id is lower)', NEW.id);
+    END IF;
+    INSERT INTO work_dependencies (child_id, parent_id)
+    SELECT DISTINCT NEW.id, a FROM unnest(NEW.after) AS a;
     RETURN NULL;
 END
 $function$;
@@ -993,6 +1183,26 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_items_release_children()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+BEGIN
+    IF current_setting('trioworker.cascading', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
+    PERFORM work_settle_waiting(
+        ARRAY(SELECT child_id FROM work_dependencies WHERE parent_id = NEW.id), true,
+        NEW.id, NEW.status);
+    RETURN NULL;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_items_result_refused()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -1049,6 +1259,26 @@ BEGIN
         END IF;
     END IF;
     RETURN NEW;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_items_wait_for_parents()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+BEGIN
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM work_adopt_waiting(ARRAY[NEW.id], true);
+    ELSE
+        INSERT INTO work_unsettled_waiting (item_id) VALUES (NEW.id);
+        PERFORM pg_notify('trioworker_settle', '');
+    END IF;
+    RETURN NULL;
 END
 $function$;
 
@@ -1378,6 +1608,19 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_refuse_dependency(p_constraint text, p_message text, p_id bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'check_violation', CONSTRAINT = p_constraint,
+        TABLE = 'work_items',
+        MESSAGE = format('new row for relation "work_items" violates %s: %s',
+                         p_constraint, p_message),
+        DETAIL = format('Failing row has id = %s.', p_id);
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_refuse_row()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -1491,6 +1734,36 @@ BEGIN
     WHERE id = p_id AND status IN ('Queued', 'Running') AND completed_at IS NULL
     RETURNING status, scope INTO r;
     IF r.status = 'Cancelled' THEN
+        PERFORM work_settle_scopes(ARRAY[r.scope]);
+    END IF;
+    PERFORM work_internal_end(was);
+    RETURN r.status;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_request_cancel_v2(p_id bigint)
+ RETURNS text
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+DECLARE
+    was text := work_internal_begin();
+    r record;
+BEGIN
+    UPDATE work_items
+    SET status = CASE WHEN status IN ('Queued', 'Waiting') THEN 'Cancelled' ELSE status END,
+        finished_at = CASE WHEN status IN ('Queued', 'Waiting') THEN now() ELSE finished_at END,
+        reason = CASE WHEN status IN ('Queued', 'Waiting') THEN 'cancelled before it ran'
+                      ELSE reason END,
+        is_head = false,
+        cancel_requested = true
+    WHERE id = p_id AND status IN ('Waiting', 'Queued', 'Running') AND completed_at IS NULL
+    RETURNING status, scope INTO r;
+    IF r.status = 'Cancelled' AND r.scope IS NOT NULL THEN
         PERFORM work_settle_scopes(ARRAY[r.scope]);
     END IF;
     PERFORM work_internal_end(was);
@@ -1808,7 +2081,10 @@ BEGIN
                             '|declare_limit|delete_finished|finish_result|complete_result'
                             '|record_step)'
                             '_v[0-9]+$')
-               OR p.proname IN ('work_items_confirm_place', 'work_limits_settle'))
+               OR p.proname IN ('work_items_confirm_place', 'work_limits_settle',
+                                'work_items_record_parents', 'work_items_wait_for_parents',
+                                'work_items_release_children', 'work_items_after_parents',
+                                'work_items_keep_needed_parents'))
           AND NOT (p.prosecdef
                    AND 'search_path=' || path = ANY (COALESCE(p.proconfig, '{}'))
                    AND NOT pg_catalog.has_function_privilege('public', p.oid, 'EXECUTE'))
@@ -2002,6 +2278,35 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_settle_noted_v2(p_limit integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+DECLARE
+    n integer := work_settle_noted_v1(p_limit);
+    ids bigint[];
+BEGIN
+    WITH taken AS (
+        DELETE FROM work_unsettled_waiting
+        WHERE id IN (SELECT id FROM work_unsettled_waiting ORDER BY id LIMIT p_limit
+                     FOR UPDATE SKIP LOCKED)
+        RETURNING item_id
+    )
+    SELECT array_agg(DISTINCT item_id) INTO ids FROM taken;
+    IF ids IS NOT NULL THEN
+        -- Not announced: one still held is settled at a later pass.
+        PERFORM work_adopt_waiting(ids, false);
+        n := n + cardinality(ids);
+    END IF;
+    RETURN n;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_settle_scope(p_scope text, OUT promoted integer, OUT settled boolean)
  RETURNS record
  LANGUAGE sql
@@ -2038,6 +2343,122 @@ BEGIN
         PERFORM pg_notify('trioworker_settle', s);
     END LOOP;
     RETURN result.promoted;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_settle_waiting(p_ids bigint[], p_announce boolean, p_parent bigint DEFAULT NULL::bigint, p_parent_status text DEFAULT NULL::text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET enable_seqscan TO 'off'
+AS $function$
+DECLARE
+    locked bigint[];
+    ready bigint[];
+    doomed bigint[];
+    because text[];
+    frontier bigint[];
+    was text;
+BEGIN
+    SELECT array_agg(l.id ORDER BY l.id) INTO locked FROM (
+        SELECT id FROM work_items WHERE id = ANY(p_ids) AND status = 'Waiting'
+        ORDER BY id FOR NO KEY UPDATE SKIP LOCKED) AS l;
+    INSERT INTO work_unsettled_waiting (item_id)
+    SELECT id FROM work_items
+    WHERE id = ANY(p_ids) AND status = 'Waiting' AND id <> ALL(COALESCE(locked, '{}'));
+    IF FOUND AND p_announce THEN
+        PERFORM pg_notify('trioworker_settle', '');
+    END IF;
+    IF locked IS NULL THEN
+        RETURN;
+    END IF;
+
+    IF p_parent_status IN ('Failed', 'Cancelled') THEN
+        doomed := locked;
+        because := array_fill(format('parent %s %s', p_parent,
+            CASE p_parent_status WHEN 'Failed' THEN 'failed' ELSE 'was cancelled' END),
+            ARRAY[cardinality(locked)]);
+    ELSIF p_parent_status = 'Succeeded' THEN
+        SELECT array_agg(c.id) INTO ready
+        FROM work_items AS c
+        WHERE c.id = ANY(locked)
+          AND NOT EXISTS (
+              SELECT 1 FROM (SELECT u.a FROM unnest(c.after) WITH ORDINALITY AS u (a, n)
+                             ORDER BY u.n DESC) AS newest_first
+              WHERE NOT EXISTS (SELECT 1 FROM work_items AS p
+                                WHERE p.id = newest_first.a AND p.status = 'Succeeded'));
+    ELSE
+        -- Each child's verdict, from the parent that decides it: one gone, Failed or
+        -- Cancelled first, else any that has not Succeeded (none: ready).
+        SELECT array_agg(c.id) FILTER (WHERE b.id IS NULL),
+               array_agg(c.id) FILTER (WHERE b.ended),
+               array_agg(format('parent %s %s', b.id,
+                                CASE b.status WHEN 'Failed' THEN 'failed'
+                                              WHEN 'Cancelled' THEN 'was cancelled'
+                                              ELSE 'no longer exists' END))
+                   FILTER (WHERE b.ended)
+        INTO ready, doomed, because
+        FROM work_items AS c
+        LEFT JOIN LATERAL (
+            SELECT u.a AS id, p.status, p.status IS DISTINCT FROM 'Waiting'
+                   AND p.status IS DISTINCT FROM 'Queued'
+                   AND p.status IS DISTINCT FROM 'Running' AS ended
+            FROM unnest(c.after) AS u (a)
+            LEFT JOIN work_items AS p ON p.id = u.a
+            WHERE p.status IS DISTINCT FROM 'Succeeded'
+            ORDER BY 3 DESC, u.a
+            LIMIT 1) AS b ON true
+        WHERE c.id = ANY(locked);
+    END IF;
+
+    IF ready IS NOT NULL THEN
+        -- As an enqueue arrives (trioworker.internal off: the triggers place each in its
+        -- line and announce it).
+        was := COALESCE(current_setting('trioworker.internal', true), '');
+        PERFORM set_config('trioworker.internal', '', true);
+        UPDATE work_items SET status = 'Queued' WHERE id = ANY(ready);
+        PERFORM set_config('trioworker.internal', was, true);
+        IF EXISTS (SELECT 1 FROM work_items
+                   WHERE id = ANY(ready) AND scope IS NULL AND run_after <= now()) THEN
+            PERFORM pg_notify('trioworker', '');
+        END IF;
+    END IF;
+
+    IF doomed IS NOT NULL THEN
+        -- Level by level (work_items_release_children leaves a cascade to this loop).
+        was := COALESCE(current_setting('trioworker.cascading', true), '');
+        PERFORM set_config('trioworker.cascading', 'on', true);
+        UPDATE work_items AS w
+        SET status = 'Cancelled', finished_at = now(), is_head = false, reason = r.reason
+        FROM unnest(doomed, because) AS r (id, reason)
+        WHERE w.id = r.id;
+        frontier := doomed;
+        LOOP
+            SELECT array_agg(l.id ORDER BY l.id) INTO locked FROM (
+                SELECT id FROM work_items
+                WHERE id IN (SELECT child_id FROM work_dependencies
+                             WHERE parent_id = ANY(frontier))
+                  AND status = 'Waiting'
+                ORDER BY id FOR NO KEY UPDATE SKIP LOCKED) AS l;
+            INSERT INTO work_unsettled_waiting (item_id)
+            SELECT id FROM work_items
+            WHERE id IN (SELECT child_id FROM work_dependencies WHERE parent_id = ANY(frontier))
+              AND status = 'Waiting' AND id <> ALL(COALESCE(locked, '{}'));
+            IF FOUND AND p_announce THEN
+                PERFORM pg_notify('trioworker_settle', '');
+            END IF;
+            EXIT WHEN locked IS NULL;
+            UPDATE work_items AS w
+            SET status = 'Cancelled', finished_at = now(), is_head = false,
+                reason = (SELECT format('parent %s was cancelled', min(d.parent_id))
+                          FROM work_dependencies AS d
+                          WHERE d.child_id = w.id AND d.parent_id = ANY(frontier))
+            WHERE w.id = ANY(locked);
+            frontier := locked;
+        END LOOP;
+        PERFORM set_config('trioworker.cascading', was, true);
+    END IF;
 END
 $function$;
 
@@ -2098,6 +2519,9 @@ END
 $function$;
 
 CREATE TRIGGER work_claim_locks_stay BEFORE DELETE OR UPDATE OR TRUNCATE ON public.work_claim_locks FOR EACH STATEMENT EXECUTE FUNCTION work_lock_rows_stay();
+CREATE TRIGGER work_items_after_kept BEFORE UPDATE OF after ON public.work_items FOR EACH ROW WHEN ((old.after IS DISTINCT FROM new.after)) EXECUTE FUNCTION work_refuse_row('work_items_after_kept', 'after is kept as the item was enqueued', 'id');
+CREATE TRIGGER work_items_after_parents BEFORE INSERT ON public.work_items FOR EACH ROW WHEN ((new.after IS NOT NULL)) EXECUTE FUNCTION work_items_after_parents();
+CREATE TRIGGER work_items_after_parents_done BEFORE UPDATE OF status ON public.work_items FOR EACH ROW WHEN (((new.after IS NOT NULL) AND (new.status = ANY (ARRAY['Queued'::text, 'Running'::text])) AND (old.status IS DISTINCT FROM new.status))) EXECUTE FUNCTION work_items_after_parents();
 CREATE TRIGGER work_items_arrive BEFORE INSERT OR UPDATE OF status, scope, kind, priority, run_after ON public.work_items FOR EACH ROW WHEN ((((new.scope IS NOT NULL) OR new.is_head) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_arrive();
 CREATE TRIGGER work_items_asked_in_bounds BEFORE INSERT OR UPDATE OF requested_at, run_after, kind, scope, dedup_key, priority, payload, trace_context ON public.work_items FOR EACH ROW WHEN (((LEAST(new.requested_at, new.run_after) < '1900-01-01 00:00:00+00'::timestamp with time zone) OR (GREATEST(new.requested_at, new.run_after) > '9000-01-01 00:00:00+00'::timestamp with time zone) OR (((new.dedup_key <> ''::text) AND (length(new.dedup_key) <= 200)) IS FALSE) OR (((new.kind <> ''::text) AND (length(new.kind) <= 200)) IS FALSE) OR ((work_not_blank(new.kind) AND ((new.scope IS NULL) OR work_not_blank(new.scope)) AND ((new.dedup_key IS NULL) OR work_not_blank(new.dedup_key))) IS FALSE) OR (jsonb_path_exists(new.payload, 'strict $.**{64}'::jsonpath) IS TRUE) OR ((octet_length((new.payload)::text) <= 131072) IS FALSE) OR (((new.priority >= '-1000'::integer) AND (new.priority <= 1000)) IS FALSE) OR (((new.scope <> ''::text) AND (length(new.scope) <= 200)) IS FALSE) OR (((jsonb_typeof(new.trace_context) = 'object'::text) AND (NOT jsonb_path_exists(new.trace_context, '$.*?(@.type() != "string")'::jsonpath)) AND (octet_length((new.trace_context)::text) <= 8192)) IS FALSE))) EXECUTE FUNCTION work_items_refuse_asked();
 CREATE TRIGGER work_items_attempt_times_in_range BEFORE INSERT OR UPDATE OF lease_expires_at, heartbeat_at, started_at, finished_at, completed_at ON public.work_items FOR EACH ROW WHEN (((LEAST(new.lease_expires_at, new.heartbeat_at, new.started_at, new.finished_at, new.completed_at) < '1900-01-01 00:00:00+00'::timestamp with time zone) OR (GREATEST(new.lease_expires_at, new.heartbeat_at, new.started_at, new.finished_at, new.completed_at) > '9000-01-01 00:00:00+00'::timestamp with time zone))) EXECUTE FUNCTION work_refuse_row('work_items_attempt_times_in_range', 'lease_expires_at, heartbeat_at, started_at, finished_at and completed_at are finite times from 1900 to 9000 (UTC)', 'id', 'lease_expires_at', 'heartbeat_at', 'started_at', 'finished_at', 'completed_at');
@@ -2105,9 +2529,14 @@ CREATE CONSTRAINT TRIGGER work_items_confirm_place AFTER INSERT OR UPDATE OF sta
 CREATE TRIGGER work_items_counters_bounded BEFORE INSERT OR UPDATE OF attempt, stalls, failures ON public.work_items FOR EACH ROW WHEN ((GREATEST(new.attempt, new.stalls, new.failures) > 1000000000)) EXECUTE FUNCTION work_items_counters_bounded();
 CREATE TRIGGER work_items_depart_delete AFTER DELETE ON public.work_items FOR EACH ROW WHEN ((((old.status = 'Running'::text) OR old.is_head) AND (old.scope IS NOT NULL) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_depart();
 CREATE TRIGGER work_items_depart_update AFTER UPDATE OF status, scope, kind, priority, run_after ON public.work_items FOR EACH ROW WHEN ((((old.status = 'Running'::text) OR old.is_head) AND (old.scope IS NOT NULL) AND (((((old.status IS DISTINCT FROM new.status) OR (old.scope IS DISTINCT FROM new.scope)) OR (old.kind IS DISTINCT FROM new.kind)) OR (old.priority IS DISTINCT FROM new.priority)) OR (old.run_after IS DISTINCT FROM new.run_after)) AND (current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text))) EXECUTE FUNCTION work_items_depart();
+CREATE TRIGGER work_items_keep_needed_parents BEFORE DELETE ON public.work_items FOR EACH ROW WHEN (old.has_children) EXECUTE FUNCTION work_items_keep_needed_parents();
+CREATE TRIGGER work_items_keep_succeeded_parents BEFORE UPDATE OF status ON public.work_items FOR EACH ROW WHEN ((old.has_children AND (old.status = 'Succeeded'::text) AND (new.status <> 'Succeeded'::text))) EXECUTE FUNCTION work_items_keep_needed_parents();
 CREATE TRIGGER work_items_notify_unscoped AFTER INSERT ON public.work_items REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION work_items_notify_unscoped();
+CREATE TRIGGER work_items_record_parents AFTER INSERT ON public.work_items FOR EACH ROW WHEN ((new.after IS NOT NULL)) EXECUTE FUNCTION work_items_record_parents();
+CREATE TRIGGER work_items_release_children AFTER UPDATE OF status ON public.work_items FOR EACH ROW WHEN ((new.has_children AND (old.status IS DISTINCT FROM new.status) AND (new.status = ANY (ARRAY['Succeeded'::text, 'Failed'::text, 'Cancelled'::text])))) EXECUTE FUNCTION work_items_release_children();
 CREATE TRIGGER work_items_result_bounded BEFORE INSERT OR UPDATE OF result ON public.work_items FOR EACH ROW WHEN (((new.result IS NOT NULL) AND ((octet_length((new.result)::text) > 131072) OR jsonb_path_exists(new.result, 'strict $.**{64}'::jsonpath)))) EXECUTE FUNCTION work_items_result_refused();
 CREATE TRIGGER work_items_take_slot BEFORE INSERT OR UPDATE OF status, scope, kind, scope_slot, kind_slot ON public.work_items FOR EACH ROW WHEN (((new.scope_slot IS NOT NULL) OR (new.kind_slot IS NOT NULL) OR ((new.status = 'Running'::text) AND ((new.scope IS NOT NULL) OR work_kind_limited(new.kind))))) EXECUTE FUNCTION work_items_take_slot();
+CREATE CONSTRAINT TRIGGER work_items_wait_for_parents AFTER INSERT OR UPDATE OF status ON public.work_items DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((new.status = 'Waiting'::text)) EXECUTE FUNCTION work_items_wait_for_parents();
 CREATE TRIGGER work_limits_changed AFTER INSERT OR DELETE OR UPDATE ON public.work_limits FOR EACH ROW EXECUTE FUNCTION work_limits_changed();
 CREATE CONSTRAINT TRIGGER work_limits_settle AFTER INSERT OR DELETE OR UPDATE ON public.work_limits DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION work_limits_settle();
 CREATE TRIGGER work_pauses_changed AFTER INSERT OR DELETE OR UPDATE ON public.work_pauses FOR EACH ROW WHEN ((current_setting('trioworker.internal'::text, true) IS DISTINCT FROM 'on'::text)) EXECUTE FUNCTION work_pauses_changed();

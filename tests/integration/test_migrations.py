@@ -128,6 +128,7 @@ def test_migrate_clears_a_stale_yoyo_lock(empty_dsn: str) -> None:
 RELEASED = {
     "0001.queue.sql": "10b08b2e214dd50ec5e1eea6e55945152b3199aa713e59ecc15a999b56aa1951",
     "0002.results-steps.sql": "fbbcdbd20eb3bb3838999427a3f219086f21830917b9e95442b4793478048ebc",
+    "0003.dependencies.sql": "b20003c2b0f88e690a868c24cafdb7183a779fff69ca9d8e1c149d3691800ac5",
 }
 
 
