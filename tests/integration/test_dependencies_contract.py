@@ -216,10 +216,9 @@ def reasons(harness: Harness, *ids: int) -> list[str | None]:
     return [state(harness, id).reason for id in ids]
 
 
-def trio_store_only(harness: Harness) -> None:
-    """Skip on the clients: a handler's fenced transaction is the Trio store's."""
-    if harness.name in ("client", "async-client"):
-        pytest.skip("a handler's transaction is the Trio store's: the clients take none")
+#: The stores a handler's fenced transaction is made on (the clients take none): the
+#: tests of one run on these alone.
+TRIO_STORES = pytest.mark.parametrize("harness", ["memory", "postgres"], indirect=True)
 
 
 async def child_of(harness: Harness, *parents: int, kind: str = "C") -> int:
@@ -344,12 +343,12 @@ async def test_lease_recovery_and_a_superseded_requeue_cancel_children(harness: 
     assert state(harness, below).status is Status.CANCELLED
 
 
+@TRIO_STORES
 async def test_a_handler_enqueues_children_in_its_fenced_transaction(harness: Harness) -> None:
     """In a fenced transaction: an item after one enqueued earlier in it, and one after
     the handler's own item; nothing exists until the commit; then they wait, and the
     one after the handler's item is Queued once it has Succeeded. One after an item not
     yet committed elsewhere is refused."""
-    trio_store_only(harness)
     first = (await harness.store.enqueue("A")).id
     item = await harness.store.claim("w1", LEASE, kinds=KINDS)
     assert item is not None and item.id == first

@@ -46,9 +46,9 @@ def tables(dsn: str) -> list[str]:
 
 QUEUE_TABLES = [
     "_yoyo_log", "_yoyo_migration", "_yoyo_version", "work_attempts", "work_claim_locks",
-    "work_failover_guard", "work_items", "work_limits", "work_pauses", "work_rate_slots",
-    "work_schedules", "work_settle_locks", "work_steps", "work_unsettled_scopes",
-    "work_workers", "yoyo_lock",
+    "work_dependencies", "work_failover_guard", "work_items", "work_limits", "work_pauses",
+    "work_rate_slots", "work_schedules", "work_settle_locks", "work_steps",
+    "work_unsettled_scopes", "work_unsettled_waiting", "work_workers", "yoyo_lock",
 ]  # fmt: skip
 MEDIA_TABLES = [
     "media_assets", "media_bursts", "media_proxies", "media_share_tokens",
