@@ -116,7 +116,14 @@ def test_the_installed_wheel_migrates_enqueues_and_reports(
                          cwd=tmp_path, dsn=dsn)  # fmt: skip
         assert status.returncode == 0, status.stderr
         assert json.loads(status.stdout)["counts"] == {
-            "Crawl": {"Queued": 1, "Running": 0, "Succeeded": 0, "Failed": 0, "Cancelled": 0}
+            "Crawl": {
+                "Waiting": 0,
+                "Queued": 1,
+                "Running": 0,
+                "Succeeded": 0,
+                "Failed": 0,
+                "Cancelled": 0,
+            }
         }
         table = outside(wheel_venv, "-m", "trioworker", "status", cwd=tmp_path, dsn=dsn)
         assert table.returncode == 0 and "Crawl" in table.stdout, table.stderr
