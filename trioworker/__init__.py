@@ -67,7 +67,7 @@ if _typing.TYPE_CHECKING:  # imported on first use, by __getattr__ below
     from trioworker._postgres.migrate import QUEUE_MIGRATION_HEAD, check_schema, migrate
     from trioworker._postgres.store import PostgresStore, open_store
     from trioworker._postgres.sync_client import Client
-    from trioworker._store.api import FencedTransaction, Store, Transaction
+    from trioworker._store.api import FencedTransaction, HandlerStore, Store, Transaction
     from trioworker._store.reads import ItemDetails, QueueCounts, QueueStatus, Relative
     from trioworker._worker.context import Context
     from trioworker._worker.worker import Worker, WorkerStatistics
@@ -83,6 +83,7 @@ _LAZY = {
     "PostgresStore": "trioworker._postgres.store",
     "open_store": "trioworker._postgres.store",
     "FencedTransaction": "trioworker._store.api",
+    "HandlerStore": "trioworker._store.api",
     "Store": "trioworker._store.api",
     "Transaction": "trioworker._store.api",
     "ItemDetails": "trioworker._store.reads",
@@ -124,6 +125,7 @@ __all__ = [
     "DoNotRetry",
     "Enqueued",
     "FencedTransaction",
+    "HandlerStore",
     "HandlerTimeout",
     "IdTakenOver",
     "InvalidLimit",

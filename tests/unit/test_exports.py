@@ -52,3 +52,14 @@ def test_a_handlers_error_and_its_traceback_name_the_public_classes() -> None:
     assert repr(trioworker.DoNotRetry("x")) == "DoNotRetry('x')"
     assert trioworker.DoNotRetry.__module__ == "trioworker"
     assert f"{trioworker.HandlerTimeout.__module__}.HandlerTimeout" == "trioworker.HandlerTimeout"
+
+
+def test_a_handlers_store_is_the_public_handler_store() -> None:
+    """`ctx.store` is typed as `trioworker.HandlerStore`, a public name of its own (not
+    `trioworker.Client`, the synchronous client), and the Trio stores a program opens
+    implement it, so one helper typed with it takes any of them."""
+    assert vars(trioworker.Context)["store"].fget.__annotations__["return"] == "HandlerStore"
+    offered = {n for n in vars(trioworker.HandlerStore) if not n.startswith("_")}
+    assert {"enqueue", "cancel", "show", "transaction", "result"} <= offered
+    for store in (trioworker.PostgresStore, trioworker.testing.MemoryStore):
+        assert offered <= set(dir(store)), store
