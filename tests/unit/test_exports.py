@@ -7,11 +7,18 @@ import inspect
 import pytest
 
 import trioworker
+import trioworker.config
 import trioworker.dashboard
 import trioworker.otel
 import trioworker.testing
 
-PUBLIC_MODULES = [trioworker, trioworker.testing, trioworker.otel, trioworker.dashboard]
+PUBLIC_MODULES = [
+    trioworker,
+    trioworker.testing,
+    trioworker.otel,
+    trioworker.dashboard,
+    trioworker.config,
+]
 PUBLIC = [(module, name) for module in PUBLIC_MODULES for name in module.__all__]
 
 
@@ -63,3 +70,16 @@ def test_a_handlers_store_is_the_public_handler_store() -> None:
     assert {"enqueue", "cancel", "show", "transaction", "result"} <= offered
     for store in (trioworker.PostgresStore, trioworker.testing.MemoryStore):
         assert offered <= set(dir(store)), store
+
+
+def test_where_the_dsn_and_the_schema_come_from_is_in_trioworker_config() -> None:
+    """The environment variables of the DSN and the schema, and the functions that read
+    them as the commands do, are plumbing: `trioworker.config` has them, the top level
+    (what applications call) does not."""
+    assert (trioworker.config.DSN_ENV, trioworker.config.SCHEMA_ENV) == (
+        "TRIOWORKER_DSN",
+        "TRIOWORKER_SCHEMA",
+    )
+    for name in trioworker.config.__all__:
+        assert name not in trioworker.__all__
+        assert not hasattr(trioworker, name), name
