@@ -63,7 +63,13 @@ from trioworker._core.settings import Settings
 
 if _typing.TYPE_CHECKING:  # imported on first use, by __getattr__ below
     from trioworker._postgres.async_client import AsyncClient
-    from trioworker._postgres.migrate import QUEUE_MIGRATION_HEAD, check_schema, migrate
+    from trioworker._postgres.migrate import (
+        QUEUE_MIGRATION_HEAD,
+        check_schema,
+        check_schema_async,
+        migrate,
+        migrate_async,
+    )
     from trioworker._postgres.store import PostgresStore, open_store
     from trioworker._postgres.sync_client import Client
     from trioworker._store.api import FencedTransaction, HandlerStore, Store, Transaction
@@ -77,7 +83,9 @@ _LAZY = {
     "Client": "trioworker._postgres.sync_client",
     "QUEUE_MIGRATION_HEAD": "trioworker._postgres.migrate",
     "check_schema": "trioworker._postgres.migrate",
+    "check_schema_async": "trioworker._postgres.migrate",
     "migrate": "trioworker._postgres.migrate",
+    "migrate_async": "trioworker._postgres.migrate",
     "PostgresStore": "trioworker._postgres.store",
     "open_store": "trioworker._postgres.store",
     "FencedTransaction": "trioworker._store.api",
@@ -159,7 +167,9 @@ __all__ = [
     "Worker",
     "WorkerStatistics",
     "check_schema",
+    "check_schema_async",
     "migrate",
+    "migrate_async",
     "open_store",
     "parse_rate",
 ]

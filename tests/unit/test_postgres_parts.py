@@ -3,10 +3,13 @@ connection settings, and how the store shows itself."""
 
 from __future__ import annotations
 
+import asyncio
+
 import psycopg
 import psycopg.errors
 import pytest
 
+import trioworker
 from trioworker import ConfigurationError, DatabaseUnavailable, SchemaNotReady, StoreError
 from trioworker._postgres import failures
 from trioworker._postgres.connection import _begin, connect_kwargs
@@ -209,3 +212,12 @@ def test_a_store_given_no_dsn_reads_the_environment_as_the_clients_do(
     with pytest.raises(ConfigurationError) as raised:
         PostgresStore("host=db password=s3cr3t port")
     assert "s3cr3t" not in str(raised.value)
+
+
+@pytest.mark.parametrize("name", ["migrate_async", "check_schema_async"])
+def test_the_async_forms_of_migrate_and_check_schema_say_they_are_trios(name: str) -> None:
+    """From asyncio, `migrate_async` and `check_schema_async` refuse before connecting,
+    naming themselves and the clients asyncio programs use."""
+    call = getattr(trioworker, name)
+    with pytest.raises(ConfigurationError, match=f"^{name} runs under Trio.*AsyncClient"):
+        asyncio.run(call("host=nowhere.invalid"))
