@@ -19,7 +19,7 @@ from psycopg import sql
 
 from tests.support.database import with_dbname
 from trioworker._postgres.migrate import migrate
-from trioworker._postgres.queries import QUERIES
+from trioworker._postgres.queries import WRITTEN as QUERIES
 
 ROUNDS, CLAIMS = 8, 300
 GUARD_OFF = """CREATE OR REPLACE FUNCTION work_failover_hold_v1(p_lease double precision)

@@ -9,8 +9,9 @@ This module is what applications write against; everything it names reports
 client and Worker interfaces, the reads), `_postgres` (the Trio store on PostgreSQL, and
 `Client` and `AsyncClient` for synchronous and asyncio programs),
 `_worker` (the Worker, its executor and the handler's context), `_cli` (the command
-line); `trioworker.testing`, `trioworker.dashboard` and `trioworker.otel` are public
-subpackages of their own.
+line); `trioworker.testing`, `trioworker.dashboard`, `trioworker.otel` and
+`trioworker.config` (the environment variables of the DSN and the schema) are public
+modules of their own.
 
 The pure values and decisions are imported here at once; the names that need Trio
 and psycopg (about half a second of CPU to import) are imported on first
@@ -58,16 +59,20 @@ from trioworker._core.policy import DoNotRetry, RetryPolicy
 from trioworker._core.public import public_names as _public_names
 from trioworker._core.registry import Registry
 from trioworker._core.schedule import Schedule
-from trioworker._core.settings import DSN_ENV, Settings
-from trioworker._postgres.schema_name import SCHEMA_ENV, resolve_schema
+from trioworker._core.settings import Settings
 
 if _typing.TYPE_CHECKING:  # imported on first use, by __getattr__ below
     from trioworker._postgres.async_client import AsyncClient
-    from trioworker._postgres.dsn import resolve_dsn
-    from trioworker._postgres.migrate import QUEUE_MIGRATION_HEAD, check_schema, migrate
+    from trioworker._postgres.migrate import (
+        QUEUE_MIGRATION_HEAD,
+        check_schema,
+        check_schema_async,
+        migrate,
+        migrate_async,
+    )
     from trioworker._postgres.store import PostgresStore, open_store
     from trioworker._postgres.sync_client import Client
-    from trioworker._store.api import FencedTransaction, Store, Transaction
+    from trioworker._store.api import FencedTransaction, HandlerStore, Store, Transaction
     from trioworker._store.reads import ItemDetails, QueueCounts, QueueStatus, Relative
     from trioworker._worker.context import Context
     from trioworker._worker.worker import Worker, WorkerStatistics
@@ -76,13 +81,15 @@ if _typing.TYPE_CHECKING:  # imported on first use, by __getattr__ below
 _LAZY = {
     "AsyncClient": "trioworker._postgres.async_client",
     "Client": "trioworker._postgres.sync_client",
-    "resolve_dsn": "trioworker._postgres.dsn",
     "QUEUE_MIGRATION_HEAD": "trioworker._postgres.migrate",
     "check_schema": "trioworker._postgres.migrate",
+    "check_schema_async": "trioworker._postgres.migrate",
     "migrate": "trioworker._postgres.migrate",
+    "migrate_async": "trioworker._postgres.migrate",
     "PostgresStore": "trioworker._postgres.store",
     "open_store": "trioworker._postgres.store",
     "FencedTransaction": "trioworker._store.api",
+    "HandlerStore": "trioworker._store.api",
     "Store": "trioworker._store.api",
     "Transaction": "trioworker._store.api",
     "ItemDetails": "trioworker._store.reads",
@@ -111,9 +118,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "DSN_ENV",
     "QUEUE_MIGRATION_HEAD",
-    "SCHEMA_ENV",
     "AsyncClient",
     "AttemptRecord",
     "CancelOutcome",
@@ -124,6 +129,7 @@ __all__ = [
     "DoNotRetry",
     "Enqueued",
     "FencedTransaction",
+    "HandlerStore",
     "HandlerTimeout",
     "IdTakenOver",
     "InvalidLimit",
@@ -161,11 +167,11 @@ __all__ = [
     "Worker",
     "WorkerStatistics",
     "check_schema",
+    "check_schema_async",
     "migrate",
+    "migrate_async",
     "open_store",
     "parse_rate",
-    "resolve_dsn",
-    "resolve_schema",
 ]
 
 

@@ -42,7 +42,8 @@ from rich.table import Table
 from rich.text import Text
 
 from examples import media
-from trioworker import DSN_ENV, PostgresStore, migrate, open_store
+from trioworker import PostgresStore, migrate, open_store
+from trioworker.config import DSN_ENV
 
 USERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
 FOLDERS = ["photos", "phone"]

@@ -10,13 +10,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+import psycopg.conninfo
 import pytest
+import trio
 
 from examples import media
 from tests.support.database import Databases
+from tests.support.lines import wait_until_blocked
 from tests.support.schema import describe
-from trioworker import QUEUE_MIGRATION_HEAD, SchemaNotReady, check_schema, migrate
-from trioworker._postgres.migrate import migrations_dir, pending_migrations
+from trioworker import (
+    QUEUE_MIGRATION_HEAD,
+    SchemaNotReady,
+    check_schema,
+    check_schema_async,
+    migrate,
+    migrate_async,
+)
+from trioworker._postgres.migrate import MIGRATION_LOCK, migrations_dir, pending_migrations
 
 ROOT = Path(__file__).parents[2]
 
@@ -87,6 +97,33 @@ def test_check_schema_names_the_missing_migrations(empty_dsn: str) -> None:
     migrate(empty_dsn)
     check_schema(empty_dsn)
     assert pending_migrations(empty_dsn) == []
+
+
+async def test_a_trio_program_migrates_in_a_thread_while_its_other_tasks_go_on(
+    empty_dsn: str,
+) -> None:
+    """`migrate_async` runs `migrate` in a worker thread: while it waits for another
+    migrator's lock (held here), this task goes on and sees it waiting; once the lock
+    is let go it applies every migration, and `check_schema_async`, which refused the
+    empty database, passes. (Were it to block the event loop, its lock_timeout would
+    end the wait with an error, not hang the test.)"""
+    with pytest.raises(SchemaNotReady, match="python -m trioworker migrate"):
+        await check_schema_async(empty_dsn)
+    dsn = psycopg.conninfo.make_conninfo(empty_dsn, options="-c lock_timeout=60s")
+    applied: list[str] = []
+
+    async def migrating() -> None:
+        applied.extend(await migrate_async(dsn))
+
+    with psycopg.connect(empty_dsn, autocommit=True) as holder, trio.fail_after(60):
+        holder.execute("SELECT pg_advisory_lock(%s, %s)", MIGRATION_LOCK)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(migrating)
+            await wait_until_blocked(holder)  # the migrator, on the lock
+            assert applied == []
+            holder.execute("SELECT pg_advisory_unlock(%s, %s)", MIGRATION_LOCK)
+    assert (applied[0], applied[-1]) == ("0001.queue", QUEUE_MIGRATION_HEAD)
+    await check_schema_async(empty_dsn)
 
 
 def test_migrate_from_several_processes_at_once(empty_dsn: str) -> None:

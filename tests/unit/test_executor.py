@@ -31,7 +31,7 @@ from tests.unit._fakes import (
 )
 from trioworker import Context, Registry, RetryPolicy, Settings, Status, WorkItem
 from trioworker._core.policy import Action, Decision
-from trioworker._store.api import CLIENT_METHODS, Client, WorkerStore
+from trioworker._store.api import HANDLER_STORE_METHODS, HandlerStore, WorkerStore
 from trioworker._worker.executor import Executor, too_late
 
 EXECUTOR = "trioworker.executor"
@@ -798,11 +798,12 @@ async def test_one_heartbeat_statement_renews_every_attempt_a_worker_holds(
     assert [i.status for i in store.items()] == [Status.SUCCEEDED] * 65
 
 
-async def test_a_handler_gets_the_client_face_and_nothing_of_the_workers(
+async def test_a_handler_gets_the_handler_face_and_nothing_of_the_workers(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """`ctx.store` offers exactly the Client interface: no claim, heartbeat, fenced
-    write, recovery or advertisement a handler could call behind its Worker's back."""
+    """`ctx.store` offers exactly the HandlerStore interface: no claim, heartbeat,
+    fenced write, recovery or advertisement a handler could call behind its Worker's
+    back."""
     store, registry = ScriptedStore(), Registry()
     offered: list[set[str]] = []
 
@@ -813,9 +814,9 @@ async def test_a_handler_gets_the_client_face_and_nothing_of_the_workers(
     await store.enqueue("Crawl")
     async with running(store, registry):
         await trio.sleep(1)
-    client = {n for n in vars(Client) if not n.startswith("_")}
+    client = {n for n in vars(HandlerStore) if not n.startswith("_")}
     worker = {n for n in vars(WorkerStore) if not n.startswith("_")} - {"statistics"}
-    assert offered == [client] and set(CLIENT_METHODS) == client
+    assert offered == [client] and set(HANDLER_STORE_METHODS) == client
     assert not offered[0] & worker
     assert {"claim", "claim_batch", "complete", "fail", "cancel_attempt", "release",
             "recover_expired_leases", "heartbeat_many", "fenced_transaction"} <= worker  # fmt: skip

@@ -3,11 +3,14 @@ connection settings, and how the store shows itself."""
 
 from __future__ import annotations
 
+import asyncio
+
 import psycopg
 import psycopg.errors
 import pytest
 
-from trioworker import DatabaseUnavailable, SchemaNotReady, StoreError
+import trioworker
+from trioworker import ConfigurationError, DatabaseUnavailable, SchemaNotReady, StoreError
 from trioworker._postgres import failures
 from trioworker._postgres.connection import _begin, connect_kwargs
 from trioworker._postgres.sessions import LINK, set_local, set_session, settings
@@ -193,3 +196,28 @@ def test_the_conflicts_retried_are_deadlocks_and_serialization_failures() -> Non
         psycopg.errors.DeadlockDetected,
         psycopg.errors.SerializationFailure,
     ) == failures.CONFLICTS
+
+
+def test_a_store_given_no_dsn_reads_the_environment_as_the_clients_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`open_store()` (a PostgresStore) with no DSN reads $TRIOWORKER_DSN, else leaves it
+    to libpq's defaults, as `Client()` and the commands do; a DSN libpq cannot parse is a
+    ConfigurationError that does not show its password."""
+    monkeypatch.setenv("TRIOWORKER_DSN", "host=envhost")
+    assert PostgresStore().dsn == "host=envhost"
+    assert PostgresStore("host=given").dsn == "host=given"
+    monkeypatch.delenv("TRIOWORKER_DSN")
+    assert PostgresStore().dsn == ""
+    with pytest.raises(ConfigurationError) as raised:
+        PostgresStore("host=db password=s3cr3t port")
+    assert "s3cr3t" not in str(raised.value)
+
+
+@pytest.mark.parametrize("name", ["migrate_async", "check_schema_async"])
+def test_the_async_forms_of_migrate_and_check_schema_say_they_are_trios(name: str) -> None:
+    """From asyncio, `migrate_async` and `check_schema_async` refuse before connecting,
+    naming themselves and the clients asyncio programs use."""
+    call = getattr(trioworker, name)
+    with pytest.raises(ConfigurationError, match=f"^{name} runs under Trio.*AsyncClient"):
+        asyncio.run(call("host=nowhere.invalid"))

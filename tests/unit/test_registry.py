@@ -146,20 +146,42 @@ def test_retention_needs_a_finite_age(older_than: float) -> None:
 
 def test_the_error_tree_can_be_caught_by_meaning() -> None:
     """A retryable store error is never a lost attempt nor a missing schema; a missing
-    schema is a configuration mistake, as a bad registration is."""
+    schema is no bad value the caller passed (no ValueError, no ConfigurationError), so
+    `except ValueError` around a call never takes an unmigrated database for bad input."""
     from trioworker import (
         DatabaseUnavailable,
+        InvalidLimit,
+        InvalidWorkItem,
         Lost,
         SchemaNotReady,
         StoreError,
         StoreTimeout,
         TrioWorkerError,
+        UnstorableResult,
     )
 
     assert not issubclass(Lost, StoreError) and not issubclass(SchemaNotReady, StoreError)
-    assert issubclass(SchemaNotReady, ConfigurationError)
+    assert not issubclass(SchemaNotReady, ValueError)
+    assert not issubclass(SchemaNotReady, ConfigurationError)
+    for bad_value in (InvalidWorkItem, InvalidLimit, ConfigurationError, UnstorableResult):
+        assert issubclass(bad_value, ValueError)
     assert issubclass(StoreTimeout, DatabaseUnavailable) and issubclass(
         DatabaseUnavailable, StoreError
     )
     for error in (Lost, SchemaNotReady, StoreError, ConfigurationError):
         assert issubclass(error, TrioWorkerError)
+
+
+def test_except_trioworkererror_catches_every_error_trioworker_raises() -> None:
+    """Every exception class of the public surface is a TrioWorkerError, but DoNotRetry,
+    which handlers raise, not trioworker."""
+    import trioworker
+
+    errors = {
+        name for name in trioworker.__all__
+        if isinstance(value := getattr(trioworker, name), type)
+        and issubclass(value, BaseException)
+    }  # fmt: skip
+    assert {"SchemaNotReady", "ConfigurationError", "DoNotRetry"} <= errors
+    for name in errors - {"DoNotRetry"}:
+        assert issubclass(getattr(trioworker, name), trioworker.TrioWorkerError), name

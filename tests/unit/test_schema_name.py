@@ -7,8 +7,10 @@ import re
 import pytest
 
 from trioworker import ConfigurationError
-from trioworker._postgres.queries import WRITTEN, qualify, queries_in
+from trioworker._postgres.queries import SCHEMA_MARKER, TEMPLATES, WRITTEN, qualify, queries_in
 from trioworker._postgres.schema_name import MAX_SCHEMA_LENGTH, SCHEMA_ENV, resolve_schema
+from trioworker.dashboard._reader import TEMPLATES as DASHBOARD_TEMPLATES
+from trioworker.dashboard._reader import queries_in as dashboard_queries_in
 
 
 def test_the_schema_is_the_given_one_else_the_environments_else_the_search_paths(
@@ -43,14 +45,14 @@ def test_the_longest_schema_name_is_taken() -> None:
     assert len(f"trioworker_settle.{name}") <= 63
 
 
-def test_qualify_names_each_queue_object_and_nothing_else() -> None:
-    """Tables and functions named work_... get the schema; columns of an alias, comments,
-    string literals and quoted identifiers are left as written."""
+def test_qualify_fills_each_marker_and_touches_nothing_else() -> None:
+    """Each schema marker becomes the quoted schema and a dot (None: nothing); names
+    without one, comments, string literals and quoted identifiers stay as written."""
     statement = (
         "-- reads work_items\n"
         "SELECT w.work_note, 'work_items' AS label, \"work_x\"\n"
-        "FROM work_items AS w JOIN work_attempts a ON a.item_id = w.id,"
-        " work_claim_v1(%(worker)s)"
+        f"FROM {SCHEMA_MARKER}work_items AS w JOIN {SCHEMA_MARKER}work_attempts a"
+        f" ON a.item_id = w.id, {SCHEMA_MARKER}work_claim_v1(%(worker)s)"
     )
     assert qualify(statement, "queue") == (
         "-- reads work_items\n"
@@ -58,16 +60,79 @@ def test_qualify_names_each_queue_object_and_nothing_else() -> None:
         'FROM "queue".work_items AS w JOIN "queue".work_attempts a ON a.item_id = w.id,'
         ' "queue".work_claim_v1(%(worker)s)'
     )
+    assert qualify(statement, None) == (
+        "-- reads work_items\n"
+        "SELECT w.work_note, 'work_items' AS label, \"work_x\"\n"
+        "FROM work_items AS w JOIN work_attempts a ON a.item_id = w.id, work_claim_v1(%(worker)s)"
+    )
+
+
+#: The rule that qualified statements before the markers: every name beginning `work_`
+#: outside comments, string literals and quoted identifiers, and not already qualified
+#: (`w.work_x`), is a queue object. All the queue's tables and functions are named so,
+#: and nothing else is: so it says where each marker belongs.
+_KEEP_OR_NAME = re.compile(
+    r"(?P<keep>--[^\n]*|'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\")|(?<![.\w])(?P<name>work_\w+)"
+)
+
+
+def by_the_name_rule(statement: str, schema: str) -> str:
+    """`statement` (as written, no markers) qualified by the rule above."""
+    return _KEEP_OR_NAME.sub(lambda m: m["keep"] or f'"{schema}".{m["name"]}', statement)
+
+
+def misplaced_markers(template: str) -> list[str]:
+    """Why `template`'s markers are not where the name rule puts them: each queue object
+    named without a marker, each marker before anything else (empty: all in place)."""
+    written = template.replace(SCHEMA_MARKER, "")
+    if template.replace(SCHEMA_MARKER, '"q".') == by_the_name_rule(written, "q"):
+        return []
+    marked = re.findall(re.escape(SCHEMA_MARKER) + r"(\w+)", template)
+    named = [m["name"] for m in _KEEP_OR_NAME.finditer(written) if m["name"]]
+    return [f"{n} without a marker" for n in named if n not in marked] + [
+        f"a marker before {n}" for n in marked if n not in named
+    ] or ["the markers are not where the queue's names are"]
+
+
+ALL_TEMPLATES = {
+    **{f"queries.sql {n}": t for n, t in TEMPLATES.items()},
+    **{f"dashboard {n}": t for n, t in DASHBOARD_TEMPLATES.items()},
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALL_TEMPLATES))
+def test_every_queue_object_a_statement_names_is_marked_and_nothing_else(name: str) -> None:
+    """In queries.sql and the dashboard's, each statement marks exactly the names the
+    rule of the queue's objects picks, so it is qualified as it was before the markers,
+    whatever the schema."""
+    template = ALL_TEMPLATES[name]
+    assert misplaced_markers(template) == []
+    for schema in ("public", "tenant_a"):
+        written = template.replace(SCHEMA_MARKER, "")
+        assert qualify(template, schema) == by_the_name_rule(written, schema)
+
+
+def test_a_statement_without_its_marker_is_caught() -> None:
+    """A queue object named without a marker (it would go to the search_path's schema,
+    not the queue's), or a marker before a column, is named by the check above."""
+    good = TEMPLATES["queued_with_dedup_key"]
+    assert misplaced_markers(good) == []
+    forgotten = good.replace(f"{SCHEMA_MARKER}work_items", "work_items")
+    assert misplaced_markers(forgotten) == ["work_items without a marker"]
+    stray = good.replace("status", f"{SCHEMA_MARKER}status")
+    assert misplaced_markers(stray) == ["a marker before status"]
 
 
 def test_every_statement_names_the_queue_only_through_its_schema() -> None:
-    """In every statement of queries.sql, outside comments, each work_... name is
-    qualified, for public as for any other schema."""
+    """In every statement of queries.sql and the dashboard's, outside comments, each
+    work_... name is qualified, for public as for any other schema, and no marker is
+    left."""
     for schema in ("public", "tenant_a"):
-        for name, statement in queries_in(schema).items():
-            code = re.sub(r"--[^\n]*", "", statement)
-            bare = re.findall(r"(?<![.\w])work_\w+", code)
-            assert bare == [], (schema, name, bare)
-            assert code.count(f'"{schema}".work_') == len(
-                re.findall(r"(?<![.\w])work_\w+", re.sub(r"--[^\n]*", "", WRITTEN[name]))
-            )
+        for queries in (queries_in(schema), dashboard_queries_in(schema)):
+            for name, statement in queries.items():
+                code = re.sub(r"--[^\n]*", "", statement)
+                bare = re.findall(r"(?<![.\w])work_\w+", code)
+                assert bare == [], (schema, name, bare)
+                assert SCHEMA_MARKER not in statement
+                assert code.count(f'"{schema}".work_') == code.count("work_"), (schema, name)
+    assert not [n for n, s in WRITTEN.items() if SCHEMA_MARKER in s]

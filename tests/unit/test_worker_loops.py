@@ -923,6 +923,25 @@ async def test_every_loop_ends_the_worker_on_a_missing_schema(
             await trio.sleep(3600)
 
 
+async def test_a_schema_gone_between_advertisements_is_no_id_taken_over(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The presence loop's advertisement meets a missing schema: the Worker stops with
+    SchemaNotReady, and says nothing of its id being taken over (SchemaNotReady is no
+    ConfigurationError, which a refused advertisement is)."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("Crawl")(sleeping(1))
+    store.script["advertise"] = ["ok", "unmigrated"]
+    worker = Worker(store, registry, worker_id="w1", fail_stop=Failstops())
+    missing = pytest.RaisesExc(SchemaNotReady, match="advertise")
+    with pytest.RaisesGroup(missing, flatten_subgroups=True):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run)
+            await trio.sleep(3600)
+    assert len(store.times["advertise"]) == 2
+    assert not [m for m in messages(caplog, WORKER, logging.ERROR) if "taken over" in m]
+
+
 # -- slots and completions ----------------------------------------------------------------
 
 

@@ -19,11 +19,11 @@ from trioworker._core.jsontext import UndecodableValue, pretty
 from trioworker._core.limits import Limit
 from trioworker._core.model import ItemState
 from trioworker._core.text import visible
-from trioworker._store.api import Client
+from trioworker._store.api import HandlerStore
 from trioworker._store.reads import Relative, limit_json
 
 
-async def item_details(store: Client, id: int) -> dict[str, Any] | None:
+async def item_details(store: HandlerStore, id: int) -> dict[str, Any] | None:
     """The item's row and its attempts, as JSON-ready values (see `to_json`); None if
     there is none."""
     details = await store.show(id)

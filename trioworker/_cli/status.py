@@ -12,11 +12,11 @@ from rich.text import Text
 from trioworker._cli.terminal import console as stdout_console
 from trioworker._cli.terminal import utc
 from trioworker._core.text import visible
-from trioworker._store.api import Client
+from trioworker._store.api import HandlerStore
 from trioworker._store.reads import STATUS_ORDER
 
 
-async def gather(store: Client, *, failures: int = 10) -> dict[str, Any]:
+async def gather(store: HandlerStore, *, failures: int = 10) -> dict[str, Any]:
     """What `status` shows, as the JSON `status --json` prints."""
     return (await store.status(failures=failures)).to_json()
 

@@ -5,7 +5,8 @@ PostgreSQL store's `_translate`):
     ├── InvalidWorkItem        bad enqueue input; nothing was written (a ValueError too)
     ├── InvalidLimit           a bad concurrency or rate limit; nothing was written
     ├── ConfigurationError     fix the setup: a bad --app, DSN, option or registration
-    │   └── SchemaNotReady     the database lacks migrations (run `trioworker migrate`)
+    │                          (a ValueError too)
+    ├── SchemaNotReady         the database lacks migrations (run `trioworker migrate`)
     ├── StoreError             the database refused or failed a call
     │   └── DatabaseUnavailable    it could not be reached or did not answer: retry
     │       └── StoreTimeout       no answer within the call's time bound
@@ -16,7 +17,9 @@ PostgreSQL store's `_translate`):
     ├── ItemNotSucceeded       waited for a result: the item ended Failed or Cancelled
     └── UnknownItem            no item has that id (a LookupError too)
 
-So `except StoreError` (retry a write) never swallows `Lost` or a missing schema.
+So `except StoreError` (retry a write) never swallows `Lost` or a missing schema, and
+`except ValueError` (the caller passed a bad value) catches only what the caller passed:
+a bad item, limit, setting or result, never a database that was not migrated.
 """
 
 from __future__ import annotations
@@ -45,8 +48,13 @@ class ConfigurationError(TrioWorkerError, ValueError):
     option, handler or schedule."""
 
 
-class SchemaNotReady(ConfigurationError):
-    """The database lacks migrations this version needs (run `trioworker migrate`)."""
+class SchemaNotReady(TrioWorkerError):
+    """The database lacks migrations this version needs (run `trioworker migrate`), or
+    was made by a schema this version cannot upgrade.
+
+    Nothing the caller passed is wrong (the same call succeeds once the schema is
+    migrated), so it is neither a ValueError nor a ConfigurationError; nor a StoreError,
+    since retrying does not help until someone migrates."""
 
 
 class IdTakenOver(TrioWorkerError):

@@ -13,8 +13,10 @@ from trioworker._core.errors import ConfigurationError
 from trioworker._core.settings import DSN_ENV
 
 
-def resolve_dsn(explicit: str | None) -> str:
-    """--dsn, else $TRIOWORKER_DSN, else "" (libpq then reads PGHOST, PGUSER, ...)."""
+def resolve_dsn(explicit: str | None = None) -> str:
+    """The DSN: `explicit` (--dsn), else $TRIOWORKER_DSN, else "" (libpq then reads
+    PGHOST, PGUSER, ...); ConfigurationError, its password masked, if libpq cannot
+    parse it."""
     dsn = explicit if explicit is not None else os.environ.get(DSN_ENV, "")
     try:
         psycopg.conninfo.conninfo_to_dict(dsn)

@@ -16,10 +16,15 @@ tables, with the session's search_path set to it. With no schema named, the role
 search_path decides, as it always did (public, or docs/roles.sql's `trioworker`). The
 advisory lock is keyed by the schema, so migrators of two schemas in one database do
 not wait for each other.
+
+`migrate` and `check_schema` block: they use psycopg's synchronous API and yoyo in the
+calling thread, as the command line wants. A Trio program awaits `migrate_async` and
+`check_schema_async`, which run the same calls in a worker thread.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import urllib.parse
@@ -30,12 +35,14 @@ from typing import Protocol
 import psycopg
 import psycopg.conninfo
 import psycopg.errors
+import trio
 from psycopg import sql
 from yoyo import get_backend, read_migrations
 
 from trioworker._core.errors import ConfigurationError, DatabaseUnavailable, SchemaNotReady
 from trioworker._postgres.dsn import describe_defaults, redact, redact_dsn
 from trioworker._postgres.schema_name import SCHEMA_ENV, resolve_schema
+from trioworker._postgres.trio_connection import require_trio
 
 log = logging.getLogger("trioworker.migrate")
 
@@ -146,7 +153,12 @@ def _create_schema(conn: psycopg.Connection[tuple[object, ...]], schema: str) ->
 def migrate(dsn: str, *apps: HasMigrations, schema: str | None = None) -> list[str]:
     """Apply the queue's pending migrations, and those of `apps`, in `schema` (default
     $TRIOWORKER_SCHEMA, else the search_path's: public; created if need be); the ids
-    applied (empty when the schema was already current)."""
+    applied (empty when the schema was already current).
+
+    Blocking: it connects with psycopg's synchronous API and runs yoyo in the calling
+    thread, waiting for other migrators' lock meanwhile. Call it from synchronous code
+    (a deployment script, a pytest fixture); from a Trio task, `await migrate_async(...)`.
+    """
     schema = resolve_schema(schema)
     sources = _sources(apps)
     if not pending_migrations(dsn, *apps, schema=schema):
@@ -226,7 +238,11 @@ def check_schema(
 ) -> None:
     """Raise SchemaNotReady unless every migration (the queue's, and those of `apps`)
     has been applied in `schema` (default $TRIOWORKER_SCHEMA, else the search_path's).
-    `app_name`: how the command line named the app (`--app app_name` in the message)."""
+    `app_name`: how the command line named the app (`--app app_name` in the message).
+
+    Blocking: it connects with psycopg's synchronous API in the calling thread. Call it
+    from synchronous code; from a Trio task, `await check_schema_async(...)`.
+    """
     schema = resolve_schema(schema)
     pending = pending_migrations(dsn, *apps, schema=schema)
     if pending:
@@ -238,3 +254,24 @@ def check_schema(
             f" run `python -m trioworker{option} migrate{app}` (with a role allowed to"
             " change the schema)"
         )
+
+
+async def migrate_async(dsn: str, *apps: HasMigrations, schema: str | None = None) -> list[str]:
+    """`migrate`, for a Trio program: the same migrations, lock and result, run in a
+    worker thread (`trio.to_thread.run_sync`), so the program's other tasks go on
+    meanwhile. A cancel takes effect once the migration has returned: a migration is
+    not abandoned half-way. Trio only (ConfigurationError under asyncio)."""
+    require_trio("migrate_async")
+    call = functools.partial(migrate, dsn, *apps, schema=schema)
+    return await trio.to_thread.run_sync(call)
+
+
+async def check_schema_async(
+    dsn: str, *apps: HasMigrations, schema: str | None = None, app_name: str | None = None
+) -> None:
+    """`check_schema`, for a Trio program: the same check (SchemaNotReady naming what
+    is missing), run in a worker thread (`trio.to_thread.run_sync`), so the program's
+    other tasks go on meanwhile. Trio only (ConfigurationError under asyncio)."""
+    require_trio("check_schema_async")
+    call = functools.partial(check_schema, dsn, *apps, schema=schema, app_name=app_name)
+    await trio.to_thread.run_sync(call)

@@ -1,11 +1,14 @@
 """The named statements of queries.sql, parsed once, and qualified by the queue's schema.
 
-Every object of the queue is named `work_...` (tables, indexes, functions), and
-nothing else the statements name is: so `queries_in(schema)` writes each such name as
-`schema.work_...`, quoted by psycopg.sql.Identifier, outside comments and literals
-(with no schema given, the statements stay as written, resolved by the search_path).
-A statement added to queries.sql is qualified like the others, with nothing to do.
-The caller's own search_path is never touched (docs/design/schema.md).
+Each name of the queue's objects (tables, functions) that a statement must qualify is
+written after a marker, as River writes its templates: `/* TEMPLATE: schema */work_items`.
+`queries_in(schema)` replaces each marker with the schema's name and a dot, quoted by
+psycopg.sql.Identifier (`"tenant_a".work_items`); with no schema given, with nothing,
+so the search_path resolves the names as written. The marker is a comment, so
+queries.sql stays plain SQL that psql runs as written. A statement added to queries.sql
+marks its names itself: tests/unit/test_schema_name.py fails for a queue object named
+without a marker, and for a marker before anything else. The caller's own search_path
+is never touched (docs/design/schema.md).
 """
 
 from __future__ import annotations
@@ -19,11 +22,9 @@ from typing import LiteralString, cast
 from psycopg import sql
 
 _HEADER = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-# A comment, a string literal, a quoted identifier (each kept as it is), or a queue
-# object's name that is not already qualified (`w.work_x` is a column of alias w).
-_TOKEN = re.compile(
-    r"(?P<keep>--[^\n]*|'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\")|(?<![.\w])(?P<name>work_\w+)"
-)
+
+#: Written before each name a statement must qualify by the queue's schema.
+SCHEMA_MARKER = "/* TEMPLATE: schema */"
 
 
 def parse(text: str) -> dict[str, LiteralString]:
@@ -38,29 +39,30 @@ def parse(text: str) -> dict[str, LiteralString]:
     return queries
 
 
-def qualify(statement: LiteralString, schema: str) -> LiteralString:
-    """`statement` with each queue object's name qualified by `schema`."""
-    prefix = sql.Identifier(schema).as_string(None) + "."
+def qualify(statement: LiteralString, schema: str | None) -> LiteralString:
+    """`statement` with each schema marker replaced by `schema`'s name and a dot (None:
+    by nothing, for the search_path to resolve the name)."""
+    prefix = "" if schema is None else sql.Identifier(schema).as_string(None) + "."
     # Our own statement with a schema name quoted by psycopg: safe as a query string
     # (mypy takes LiteralString for str, so no cast is needed here).
-    return _TOKEN.sub(lambda m: m["keep"] or prefix + m["name"], statement)
+    return statement.replace(SCHEMA_MARKER, prefix)
 
 
 def qualify_all(
-    queries: Mapping[str, LiteralString], schema: str | None
+    templates: Mapping[str, LiteralString], schema: str | None
 ) -> Mapping[str, LiteralString]:
-    """`queries` qualified by `schema` (None: as they are)."""
-    if schema is None:
-        return queries
-    return {name: qualify(statement, schema) for name, statement in queries.items()}
+    """Every statement of `templates` qualified by `schema` (None: as written)."""
+    return {name: qualify(statement, schema) for name, statement in templates.items()}
 
 
-#: The statements as written in queries.sql (unqualified: use `queries_in`).
-WRITTEN = parse(resources.files("trioworker._postgres").joinpath("queries.sql").read_text())
+#: The statements of queries.sql with their schema markers: use `queries_in`.
+TEMPLATES = parse(resources.files("trioworker._postgres").joinpath("queries.sql").read_text())
+#: The statements as written, unqualified, for the search_path to resolve.
+WRITTEN = qualify_all(TEMPLATES, None)
 
 
 @functools.cache
 def queries_in(schema: str | None) -> Mapping[str, LiteralString]:
     """Every statement of queries.sql, for the queue in `schema` (None: as written,
     for the search_path to resolve)."""
-    return qualify_all(WRITTEN, schema)
+    return WRITTEN if schema is None else qualify_all(TEMPLATES, schema)

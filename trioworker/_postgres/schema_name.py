@@ -17,6 +17,7 @@ import re
 
 from trioworker._core.errors import ConfigurationError
 
+#: The environment variable the schema is read from when `--schema` is not given.
 SCHEMA_ENV = "TRIOWORKER_SCHEMA"
 #: 40 at most: the longest channel, "trioworker_settle." + the name, fits in 63 bytes.
 MAX_SCHEMA_LENGTH = 40

@@ -58,7 +58,7 @@ from trioworker._core.validation import result_json
 from trioworker._postgres import drive, operations
 from trioworker._postgres.as_stored import read_as_stored
 from trioworker._postgres.connection import Connections
-from trioworker._postgres.dsn import redact_dsn
+from trioworker._postgres.dsn import redact_dsn, resolve_dsn
 from trioworker._postgres.sessions import LINK, set_local
 from trioworker._postgres.trio_connection import require_trio
 from trioworker._store.api import NotifyCallback, Transaction
@@ -203,7 +203,7 @@ class PostgresStore:
 
     def __init__(
         self,
-        dsn: str,
+        dsn: str | None = None,
         *,
         max_connections: int = 10,
         call_timeout: float = 10.0,
@@ -212,13 +212,16 @@ class PostgresStore:
         schema: str | None = None,
         listen_dsn: str | None = None,
     ) -> None:  # pragma: no mutate block
-        """`listen_dsn`: a direct DSN for LISTEN when `dsn` goes through a transaction
+        """`dsn`: None reads $TRIOWORKER_DSN, else libpq's PG* variables decide, as for
+        `Client` and the commands (`trioworker.config.resolve_dsn`); `schema`: None
+        reads $TRIOWORKER_SCHEMA, else the role's search_path finds the queue.
+        `listen_dsn`: a direct DSN for LISTEN when `dsn` goes through a transaction
         pooler such as PgBouncer (default: `dsn`)."""
-        self.dsn = dsn
+        self.dsn = resolve_dsn(dsn)
         self.call_timeout = call_timeout
         self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
         self._conns = Connections(
-            dsn,
+            self.dsn,
             max_connections=max_connections,
             call_timeout=call_timeout,
             application_name=application_name,
@@ -990,7 +993,7 @@ def _connection_of(tx: Transaction | None) -> psycopg.AsyncConnection[Any] | Non
 
 @asynccontextmanager
 async def open_store(
-    dsn: str,
+    dsn: str | None = None,
     *,
     max_connections: int = 10,
     call_timeout: float = 10.0,
@@ -999,7 +1002,9 @@ async def open_store(
     schema: str | None = None,
     listen_dsn: str | None = None,
 ) -> AsyncIterator[PostgresStore]:  # pragma: no mutate block
-    """Open a PostgresStore (in a Trio task: it needs no asyncio loop)."""
+    """Open a PostgresStore (in a Trio task: it needs no asyncio loop). `dsn`: None
+    reads $TRIOWORKER_DSN, else libpq's PG* variables decide; `schema`: None reads
+    $TRIOWORKER_SCHEMA, else the role's search_path finds the queue."""
     require_trio("open_store")
     store = PostgresStore(
         dsn,

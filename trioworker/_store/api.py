@@ -1,11 +1,12 @@
 """The two faces of a store (docs/design/architecture.md).
 
-- `Client`: what applications, operators and handlers use under Trio: enqueue,
-  cancel, retry, pause and resume, the reads (`show`, `status`, ...), and
-  transactions of their own. A handler's `ctx.store` is a `ClientView`: this face and
-  nothing else. (This protocol is internal; the public `trioworker.Client` is the
-  synchronous client, which offers the same operations, as `trioworker.AsyncClient`
-  does for asyncio: all three run each operation of `_postgres/operations.py`.)
+- `HandlerStore` (public, `trioworker.HandlerStore`): what handlers, applications and
+  operators use under Trio: enqueue, cancel, retry, pause and resume, limits, the
+  reads (`show`, `status`, ...), and transactions of their own. A handler's
+  `ctx.store` is a `HandlerStoreView`: this face and nothing else. (The public
+  `trioworker.Client` and `trioworker.AsyncClient` are the synchronous and asyncio
+  clients: they offer the same operations, and all three run each operation of
+  `_postgres/operations.py`.)
 - `WorkerStore`: what only the Worker and its executor use: claim, heartbeat, the
   fenced writes after an attempt, lease recovery, settling, advertising.
 
@@ -51,8 +52,8 @@ Params = Sequence[Any] | dict[str, Any] | None
 
 
 class Transaction(Protocol):
-    """A transaction of the caller's own (`Client.transaction()`): pass it as `tx=` to
-    enqueue atomically with the caller's other writes."""
+    """A transaction of the caller's own (`HandlerStore.transaction()`): pass it as
+    `tx=` to enqueue atomically with the caller's other writes."""
 
     async def execute(self, query: LiteralString, params: Params = None) -> list[tuple[Any, ...]]:
         """Run one statement; the rows it returns, as tuples (none for none)."""
@@ -90,8 +91,25 @@ class OpenFenced(Protocol):
     ) -> AbstractAsyncContextManager[FencedTransaction]: ...
 
 
-class Client(Protocol):
-    """Producers', operators' and handlers' face of the queue."""
+class HandlerStore(Protocol):
+    """The queue as a handler sees it: `ctx.store`, the store of the Worker running it,
+    with its client operations and nothing of the Worker's own (no claim, heartbeat or
+    fenced write). Enqueue follow-up work, read items and the queue, cancel, retry,
+    pause, set limits, open a transaction.
+
+    Type a handler's helpers with it: `PostgresStore` (from `open_store`) and
+    `trioworker.testing.MemoryStore` offer it too, so a function that takes a
+    `HandlerStore` runs on `ctx.store`, on a store a Trio script opened, and on the
+    in-memory store of a unit test alike. Every method is async but `transaction()`
+    (an async context manager) and `statistics()`. Not to be confused with
+    `trioworker.Client`, the synchronous client for programs without Trio.
+
+        async def index(item: WorkItem, ctx: Context) -> None:
+            await queue_summary(ctx.store, item.scope)
+
+        async def queue_summary(store: HandlerStore, folder: str | None) -> None:
+            await store.enqueue("Summarise", scope=folder)
+    """
 
     async def enqueue(
         self,
@@ -106,31 +124,50 @@ class Client(Protocol):
         after: Sequence[int] | None = None,
         tx: Transaction | None = None,
     ) -> Enqueued:
-        """`tx`: a transaction of this store's (`transaction()`, or a handler's
-        `ctx.transaction()`): the item exists only if it commits."""
+        """Queue an item (InvalidWorkItem, writing nothing, for bad input). `tx`: a
+        transaction of this store's (`transaction()`, or a handler's
+        `ctx.transaction()`): the item exists only if it commits. `after`: ids of items
+        it waits for (it is Waiting until each has Succeeded)."""
         ...
 
     async def enqueue_many(
         self, items: Sequence[NewItem], *, tx: Transaction | None = None
-    ) -> list[Enqueued]: ...
+    ) -> list[Enqueued]:
+        """Queue many items in one statement, all or none; the results in order."""
+        ...
 
-    def transaction(self) -> AbstractAsyncContextManager[Transaction]: ...
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
+        """A transaction of the caller's own, committed when the block exits cleanly
+        (rolled back if it raises). In a handler, `ctx.transaction()` is the one fenced
+        by its attempt."""
+        ...
 
     async def cancel(self, id: int) -> CancelOutcome:
         """Cancel a Queued item now, or ask a Running one to stop at its next heartbeat."""
         ...
 
-    async def retry(self, ids: Sequence[int]) -> list[int]: ...
+    async def retry(self, ids: Sequence[int]) -> list[int]:
+        """Failed or Cancelled items back to Queued, history kept; the ids retried."""
+        ...
 
     async def failed_items(
         self, *, kind: str | None = None, since: dt.datetime | None = None
-    ) -> list[int]: ...
+    ) -> list[int]:
+        """Ids of Failed items (of `kind`) that finished at or after `since`, oldest first."""
+        ...
 
-    async def pause(self, *, kind: str | None = None, scope: str | None = None) -> bool: ...
+    async def pause(self, *, kind: str | None = None, scope: str | None = None) -> bool:
+        """Pause a kind or a scope: its Queued items are not claimed (Running ones go
+        on). False: it was paused already."""
+        ...
 
-    async def resume(self, *, kind: str | None = None, scope: str | None = None) -> bool: ...
+    async def resume(self, *, kind: str | None = None, scope: str | None = None) -> bool:
+        """Lift a pause; False: it was not paused."""
+        ...
 
-    async def pauses(self) -> list[Pause]: ...
+    async def pauses(self) -> list[Pause]:
+        """Every pause in force."""
+        ...
 
     async def delete_finished(
         self,
@@ -139,9 +176,14 @@ class Client(Protocol):
         statuses: Sequence[Status] = ...,
         batch: int = ...,
         on_batch: Callable[[int, float], None] | None = None,
-    ) -> int: ...
+    ) -> int:
+        """Delete items of `statuses` (finished ones) that finished longer than
+        `older_than` ago, `batch` rows per transaction, oldest first; how many."""
+        ...
 
-    async def scope_holder(self, scope: str) -> tuple[ScopeHolder | None, bool]: ...
+    async def scope_holder(self, scope: str) -> tuple[ScopeHolder | None, bool]:
+        """The scope's first Running item (None: none), and whether it still has a head."""
+        ...
 
     async def scope_holders(self, scope: str) -> tuple[list[ScopeHolder], bool]:
         """The scope's Running items (one per slot), and whether it still has a head."""
@@ -159,15 +201,25 @@ class Client(Protocol):
         default running limit of scopes; None keeps what is set (InvalidLimit: bad)."""
         ...
 
-    async def clear_limit(self, *, kind: str | None = None, scope: str | None = None) -> bool: ...
+    async def clear_limit(self, *, kind: str | None = None, scope: str | None = None) -> bool:
+        """Remove the limit of `kind`, `scope` or (neither) the default; False: none."""
+        ...
 
-    async def limits(self) -> list[Limit]: ...
+    async def limits(self) -> list[Limit]:
+        """Every limit, with what it holds now."""
+        ...
 
-    async def get_item(self, id: int) -> ItemState | None: ...
+    async def get_item(self, id: int) -> ItemState | None:
+        """Item `id`'s state; None: no such item."""
+        ...
 
-    async def attempts(self, id: int) -> list[AttemptRecord]: ...
+    async def attempts(self, id: int) -> list[AttemptRecord]:
+        """How each attempt of item `id` ended, oldest first."""
+        ...
 
-    async def show(self, id: int) -> ItemDetails | None: ...
+    async def show(self, id: int) -> ItemDetails | None:
+        """Item `id` and how its attempts ended; None: no such item."""
+        ...
 
     async def result(
         self,
@@ -180,13 +232,22 @@ class Client(Protocol):
         status and error (UnknownItem: no such item)."""
         ...
 
-    async def queue_counts(self) -> QueueCounts: ...
+    async def queue_counts(self) -> QueueCounts:
+        """How many items each kind has in each status, and how many scopes are busy."""
+        ...
 
-    async def status(self, *, failures: int = 10) -> QueueStatus: ...
+    async def status(self, *, failures: int = 10) -> QueueStatus:
+        """What `python -m trioworker status` shows: counts, Running items, the latest
+        `failures` failures, Workers, pauses, schedules."""
+        ...
 
-    async def schedules(self) -> list[ScheduleState]: ...
+    async def schedules(self) -> list[ScheduleState]:
+        """Every schedule, as the database holds it (when it is due next)."""
+        ...
 
-    def statistics(self) -> StoreStatistics: ...
+    def statistics(self) -> StoreStatistics:
+        """The counters this store keeps about its own calls, as a frozen snapshot."""
+        ...
 
 
 class WorkerStore(Protocol):
@@ -356,31 +417,31 @@ class WorkerStore(Protocol):
     def statistics(self) -> StoreStatistics: ...
 
 
-class Store(Client, WorkerStore, Protocol):
+class Store(HandlerStore, WorkerStore, Protocol):
     """Both faces: what a Worker is given (`Worker(store, registry)`)."""
 
 
-class ClientView:
-    """The client face of a store, and nothing more: what a handler gets as
+class HandlerStoreView:
+    """The handler face of a store, and nothing more: what a handler gets as
     `ctx.store`, so no handler can claim, finish or recover items behind its Worker's
     back. Each method is the store's own."""
 
-    def __init__(self, store: Client) -> None:
+    def __init__(self, store: HandlerStore) -> None:
         self._store = store
-        for name in CLIENT_METHODS:
+        for name in HANDLER_STORE_METHODS:
             setattr(self, name, getattr(store, name))
 
     def __repr__(self) -> str:
-        return f"ClientView({self._store!r})"
+        return f"HandlerStoreView({self._store!r})"
 
 
-def client_view(store: Client) -> Client:
-    """`store`'s client face alone, typed as what it offers (`ClientView`)."""
-    return cast(Client, ClientView(store))
+def handler_view(store: HandlerStore) -> HandlerStore:
+    """`store`'s handler face alone, typed as what it offers (`HandlerStoreView`)."""
+    return cast(HandlerStore, HandlerStoreView(store))
 
 
-#: The methods of `Client`, as `ClientView` offers them.
-CLIENT_METHODS = (
+#: The methods of `HandlerStore`, as `HandlerStoreView` offers them.
+HANDLER_STORE_METHODS = (
     "enqueue", "enqueue_many", "transaction", "cancel", "retry", "failed_items", "pause",
     "resume", "pauses", "delete_finished", "scope_holder", "get_item", "attempts", "show",
     "queue_counts", "status", "schedules", "statistics", "scope_holders", "set_limit",

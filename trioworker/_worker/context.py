@@ -16,7 +16,7 @@ from trioworker._core.validation import result_json
 from trioworker._worker.logging import item_logger
 
 if TYPE_CHECKING:
-    from trioworker._store.api import Client, FencedTransaction, OpenFenced
+    from trioworker._store.api import FencedTransaction, HandlerStore, OpenFenced
     from trioworker._worker.asyncio_loop import AsyncioLoop
     from trioworker._worker.attempt import Attempt
 
@@ -41,7 +41,7 @@ class Shared:
         self,
         worker_id: str,
         limiter: trio.CapacityLimiter,
-        store: Client,
+        store: HandlerStore,
         open_fenced: OpenFenced,
         log: logging.Logger,
         *,
@@ -94,10 +94,11 @@ class Context:
         return self._shared.limiter
 
     @property
-    def store(self) -> Client:
-        """The queue's client face (never the Worker's own: no claims, no fenced
-        writes): enqueue follow-up work with `await ctx.store.enqueue(...)` (pass `tx=`
-        to enqueue inside `ctx.transaction()`), read, cancel, pause."""
+    def store(self) -> HandlerStore:
+        """The Worker's store as a `trioworker.HandlerStore`: its client operations,
+        never the Worker's own (no claims, no fenced writes). Enqueue follow-up work
+        with `await ctx.store.enqueue(...)` (pass `tx=` to enqueue inside
+        `ctx.transaction()`), read, cancel, pause."""
         return self._shared.store
 
     @property

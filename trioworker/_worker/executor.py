@@ -41,7 +41,7 @@ from trioworker._core.registry import Registration, Registry
 from trioworker._core.retry import Backoff
 from trioworker._core.settings import Settings
 from trioworker._core.validation import result_json
-from trioworker._store.api import Store, client_view
+from trioworker._store.api import Store, handler_view
 from trioworker._worker.asyncio_loop import AsyncioLoop
 from trioworker._worker.attempt import Attempt, Slot
 from trioworker._worker.batching import CompletionBatcher
@@ -145,8 +145,8 @@ class Executor:
         self._shared = Shared(
             worker_id,
             trio.CapacityLimiter(settings.max_concurrent_files),
-            # What handlers get as `ctx.store`: the store's client face alone.
-            client_view(store),
+            # What handlers get as `ctx.store`: the store's handler face alone.
+            handler_view(store),
             functools.partial(
                 store.fenced_transaction, server_timeout=settings.fenced_server_timeout
             ),

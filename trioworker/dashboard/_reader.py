@@ -14,19 +14,22 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any, LiteralString
 
-from trioworker._postgres.queries import WRITTEN as CORE_QUERIES
+from trioworker._postgres.queries import TEMPLATES as CORE_TEMPLATES
 from trioworker._postgres.queries import parse, qualify_all
 from trioworker._postgres.store import PostgresStore
 
-#: As written (unqualified); `queries_in` qualifies them by the queue's schema.
-QUERIES = {
+#: The dashboard's statements with their schema markers (trioworker/_postgres/queries.py);
+#: `queries_in` qualifies them by the queue's schema.
+TEMPLATES = {
     **parse(resources.files("trioworker.dashboard").joinpath("queries.sql").read_text()),
     # What `status` reads too: the same statements, from the queue's own file.
-    "counts": CORE_QUERIES["counts_by_kind_and_status"],
-    "unserved": CORE_QUERIES["unserved_kinds"],
-    "wait_facts": CORE_QUERIES["wait_facts"],
-    "limits": CORE_QUERIES["limits"],
+    "counts": CORE_TEMPLATES["counts_by_kind_and_status"],
+    "unserved": CORE_TEMPLATES["unserved_kinds"],
+    "wait_facts": CORE_TEMPLATES["wait_facts"],
+    "limits": CORE_TEMPLATES["limits"],
 }
+#: As written (unqualified), for the search_path to resolve.
+QUERIES = qualify_all(TEMPLATES, None)
 
 Rows = list[dict[str, Any]]
 
@@ -38,7 +41,7 @@ AS_STORED = frozenset({"item", "item_attempts", "item_steps"})
 @functools.cache
 def queries_in(schema: str | None) -> Mapping[str, LiteralString]:
     """The dashboard's statements for the queue in `schema` (as the store's own)."""
-    return qualify_all(QUERIES, schema)
+    return QUERIES if schema is None else qualify_all(TEMPLATES, schema)
 
 
 class Reader:

@@ -5,6 +5,7 @@
 -- work_attempts, work_steps, work_dependencies, work_workers, work_schedules,
 -- work_pauses, work_limits and work_rate_slots). What `status` reads too
 -- (the counts, the unserved kinds) is the queue's own statement, not a copy (_reader.py).
+-- Queue objects come after the schema marker, as in trioworker/_postgres/queries.sql.
 
 -- name: clock
 SELECT now() AS now;
@@ -17,21 +18,21 @@ SELECT kind,
        count(*) FILTER (WHERE run_after > now()) AS delayed,
        EXTRACT(EPOCH FROM now() - min(run_after) FILTER (WHERE run_after <= now()))::float8
            AS oldest_due_age
-FROM work_items WHERE status = 'Queued'
+FROM /* TEMPLATE: schema */work_items WHERE status = 'Queued'
 GROUP BY kind ORDER BY kind;
 
 -- name: scope_summary
 -- Busy scopes (with a Running item), the Queued items waiting behind them, scopes
 -- with anything Queued, and pauses.
-SELECT (SELECT count(DISTINCT scope) FROM work_items
+SELECT (SELECT count(DISTINCT scope) FROM /* TEMPLATE: schema */work_items
         WHERE status = 'Running' AND scope IS NOT NULL) AS busy,
-       (SELECT count(*) FROM work_items AS q
+       (SELECT count(*) FROM /* TEMPLATE: schema */work_items AS q
         WHERE q.status = 'Queued' AND q.scope IS NOT NULL
-          AND EXISTS (SELECT 1 FROM work_items AS r
+          AND EXISTS (SELECT 1 FROM /* TEMPLATE: schema */work_items AS r
                       WHERE r.scope = q.scope AND r.status = 'Running')) AS held,
-       (SELECT count(DISTINCT scope) FROM work_items
+       (SELECT count(DISTINCT scope) FROM /* TEMPLATE: schema */work_items
         WHERE status = 'Queued' AND scope IS NOT NULL) AS with_queued,
-       (SELECT count(*) FROM work_pauses) AS pauses;
+       (SELECT count(*) FROM /* TEMPLATE: schema */work_pauses) AS pauses;
 
 -- name: throughput
 -- Items finished in each of the last %(minutes)s whole minutes (the last one is the
@@ -39,7 +40,7 @@ SELECT (SELECT count(DISTINCT scope) FROM work_items
 -- index.
 SELECT floor(EXTRACT(EPOCH FROM finished_at - b.start) / 60)::int AS bucket, status,
        count(*) AS n
-FROM work_items,
+FROM /* TEMPLATE: schema */work_items,
      LATERAL (SELECT date_trunc('minute', now())
                      - make_interval(mins => %(minutes)s - 1) AS start) AS b
 WHERE status IN ('Succeeded', 'Failed', 'Cancelled') AND finished_at >= b.start
@@ -51,7 +52,7 @@ SELECT count(*) FILTER (WHERE stopped_at IS NULL
                               advertise_every * %(alive_beats)s, %(alive_within)s)))
            AS alive,
        count(*) AS known
-FROM work_workers;
+FROM /* TEMPLATE: schema */work_workers;
 
 -- (unserved: the queue's own `unserved_kinds`, in sql/queries.sql.)
 
@@ -64,7 +65,8 @@ SELECT id, kind, scope, attempt, stalls, worker_id, started_at, cancel_requested
        EXTRACT(EPOCH FROM lease_expires_at - now())::float8 AS lease_left,
        EXTRACT(EPOCH FROM now() - heartbeat_at)::float8 AS heartbeat_age,
        count(*) OVER () AS total
-FROM work_items WHERE status = 'Running' AND (kind_slot IS NOT NULL OR kind_slot IS NULL)
+FROM /* TEMPLATE: schema */work_items
+WHERE status = 'Running' AND (kind_slot IS NOT NULL OR kind_slot IS NULL)
 ORDER BY started_at, id
 LIMIT %(limit)s;
 
@@ -76,7 +78,7 @@ WITH queued AS (
     SELECT scope, count(*) AS waiting, count(*) FILTER (WHERE run_after <= now()) AS due,
            EXTRACT(EPOCH FROM now() - min(run_after) FILTER (WHERE run_after <= now()))::float8
                AS oldest_age
-    FROM work_items WHERE status = 'Queued' AND scope IS NOT NULL
+    FROM /* TEMPLATE: schema */work_items WHERE status = 'Queued' AND scope IS NOT NULL
     GROUP BY scope
 ), running AS (
     -- A scope may run more than one (its limit, docs/design/limits.md): the first
@@ -84,13 +86,13 @@ WITH queued AS (
     SELECT DISTINCT ON (scope) scope, id, kind, worker_id, attempt, cancel_requested,
            EXTRACT(EPOCH FROM now() - started_at)::float8 AS running_for,
            count(*) OVER (PARTITION BY scope) AS running
-    FROM work_items WHERE status = 'Running' AND scope IS NOT NULL
+    FROM /* TEMPLATE: schema */work_items WHERE status = 'Running' AND scope IS NOT NULL
     ORDER BY scope, started_at, id
 ), limited AS (
     SELECT scope, running AS running_limit, rate, EXTRACT(EPOCH FROM per)::float8 AS per
-    FROM work_limits WHERE scope IS NOT NULL
+    FROM /* TEMPLATE: schema */work_limits WHERE scope IS NOT NULL
 ), paused AS (
-    SELECT scope, paused_at FROM work_pauses WHERE scope IS NOT NULL
+    SELECT scope, paused_at FROM /* TEMPLATE: schema */work_pauses WHERE scope IS NOT NULL
 ), scopes AS (
     SELECT scope FROM queued UNION SELECT scope FROM running UNION SELECT scope FROM paused
     UNION SELECT scope FROM limited
@@ -98,7 +100,7 @@ WITH queued AS (
 SELECT s.scope, r.id AS running_id, r.kind AS running_kind, r.worker_id, r.attempt,
        r.cancel_requested, r.running_for, COALESCE(r.running, 0) AS running,
        COALESCE(l.running_limit,
-                (SELECT d.running FROM work_limits AS d
+                (SELECT d.running FROM /* TEMPLATE: schema */work_limits AS d
                  WHERE d.kind IS NULL AND d.scope IS NULL), 1) AS running_limit,
        l.running_limit IS NOT NULL AS own_limit, l.rate, l.per,
        COALESCE(q.waiting, 0) AS waiting, COALESCE(q.due, 0) AS due, q.oldest_age,
@@ -116,13 +118,14 @@ LIMIT %(limit)s;
 -- Failed items, most recent first (optionally of one kind), with why and where.
 SELECT id, kind, scope, attempt, failures, stalls, worker_id, finished_at, reason, error,
        traceback, count(*) OVER () AS total
-FROM work_items
+FROM /* TEMPLATE: schema */work_items
 WHERE status = 'Failed' AND (%(kind)s::text IS NULL OR kind = %(kind)s::text)
 ORDER BY finished_at DESC, id DESC
 LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: failure_kinds
-SELECT kind, count(*) AS n FROM work_items WHERE status = 'Failed' GROUP BY kind ORDER BY kind;
+SELECT kind, count(*) AS n FROM /* TEMPLATE: schema */work_items
+WHERE status = 'Failed' GROUP BY kind ORDER BY kind;
 
 -- name: workers
 -- Every Worker the table knows, live ones first, with how many items each runs now.
@@ -132,8 +135,8 @@ SELECT w.id, w.host, w.pid, w.started_at, w.last_seen, w.stopped_at, w.kinds, w.
        w.stopped_at IS NULL AND w.last_seen > now() - make_interval(secs => COALESCE(
            w.advertise_every * %(alive_beats)s, %(alive_within)s)) AS alive,
        COALESCE(r.n, 0) AS running
-FROM work_workers AS w
-LEFT JOIN (SELECT worker_id, count(*) AS n FROM work_items
+FROM /* TEMPLATE: schema */work_workers AS w
+LEFT JOIN (SELECT worker_id, count(*) AS n FROM /* TEMPLATE: schema */work_items
            WHERE status = 'Running' AND (kind_slot IS NOT NULL OR kind_slot IS NULL)
            GROUP BY worker_id) AS r ON r.worker_id = w.id
 ORDER BY alive DESC, w.last_seen DESC, w.id;
@@ -143,17 +146,17 @@ ORDER BY alive DESC, w.last_seen DESC, w.id;
 SELECT s.name, s.kind, s.scope, s.spec, s.priority, s.next_due, s.last_due, s.last_item,
        s.updated_at, EXTRACT(EPOCH FROM s.next_due - now())::float8 AS due_in,
        i.status AS last_status
-FROM work_schedules AS s
-LEFT JOIN work_items AS i ON i.id = s.last_item
+FROM /* TEMPLATE: schema */work_schedules AS s
+LEFT JOIN /* TEMPLATE: schema */work_items AS i ON i.id = s.last_item
 ORDER BY s.next_due, s.name;
 
 -- name: pauses
 -- Each pause, with how many Queued items it holds back.
 SELECT p.kind, p.scope, p.paused_at,
        EXTRACT(EPOCH FROM now() - p.paused_at)::float8 AS paused_for,
-       (SELECT count(*) FROM work_items AS w
+       (SELECT count(*) FROM /* TEMPLATE: schema */work_items AS w
         WHERE w.status = 'Queued' AND (w.kind = p.kind OR w.scope = p.scope)) AS held
-FROM work_pauses AS p
+FROM /* TEMPLATE: schema */work_pauses AS p
 ORDER BY p.paused_at, p.id;
 
 -- name: item
@@ -172,7 +175,7 @@ SELECT id, kind, scope, payload::text AS payload, trace_context::text AS trace_c
             THEN EXTRACT(EPOCH FROM lease_expires_at - now())::float8 END AS lease_left,
        CASE WHEN isfinite(heartbeat_at) THEN EXTRACT(EPOCH FROM now() - heartbeat_at)::float8
        END AS heartbeat_age
-FROM work_items WHERE id = %(id)s;
+FROM /* TEMPLATE: schema */work_items WHERE id = %(id)s;
 
 -- name: item_attempts
 -- How each attempt of the item ended (work_attempts), oldest first; the current one,
@@ -181,21 +184,22 @@ FROM work_items WHERE id = %(id)s;
 SELECT attempt, worker_id, started_at, ended_at, outcome, error, traceback,
        CASE WHEN isfinite(ended_at) AND isfinite(started_at)
             THEN EXTRACT(EPOCH FROM ended_at - started_at)::float8 END AS took
-FROM work_attempts WHERE item_id = %(id)s
+FROM /* TEMPLATE: schema */work_attempts WHERE item_id = %(id)s
 ORDER BY attempt;
 
 -- name: item_steps
 -- The item's recorded steps (`ctx.step`), in the order they were recorded; each value
 -- as text, decoded by the dashboard, as the payload is. Read as stored, as `item` is.
 SELECT name, attempt, recorded_at, result::text AS result
-FROM work_steps WHERE item_id = %(id)s
+FROM /* TEMPLATE: schema */work_steps WHERE item_id = %(id)s
 ORDER BY recorded_at, name;
 
 -- name: item_parents
 -- The items it runs after (`after=`; 1,000 at most, as work_items_after_bounded holds),
 -- by id, with their statuses.
 SELECT p.id, p.kind, p.status
-FROM work_dependencies AS d JOIN work_items AS p ON p.id = d.parent_id
+FROM /* TEMPLATE: schema */work_dependencies AS d
+    JOIN /* TEMPLATE: schema */work_items AS p ON p.id = d.parent_id
 WHERE d.child_id = %(id)s
 ORDER BY p.id;
 
@@ -203,7 +207,8 @@ ORDER BY p.id;
 -- The items that run after it, by id, up to %(limit)s (a parent may have any number);
 -- `total` counts them all. Read from the work_dependencies_children index.
 SELECT c.id, c.kind, c.status, count(*) OVER () AS total
-FROM work_dependencies AS d JOIN work_items AS c ON c.id = d.child_id
+FROM /* TEMPLATE: schema */work_dependencies AS d
+    JOIN /* TEMPLATE: schema */work_items AS c ON c.id = d.child_id
 WHERE d.parent_id = %(id)s
 ORDER BY c.id
 LIMIT %(limit)s;
