@@ -372,3 +372,39 @@ async def test_two_tasks_of_one_attempt_in_one_step_get_the_first_recorded_value
         await trio.sleep(5)
     assert got == [1, 1]
     assert await store.step(1, "same") == (True, 1)
+
+
+async def test_a_lost_link_while_reading_parent_results_is_a_stall_not_a_failure(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """DatabaseUnavailable from `ctx.parent_results()` propagating out of the handler:
+    the attempt writes nothing (lease recovery requeues it as a stall), as for a step;
+    read again on the next try, it gives the parents' results by id."""
+    store, registry = ScriptedStore(), Registry()
+    store.script["parent_results"] = ["fail"]
+    seen: list[dict[int, Any]] = []
+
+    @registry.handler("Thumb")
+    async def thumb(item: WorkItem, ctx: Context) -> str:
+        return f"thumb {item.id}"
+
+    @registry.handler("Bursts", retry=ONCE)
+    async def bursts(item: WorkItem, ctx: Context) -> None:
+        seen.append(await ctx.parent_results())
+
+    a = (await store.enqueue("Thumb")).id
+    b = (await store.enqueue("Thumb")).id
+    child = (await store.enqueue("Bursts", after=[b, a])).id
+    async with running(store, registry):
+        await trio.sleep(5)
+    states = {s.id: s for s in store.items()}
+    assert states[child].status is Status.RUNNING and states[child].failures == 0
+    assert seen == []
+    store.expire_lease(child)
+    assert [r.status for r in await store.recover_expired_leases(max_stalls=3)] == [
+        Status.QUEUED
+    ]
+    async with running(store, registry):
+        await trio.sleep(5)
+    assert seen == [{a: f"thumb {a}", b: f"thumb {b}"}]
+    assert {s.id: s.status for s in store.items()}[child] is Status.SUCCEEDED

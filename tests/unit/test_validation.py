@@ -440,6 +440,7 @@ def test_after_comes_back_ascending_and_each_id_once() -> None:
     ("after", "message"),
     [
         (5, "after must be a list of item ids, not int"),
+        (1.5, "after must be a list of item ids, not float"),
         ("12", "after must be a list of item ids, not str"),
         (b"12", "after must be a list of item ids, not bytes"),
         ([1, "2"], "after takes item ids (integers), not str"),
