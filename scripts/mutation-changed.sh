@@ -75,7 +75,7 @@ if [ "${MUTATION_KEEP:-0}" = 1 ]; then
 else
     trap 'rm -rf "$scratch"' EXIT
 fi
-cp -r trioworker tests migrations examples pyproject.toml "$scratch"/
+cp -r trioworker tests migrations examples scripts pyproject.toml "$scratch"/
 find "$scratch" -name __pycache__ -prune -exec rm -rf {} +
 cd "$scratch"
 "$python" - "${files[@]}" <<'EOF'
@@ -83,7 +83,8 @@ import json, pathlib, re, sys
 path = pathlib.Path("pyproject.toml")
 line = "only_mutate = " + json.dumps(sys.argv[1:])
 if not re.search(r"(?m)^also_copy\s*=", path.read_text()):
-    line += '\nalso_copy = ["migrations", "examples"]'  # into mutants/: a unit test reads a migration
+    # Into mutants/: unit tests read a migration, and the sync client's generator.
+    line += '\nalso_copy = ["migrations", "examples", "scripts"]'
 text, n = re.subn(r"(?m)^only_mutate\s*=.*$", lambda _: line, path.read_text())
 if n != 1:
     sys.exit("mutation: [tool.mutmut] in pyproject.toml needs exactly one one-line only_mutate")
