@@ -82,9 +82,9 @@ def fail_one(pg: Conn, client: Client) -> int:
 def test_client_writes_in_the_callers_transaction_only_if_it_commits(
     dsn: str, pg: Conn, client: Client, isolation: psycopg.IsolationLevel
 ) -> None:
-    """enqueue, enqueue_many, cancel, retry and pause in the caller's transaction: rolled
-    back, none of it happened; committed, all of it did, and reads inside the
-    transaction see its own writes."""
+    """enqueue (after another item too), enqueue_many, cancel, retry and pause in the
+    caller's transaction: rolled back, none of it happened; committed, all of it did,
+    and reads inside the transaction see its own writes."""
     failed = fail_one(pg, client)
     queued = client.enqueue("A", scope="s").id
     before = statuses(pg)
@@ -94,6 +94,8 @@ def test_client_writes_in_the_callers_transaction_only_if_it_commits(
             with conn.transaction(force_rollback=outcome == "rollback"):
                 new = client.enqueue("B", scope="t", payload={"n": 1}, priority=5, conn=conn)
                 many = client.enqueue_many([NewItem("B"), NewItem("B", scope="u")], conn=conn)
+                child = client.enqueue("C", after=[new.id], conn=conn)
+                [grandchild] = client.enqueue_many([NewItem("C", after=[child.id])], conn=conn)
                 assert client.cancel(queued, conn=conn) is CancelOutcome.CANCELLED
                 assert client.retry([failed], conn=conn) == [failed]
                 assert client.pause(scope="t", conn=conn)
@@ -108,6 +110,7 @@ def test_client_writes_in_the_callers_transaction_only_if_it_commits(
     after = statuses(pg)
     assert after[queued] == "Cancelled" and after[failed] == "Queued"
     assert [after[i] for i in (new.id, *(e.id for e in many))] == ["Queued"] * 3
+    assert [after[child.id], after[grandchild.id]] == ["Waiting", "Waiting"]
     assert [p.scope for p in client.pauses()] == ["t"]
     assert client.resume(scope="t") and client.pauses() == []
 
@@ -188,6 +191,7 @@ def test_async_client_writes_in_the_callers_transaction_only_if_it_commits(
                     async with conn.transaction(force_rollback=outcome == "rollback"):
                         new = await client.enqueue("B", scope="t", payload=[1], conn=conn)
                         many = await client.enqueue_many([NewItem("B")], conn=conn)
+                        child = await client.enqueue("C", after=[new.id], conn=conn)
                         assert await client.cancel(queued, conn=conn) is CancelOutcome.CANCELLED
                         assert await client.retry([failed], conn=conn) == [failed]
                         assert await client.pause(kind="B", conn=conn)
@@ -200,14 +204,14 @@ def test_async_client_writes_in_the_callers_transaction_only_if_it_commits(
                         assert statuses(pg) == before
                         assert await client.get_item(new.id) is None
                         assert await client.pauses() == []
-                    made = [new.id, many[0].id]
+                    made = [new.id, many[0].id, child.id]
                 assert await client.resume(kind="B")
                 return made
 
     made = run_asyncio(main)
     after = statuses(pg)
     assert after[queued] == "Cancelled" and after[failed] == "Queued"
-    assert [after[i] for i in made] == ["Queued", "Queued"]
+    assert [after[i] for i in made] == ["Queued", "Queued", "Waiting"]
 
 
 def test_async_client_outside_a_transaction_and_on_the_applications_pool(
