@@ -162,7 +162,7 @@ def test_importing_it_does_not_import_trio_asyncio() -> None:
 async def test_a_handler_calls_an_asyncio_library_through_its_context() -> None:
     """`ctx.run_asyncio` in a real Worker: a handler's asyncio-only client reaches a
     server and its answer is the handler's; the Worker opens the loop for it."""
-    from tests.unit._fakes import running
+    from tests.support.fakes import running
     from trioworker import Context, Registry, Status, WorkItem
     from trioworker.testing import MemoryStore
 

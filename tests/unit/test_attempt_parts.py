@@ -17,12 +17,13 @@ import pytest
 import trio
 import trio.testing
 
-from tests.unit._fakes import (
+from tests.support.fakes import (
     Failstops,
     ScriptedStore,
     Sink,
     Tracer,
     a_slot,
+    always,
     executing,
     gaps,
     messages,
@@ -188,9 +189,9 @@ async def test_a_completion_past_its_deadline_is_dropped_and_the_batcher_goes_on
     await store.enqueue("Two", scope="b")
     async with running(store, registry, Settings(lease=12.0, heartbeat=1.0, concurrency=2),
                        tracer=tracer):  # fmt: skip
-        store.fault, store.fault_ops = "fail", frozenset({"heartbeat"})
+        store.script["heartbeat"] = always("fail")
         await trio.sleep(3)
-        store.fault = None
+        del store.script["heartbeat"]
         await trio.sleep(10)
     one, two = store.items()
     assert (one.status, two.status) == (Status.RUNNING, Status.SUCCEEDED)
@@ -251,7 +252,7 @@ async def test_a_completed_attempt_that_self_stopped_says_recovery_will_finish_i
     async def done(item: WorkItem, ctx: Context) -> None:
         async with ctx.transaction() as tx:
             tx.complete()
-        store.fault, store.fault_ops = "fail", frozenset({"heartbeat"})
+        store.script["heartbeat"] = always("fail")
         await trio.sleep_forever()
 
     await store.enqueue("Done")

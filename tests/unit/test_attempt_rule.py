@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.unit._fakes import Failstops, ScriptedStore, Tracer, messages, running
+from tests.support.fakes import Failstops, ScriptedStore, Tracer, always, messages, running
 from trioworker import Context, Registry, RetryPolicy, Settings, Status, WorkItem
 
 EXECUTOR = "trioworker.executor"
@@ -64,11 +64,11 @@ async def test_once_the_deadline_has_passed_nothing_is_written_whatever_came_fir
         if first == "cancel request":
             await store.cancel(1)  # read by the beat at 1 s: the deadline moves to 7 s
         await trio.sleep(beats_fail_from)
-        store.fault, store.fault_ops = "fail", frozenset({"heartbeat"})
+        store.script["heartbeat"] = always("fail")
         if first == "shutdown":
             worker.stop()  # the shutdown grace (0.5 s) ends before the deadline
         await trio.sleep_until(deadline + 0.6)
-        store.fault = None  # the database answers again: a write would go through
+        del store.script["heartbeat"]  # the database answers again: a write would go through
         await trio.sleep_until(deadline + 5.0)
     assert writes(store) == ([] if first != "completed" else ["complete_in_transaction"])
     assert tracer.outcomes() == ["self_stopped"]
@@ -88,13 +88,13 @@ async def test_a_completed_item_past_its_deadline_is_finished_by_recovery_as_suc
     async def crawl(item: WorkItem, ctx: Context) -> None:
         async with ctx.transaction() as tx:
             tx.complete()
-        store.fault, store.fault_ops = "fail", frozenset({"heartbeat"})
+        store.script["heartbeat"] = always("fail")
         await cleans_up_until(7.0)  # its deadline is 6 s
 
     await store.enqueue("Crawl", scope="7")
     async with running(store, registry, CUT):
         await trio.sleep(8)
-        store.fault = None
+        del store.script["heartbeat"]
         await trio.sleep(CUT.lease + CUT.recovery_every)
     (state,) = store.items()
     assert (state.status, state.stalls, state.failures) == (Status.SUCCEEDED, 0, 0)
@@ -113,7 +113,7 @@ async def test_a_fenced_transaction_past_the_deadline_commits_nothing(
 
     @registry.handler("Late")
     async def late(item: WorkItem, ctx: Context) -> None:
-        store.fault, store.fault_ops = "fail", frozenset({"heartbeat"})
+        store.script["heartbeat"] = always("fail")
         with trio.CancelScope(shield=True):
             if opened == "after the deadline":
                 await trio.sleep_until(6.5)
@@ -208,7 +208,7 @@ async def test_ctx_stopping_tells_each_reason(autojump_clock: trio.testing.MockC
     async with running(store, registry, Settings(concurrency=3)):
         await store.cancel(2)  # read by the heartbeat at 10 s
         await trio.sleep(10.5)
-        store.fault, store.fault_ops = "fail", frozenset({"heartbeat"})  # self-stop at 40 s
+        store.script["heartbeat"] = always("fail")  # self-stop at 40 s
         await trio.sleep(35)
     assert seen == {"Deadline": [False, True], "Requested": [False, True], "Timeout": [False, True]}
 

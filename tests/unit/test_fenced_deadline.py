@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from tests.support.contexts import a_context
-from tests.unit._fakes import running
+from tests.support.fakes import running
 from trioworker import Context, Lost, Registry, SelfStopped, Settings, Status, WorkItem
 from trioworker._core.policy import Action, Outcome, RetryPolicy, decide
 from trioworker.testing import MemoryStore

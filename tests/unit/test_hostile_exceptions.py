@@ -20,8 +20,8 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit._fakes import Failstops, ScriptedStore
-from trioworker import Context, Registry, RetryPolicy, Settings, Status, Worker, WorkItem
+from tests.support.fakes import Failstops, ScriptedStore, running
+from trioworker import Context, Registry, RetryPolicy, Status, WorkItem
 
 RAISED = ["KeyboardInterrupt", "SystemExit", "BaseException", "GeneratorExit", "Cancelled",
           "RecursionError", "ValueError"]  # fmt: skip
@@ -162,17 +162,14 @@ async def scenario(recipe: Any, when: str) -> tuple[Status, str | None, Status, 
     async def innocent(item: WorkItem, ctx: Context) -> None:
         await trio.sleep(1)
 
-    worker = Worker(store, registry, Settings(), worker_id="w1", fail_stop=failstops)
     with trio.fail_after(1000):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
+        async with running(store, registry, fail_stop=failstops):
             bad = await store.enqueue("Hostile", scope="s")
             if when == "after a cancel request":
                 await store.cancel(bad.id)
             await trio.sleep(15)  # the cancel request is read at 10 s
             good = await store.enqueue("Innocent", scope="s")
             await trio.sleep(5)
-            nursery.cancel_scope.cancel()
     hostile_state, innocent_state = await store.get_item(bad.id), await store.get_item(good.id)
     assert hostile_state is not None and innocent_state is not None
     return hostile_state.status, hostile_state.error, innocent_state.status, failstops.calls

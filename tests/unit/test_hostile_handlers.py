@@ -12,12 +12,13 @@ import pytest
 import trio
 import trio.testing
 
-from tests.unit._fakes import (
+from tests.support.fakes import (
     Failstops,
     ScriptedStore,
     Sink,
     Tracer,
     a_slot,
+    always,
     executing,
     messages,
     running,
@@ -190,7 +191,7 @@ async def test_a_write_refused_in_every_form_is_retried_until_the_deadline(
     registry.handler("Crawl")(sleeping(1))
     item = await store.enqueue("Crawl")
     (claimed,) = await store.claim_batch("w1", 60.0, 1, kinds=["Crawl"])
-    store.script["complete_batch"] = ["refuse"] * 100
+    store.script["complete_batch"] = always("refuse")
     executor = Executor(
         store, registry, Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer
     )
@@ -272,7 +273,8 @@ async def test_an_item_whose_time_cannot_be_decoded_is_failed_without_running(
     assert ran == []
     [state] = store.items()
     assert (state.status, state.reason) == (
-        Status.FAILED, "requested_at, run_after cannot be decoded"
+        Status.FAILED,
+        "requested_at, run_after cannot be decoded",
     )
     assert messages(caplog, EXECUTOR) == [
         f"a stored value cannot be decoded (requested_at {why}; run_after {why}): failing"
@@ -420,7 +422,7 @@ async def test_failing_an_undecodable_item_gives_up_at_the_self_stop_deadline(
     await store.enqueue("Quick")
     (claimed,) = await store.claim_batch("w1", 60.0, 1, kinds=["Quick"])
     poisoned = attrs.evolve(claimed, payload=UndecodableValue("too deep", "[[["))
-    store.script["fail"] = ["fail"] * 100
+    store.script["fail"] = always("fail")
     executor = Executor(
         store, registry, Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer
     )

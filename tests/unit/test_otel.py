@@ -4,8 +4,7 @@ in-memory store; the spans go to the SDK's in-memory exporter."""
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 
 import pytest
 import trio
@@ -17,13 +16,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from tests.support.fakes import ScriptedStore, always, running
 from trioworker import (
     ConfigurationError,
     Context,
     NewItem,
     Registry,
-    Settings,
-    Worker,
     WorkItem,
 )
 from trioworker._core.policy import AttemptOutcome
@@ -73,28 +71,6 @@ def spans() -> Iterator[Spans]:
     spans.provider.shutdown()
 
 
-def ignore_fail_stop(message: str) -> None:
-    pass
-
-
-@asynccontextmanager
-async def running_worker(
-    store: MemoryStore, registry: Registry, spans: Spans, settings: Settings | None = None
-) -> AsyncIterator[Worker]:
-    worker = Worker(
-        store,
-        registry,
-        settings,
-        worker_id="w1",
-        fail_stop=ignore_fail_stop,
-        tracer=OtelTracer(spans.provider),
-    )
-    async with trio.open_nursery() as nursery:
-        await nursery.start(worker.run)
-        yield worker
-        nursery.cancel_scope.cancel()
-
-
 def events(span: ReadableSpan) -> list[tuple[str, object]]:
     return [(e.name, (e.attributes or {}).get("trioworker.detail")) for e in span.events]
 
@@ -111,7 +87,7 @@ async def test_an_attempt_is_one_consumer_span_child_of_the_enqueuers(
     registry.handler("Crawl")(nothing)
     with spans.tracer.start_as_current_span("request") as request:
         enqueued = await store.enqueue("Crawl", scope="cfg-7", priority=3)
-    async with running_worker(store, registry, spans):
+    async with running(store, registry, tracer=OtelTracer(spans.provider)):
         (span,) = await spans.wait_for()
     assert span.name == "trioworker.attempt Crawl" and span.kind is SpanKind.CONSUMER
     assert span.parent is not None
@@ -144,7 +120,7 @@ async def test_an_item_enqueued_outside_any_span_starts_a_trace_of_its_own(
     registry.handler("Purge")(nothing)
     await store.enqueue("Purge")
     with spans.tracer.start_as_current_span("around the worker"):
-        async with running_worker(store, registry, spans):
+        async with running(store, registry, tracer=OtelTracer(spans.provider)):
             (span,) = await spans.wait_for()
     assert span.parent is None
     assert "trioworker.item.scope" not in (span.attributes or {})
@@ -162,7 +138,7 @@ async def test_a_failing_handler_leaves_an_error_span_with_the_exception(
         raise KeyError("path")
 
     await store.enqueue("Crawl")
-    async with running_worker(store, registry, spans):
+    async with running(store, registry, tracer=OtelTracer(spans.provider)):
         span = (await spans.wait_for())[0]
     assert (span.attributes or {})["trioworker.outcome"] == "retry"
     assert span.status.status_code is StatusCode.ERROR
@@ -177,17 +153,17 @@ async def test_heartbeat_failures_and_the_self_stop_are_span_events(
 ) -> None:
     """Every heartbeat fails: one event per failed heartbeat (with why), then the
     self-stop; the span ends with outcome self_stopped, status ERROR."""
-    store, registry = MemoryStore(), Registry()
+    store, registry = ScriptedStore(), Registry()
 
     @registry.handler("Crawl")
     async def forever(item: WorkItem, ctx: Context) -> None:
         await trio.sleep_forever()
 
-    store.fault, store.fault_ops = "fail", frozenset({"heartbeat"})
+    store.script["heartbeat"] = always("fail")
     await store.enqueue("Crawl", scope="7")
-    async with running_worker(store, registry, spans):
+    async with running(store, registry, tracer=OtelTracer(spans.provider)):
         (span,) = await spans.wait_for()
-    failed = "heartbeat: connection refused (simulated outage)"
+    failed = "heartbeat: down"
     # Heartbeats at 10 s and 20 s fail; the self-stop at 30 s comes before the third.
     assert events(span) == [
         ("heartbeat_failed", failed), ("heartbeat_failed", failed), ("self_stopped", None),
@@ -201,15 +177,15 @@ async def test_a_heartbeat_that_hangs_is_an_event_saying_so(
     autojump_clock: trio.testing.MockClock, spans: Spans
 ) -> None:
     """A heartbeat that gets no answer within the interval is an event too."""
-    store, registry = MemoryStore(), Registry()
+    store, registry = ScriptedStore(), Registry()
 
     @registry.handler("Crawl")
     async def forever(item: WorkItem, ctx: Context) -> None:
         await trio.sleep_forever()
 
-    store.fault, store.fault_ops = "hang", frozenset({"heartbeat"})
+    store.script["heartbeat"] = always("hang")
     await store.enqueue("Crawl")
-    async with running_worker(store, registry, spans):
+    async with running(store, registry, tracer=OtelTracer(spans.provider)):
         (span,) = await spans.wait_for()
     assert ("heartbeat_failed", "no answer within 10s") in events(span)
     assert events(span)[-1] == ("self_stopped", None)
@@ -233,7 +209,7 @@ async def test_the_handlers_spans_and_enqueues_join_the_attempts_trace(
         pass
 
     await store.enqueue("Parent")
-    async with running_worker(store, registry, spans):
+    async with running(store, registry, tracer=OtelTracer(spans.provider)):
         first, second = await spans.wait_for(2)
     (work,) = spans.finished("handler work")
     assert work.parent is not None and work.parent.span_id == first.context.span_id

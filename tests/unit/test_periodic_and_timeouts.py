@@ -1,42 +1,23 @@
 """Periodic items and per-kind timeouts on Trio's virtual clock, with the in-memory store.
 
-The in-memory store's wall clock is 2026-01-01T00:00:00Z plus `trio.current_time()`, so
-cron times fall at whole minutes of virtual time.
+Defaults throughout: lease 60 s, heartbeat every 10 s, poll 5 s, stop grace 15 s. The
+in-memory store's wall clock is 2026-01-01T00:00:00Z plus `trio.current_time()`, so cron
+times fall at whole minutes of virtual time.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
 import trio
 import trio.testing
 
-from trioworker import Context, Registry, RetryPolicy, Settings, Status, Worker, WorkItem
+from tests.support.fakes import Failstops, ScriptedStore, always, running
+from trioworker import Context, Registry, RetryPolicy, Settings, Status, WorkItem
 from trioworker.testing import MemoryStore
 
-SETTINGS = Settings()  # lease 60, heartbeat 10, poll 5, stop grace 15
 EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-
-
-@asynccontextmanager
-async def running(
-    store: MemoryStore, registry: Registry, worker_id: str = "w1"
-) -> AsyncIterator[list[tuple[float, str]]]:
-    failstops: list[tuple[float, str]] = []
-    worker = Worker(
-        store,
-        registry,
-        SETTINGS,
-        worker_id=worker_id,
-        fail_stop=lambda message: failstops.append((trio.current_time(), message)),
-    )
-    async with trio.open_nursery() as nursery:
-        await nursery.start(worker.run)
-        yield failstops
-        nursery.cancel_scope.cancel()
 
 
 def due_times(
@@ -68,9 +49,7 @@ async def test_a_stopping_worker_enqueues_no_periodic_items(
 
     registry.periodic("Tick", every=5)
     await store.enqueue("Long")
-    worker = Worker(store, registry, Settings(concurrency=2), worker_id="w1", fail_stop=print)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(worker.run)
+    async with running(store, registry, Settings(concurrency=2)) as worker:
         await trio.sleep(7)
         ticks_before = [i.id for i in store.items() if i.kind == "Tick"]
         worker.stop()
@@ -94,7 +73,7 @@ async def test_a_cron_schedule_enqueues_each_due_time_once(
 
     registry.periodic("Sweep", cron="*/2 * * * *")
     await trio.sleep(30)  # start at 00:00:30: the first due time is 00:02
-    async with running(store, registry), running(store, registry, "w2"):
+    async with running(store, registry), running(store, registry, worker_id="w2"):
         await trio.sleep_until(7 * 60)
     assert due_times(store, runs) == ["00:02:00", "00:04:00", "00:06:00"]
     items = store.items()
@@ -164,7 +143,8 @@ async def test_a_handler_past_its_timeout_is_cancelled_retried_and_fails_timed_o
             raise
 
     item = await store.enqueue("Slow")
-    async with running(store, registry) as failstops:
+    failstops = Failstops()
+    async with running(store, registry, fail_stop=failstops):
         await trio.sleep(600)
     assert [c - s for s, c in zip(started, cancelled, strict=True)] == [5.0, 5.0, 5.0]
     state = await store.get_item(item.id)
@@ -179,7 +159,7 @@ async def test_a_handler_past_its_timeout_is_cancelled_retried_and_fails_timed_o
         "retry_later",
         "fail",
     ]
-    assert failstops == []
+    assert failstops.calls == []
 
 
 async def test_a_self_stop_inside_a_timeout_bounded_handler_still_writes_nothing(
@@ -187,7 +167,7 @@ async def test_a_self_stop_inside_a_timeout_bounded_handler_still_writes_nothing
 ) -> None:
     """Heartbeats fail; the self-stop (30 s) comes before the kind's timeout (45 s): the
     attempt writes nothing, as any self-stopped attempt, and is no handler failure."""
-    store, registry = MemoryStore(), Registry()
+    store, registry = ScriptedStore(), Registry()
     cancelled: list[float] = []
 
     @registry.handler("Slow", timeout=45)
@@ -198,7 +178,7 @@ async def test_a_self_stop_inside_a_timeout_bounded_handler_still_writes_nothing
             cancelled.append(trio.current_time())
             raise
 
-    store.fault, store.fault_ops = "fail", frozenset({"heartbeat"})
+    store.script["heartbeat"] = always("fail")
     item = await store.enqueue("Slow")
     async with running(store, registry):
         await trio.sleep(50)

@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.unit._fakes import ScriptedStore
+from tests.support.fakes import ScriptedStore
 from trioworker import InvalidWorkItem
 from trioworker._core.model import ScopeHolder
 from trioworker._store.quiesce import QUIESCE_POLL, QuiesceResult, describe, quiesce

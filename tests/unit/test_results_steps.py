@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from tests.unit._fakes import ScriptedStore, Sink, Tracer, messages, running
+from tests.support.fakes import ScriptedStore, Sink, Tracer, messages, running
 from trioworker import (
     Context,
     DoNotRetry,

@@ -1,15 +1,16 @@
-"""Fakes for the executor and Worker unit tests: a scriptable in-memory store, a
-recording tracer and event sink. All on Trio's clock; none touches PostgreSQL or the
-wall clock."""
+"""Fakes for the executor and Worker unit tests, and the one way they run a Worker: a
+scriptable in-memory store (the tests' only way of injecting faults), a recording tracer
+and event sink, and `running`. All on Trio's clock; none touches PostgreSQL or the wall
+clock."""
 
 from __future__ import annotations
 
 import collections
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 import pytest
@@ -20,38 +21,75 @@ from trioworker import Context, Registry, Settings, Worker, WorkItem
 from trioworker._core.errors import DatabaseUnavailable, SchemaNotReady, StoreError
 from trioworker._core.policy import AttemptOutcome
 from trioworker._worker.attempt import Slot, Slots
-from trioworker._worker.executor import Executor
+from trioworker._worker.executor import Executor, FailStop
 from trioworker.testing import MemoryStore
 
-#: A step of a scripted store call: "fail" (DatabaseUnavailable), "refuse" (a
-#: StoreError: the database refused the call itself), "unmigrated" (SchemaNotReady),
-#: "hang" (no answer ever), seconds to wait before answering, or "ok".
-Step = str | float
+#: What one call of a store operation does: "fail" (DatabaseUnavailable: the database
+#: cannot be reached), "refuse" (a StoreError: the database refused the call itself),
+#: "unmigrated" (SchemaNotReady), "hang" (no answer ever), seconds to wait before
+#: answering, or "ok" (answer at once).
+Step = Literal["fail", "refuse", "unmigrated", "hang", "ok"] | float
+
+#: The script's key for every operation without a script of its own.
+EVERY = "*"
+
+
+def always(step: Step) -> Iterator[Step]:
+    """A script that does `step` on every call, until it is replaced or deleted."""
+    return itertools.repeat(step)
+
+
+class Script:
+    """What each store operation does, call by call: `script[op] = [...]` (any iterable
+    of steps) scripts the next calls of `op`, one step each; `script[EVERY]` the calls of
+    operations whose own script is spent or missing. Once both are spent, a call is "ok".
+    """
+
+    def __init__(self) -> None:
+        self._steps: dict[str, Iterator[Step]] = {}
+
+    def __setitem__(self, op: str, steps: Iterable[Step]) -> None:
+        self._steps[op] = iter(steps)
+
+    def __delitem__(self, op: str) -> None:
+        del self._steps[op]
+
+    def next_step(self, op: str) -> Step:
+        for key in (op, EVERY):
+            step = next(self._steps.get(key, iter(())), None)
+            if step is not None:
+                return step
+        return "ok"
 
 
 class ScriptedStore(MemoryStore):
     """The in-memory store, whose calls can be scripted per operation (`script`), and
-    which records when each operation was called (`times`)."""
+    which records when each operation was called (`times`: every call, answered or
+    not; MemoryStore's `calls` has only the answered ones)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.script: dict[str, list[Step]] = collections.defaultdict(list)
+        self.script = Script()
         self.times: dict[str, list[float]] = collections.defaultdict(list)
         self.on_notify: Callable[[str | None], None] | None = None
         self.on_settle: Callable[[str | None], None] | None = None
+        self._entered = 0
 
     async def _enter(self, op: str) -> None:
         # A loop that calls the store without letting time pass fails the test (at
         # once, rather than hanging it).
-        assert len(self.calls) < 20_000, f"runaway: {op} called again and again"
+        self._entered += 1
+        assert self._entered < 20_000, f"runaway: {op} called again and again"
         self.times[op].append(trio.current_time())
-        steps = self.script.get(op)
-        step = steps.pop(0) if steps else "ok"
+        step = self.script.next_step(op)
         if step == "fail":
+            await trio.lowlevel.checkpoint()
             raise DatabaseUnavailable(f"{op}: down")
         if step == "refuse":
+            await trio.lowlevel.checkpoint()
             raise StoreError(f"{op}: refused")
         if step == "unmigrated":
+            await trio.lowlevel.checkpoint()
             raise SchemaNotReady(f"{op}: no such table")
         if step == "hang":
             await trio.sleep_forever()
@@ -121,16 +159,30 @@ async def running(
     store: MemoryStore,
     registry: Registry,
     settings: Settings | None = None,
+    *,
+    worker_id: str = "w1",
+    fail_stop: FailStop | None = None,
     **kwargs: Any,
 ) -> AsyncIterator[Worker]:
-    """A Worker "w1" running in the block, cancelled (at once) at its end."""
-    kwargs.setdefault("fail_stop", Failstops())
-    worker = Worker(store, registry, settings or Settings(), worker_id="w1", **kwargs)
+    """A Worker running in the block: started (`run` said so), and every task blocked
+    (it has claimed what it can). At the block's end a Worker the block stopped
+    (`worker.stop()`) is waited for, its items drained as a stopping process drains
+    them; any other is cancelled at once. `kwargs` go to the Worker (scopes, metrics,
+    tracer, watchdog); `fail_stop` is a `Failstops` unless given."""
+    worker = Worker(
+        store,
+        registry,
+        settings,
+        worker_id=worker_id,
+        fail_stop=Failstops() if fail_stop is None else fail_stop,
+        **kwargs,
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(worker.run)
-        await trio.testing.wait_all_tasks_blocked()  # it has claimed what it can
+        await trio.testing.wait_all_tasks_blocked()
         yield worker
-        nursery.cancel_scope.cancel()
+        if not worker._stopping.is_set():  # stop() was not called: end it at once
+            nursery.cancel_scope.cancel()
 
 
 @asynccontextmanager
