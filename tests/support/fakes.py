@@ -113,12 +113,15 @@ class Trace:
     item: WorkItem
     events: list[tuple[str, str | None]] = attrs.Factory(list)
     ended: list[tuple[str, BaseException | None]] = attrs.Factory(list)
+    #: When (Trio's clock) each `end` came.
+    ended_at: list[float] = attrs.Factory(list)
 
     def event(self, name: str, detail: str | None = None) -> None:
         self.events.append((name, detail))
 
     def end(self, outcome: AttemptOutcome, error: BaseException | None) -> None:
         self.ended.append((outcome.value, error))
+        self.ended_at.append(trio.current_time())
 
 
 class Tracer:

@@ -463,16 +463,26 @@ async def test_a_write_that_keeps_failing_gives_up_at_the_self_stop_deadline(
         await store.cancel(1)
         await trio.sleep(50)
     times = store.times["cancel"]
+    # It keeps trying from 10 s, with the write's backoff (0.2 s doubling to 2 s, +/- 20%)...
     assert times[0] == 10.0
+    for n, gap in enumerate(gaps(times), start=1):
+        base = min(2.0, 0.2 * 2 ** (n - 1))
+        assert base * 0.8 - 1e-9 <= gap <= base * 1.2 + 1e-9, (n, gap)
+    # ...until the next try would come at or after the deadline (40 s): the last one is
+    # before it, within the longest delay (2.4 s), and the write gives up right there.
     assert 40.0 - 2.4 <= times[-1] < 40.0
+    (trace,) = tracer.traces
+    assert (trace.ended, trace.ended_at) == ([("write_failed", None)], [times[-1]])
     tries = messages(caplog, EXECUTOR, logging.WARNING)
     assert tries[:-1] == ["could not record cancel (cancel: down); retrying"] * (len(times) - 1)
     assert tries[-1] == (
         "could not record cancel before the self-stop deadline; lease recovery will take the item"
     )
     assert records(caplog, "could not record")[-1].levelno == logging.ERROR
-    assert tracer.outcomes() == ["write_failed"]
-    assert store.items()[0].status is Status.RUNNING
+    # Nothing written: the item is still this attempt's, Running, for lease recovery.
+    assert writes(store) == []
+    (state,) = store.items()
+    assert (state.status, state.attempt, state.worker_id) == (Status.RUNNING, 1, "w1")
 
 
 def test_a_retry_at_or_after_the_deadline_is_too_late() -> None:

@@ -39,6 +39,7 @@ from trioworker import (
     Settings,
     Status,
     Worker,
+    WorkerStatistics,
     WorkItem,
 )
 from trioworker._core.model import Fired, HeldLease, WorkerInfo
@@ -165,10 +166,19 @@ async def test_statistics_count_the_events_and_metrics_see_every_observation(
 
 
 async def test_a_fresh_worker_has_nothing_running(autojump_clock: trio.testing.MockClock) -> None:
-    """Before it claims anything, a Worker's statistics are all zero."""
-    worker = Worker(ScriptedStore(), Registry(), worker_id="w1", fail_stop=Failstops())
-    assert (worker.statistics().claimed, worker.statistics().running) == (0, 0)
-    assert worker.statistics().events == {}
+    """Before it claims anything, a Worker's statistics are all zero: made, and running
+    for a minute of polls and advertisements with only an item it does not serve."""
+    store, registry = ScriptedStore(), Registry()
+    registry.handler("A")(sleeping())
+    await store.enqueue("B")
+    nothing = WorkerStatistics(claimed=0, running=0, events={})
+    async with running(store, registry, Settings(concurrency=3)) as worker:
+        assert worker.statistics() == nothing
+        await trio.sleep(60)
+        assert len(store.times["claim"]) >= 2  # it kept looking
+        assert worker.statistics() == nothing
+    (item,) = store.items()
+    assert (item.status, item.attempt) == (Status.QUEUED, 0)
 
 
 # -- claiming -----------------------------------------------------------------------
