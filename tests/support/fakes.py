@@ -208,10 +208,15 @@ def a_slot() -> Slot:
     return slot
 
 
-def sleeping(seconds: float = float("inf")) -> Callable[[WorkItem, Context], Awaitable[None]]:
-    """A handler that sleeps (forever, by default)."""
+def sleeping(
+    seconds: float = float("inf"), started: list[float] | None = None
+) -> Callable[[WorkItem, Context], Awaitable[None]]:
+    """A handler that sleeps (forever, by default), noting in `started` when each call
+    began."""
 
     async def handler(item: WorkItem, ctx: Context) -> None:
+        if started is not None:
+            started.append(trio.current_time())
         await trio.sleep(seconds)
 
     return handler

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
-from tests.support.fakes import EVERY, Failstops, ScriptedStore, always, running
+from tests.support.fakes import EVERY, Failstops, ScriptedStore, always, running, sleeping
 from trioworker import Context, Registry, RetryPolicy, Settings, Status, WorkItem
 
 SETTINGS = Settings()  # lease 60, heartbeat 10, poll 5, stop grace 15, shutdown grace 30
 WRITES = {"complete", "fail", "cancel", "release", "retry_later"}
+Handler = Callable[[WorkItem, Context], Awaitable[None]]
 
 
 class Probe:
@@ -37,14 +39,23 @@ class Probe:
         return now
 
 
-def sleeper(probe: Probe) -> Callable[[WorkItem, Context], Awaitable[None]]:
+def sleeper(probe: Probe, *, cleanup: float = 0.0, ending: str = "cancelled") -> Handler:
+    """A handler that sleeps until it is cancelled (`probe` sees both), cleans up for
+    `cleanup` seconds, shielded, and then ends "cancelled" (Cancelled raised again), or
+    mishandles it: "raises" another error, or "returns"."""
+
     async def handler(item: WorkItem, ctx: Context) -> None:
         probe.start()
         try:
             await trio.sleep_forever()
         except trio.Cancelled:
             probe.cancelled.append(trio.current_time())
-            raise
+            with trio.CancelScope(shield=True):
+                await trio.sleep(cleanup)
+            if ending == "raises":
+                raise RuntimeError("cleanup failed") from None
+            if ending == "cancelled":
+                raise
 
     return handler
 
@@ -53,16 +64,28 @@ def writes(store: ScriptedStore) -> list[str]:
     return [w.op for w in store.writes if w.op in WRITES]
 
 
+@asynccontextmanager
+async def crawling(
+    store: ScriptedStore, probe: Probe, handler: Handler | None = None, **kwargs: Any
+) -> AsyncIterator[None]:
+    """One Crawl item (scope 7) run by a Worker over `store` (`kwargs`: `running`'s):
+    `handler`, by default one that sleeps until it is cancelled (`probe` sees both).
+    The block begins once the handler has started."""
+    registry = Registry()
+    registry.handler("Crawl")(handler or sleeper(probe))
+    await store.enqueue("Crawl", scope="7")
+    async with running(store, registry, **kwargs):
+        await probe.running.wait()
+        yield
+
+
 async def test_heartbeats_fail_continuously_the_handler_is_cancelled_at_half_a_lease(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Every heartbeat fails: the handler is cancelled 30 s after the claim, not before."""
-    store, registry, probe = ScriptedStore(), Registry(), Probe()
-    registry.handler("Crawl")(sleeper(probe))
+    store, probe = ScriptedStore(), Probe()
     store.script["heartbeat"] = always("fail")
-    await store.enqueue("Crawl", scope="7")
-    async with running(store, registry):
-        await probe.running.wait()
+    async with crawling(store, probe):
         await trio.sleep(29.9)
         assert probe.cancelled == []
         await trio.sleep(0.2)
@@ -75,12 +98,9 @@ async def test_one_heartbeat_that_succeeds_resets_the_clock(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Heartbeats fail except the one sent at 20 s: the self-stop moves to 20 + 30 = 50 s."""
-    store, registry, probe = ScriptedStore(), Registry(), Probe()
-    registry.handler("Crawl")(sleeper(probe))
+    store, probe = ScriptedStore(), Probe()
     store.script["heartbeat"] = always("fail")
-    await store.enqueue("Crawl", scope="7")
-    async with running(store, registry):
-        await probe.running.wait()
+    async with crawling(store, probe):
         start = probe.started[0]
         await trio.sleep_until(start + 19)
         del store.script["heartbeat"]
@@ -114,12 +134,9 @@ async def test_a_heartbeat_call_that_never_completes_still_cancels_at_half_a_lea
     """Heartbeat calls hang: each is cut off after one interval, and the handler is
     still cancelled at 30 s, since the deadline never waits for a heartbeat to return.
     """
-    store, registry, probe = TimedStore(), Registry(), Probe()
-    registry.handler("Crawl")(sleeper(probe))
+    store, probe = TimedStore(), Probe()
     store.script["heartbeat"] = always("hang")
-    await store.enqueue("Crawl", scope="7")
-    async with running(store, registry):
-        await probe.running.wait()
+    async with crawling(store, probe):
         await trio.sleep(40)
     assert probe.cancelled == [pytest.approx(probe.started[0] + 30.0)]
     assert store.heartbeat_spans, "no heartbeat was even tried"
@@ -133,31 +150,25 @@ async def test_heartbeats_fail_until_the_self_stop_then_the_database_answers_aga
     """The database comes back right after the self-stop: no Fail, nothing written, the
     attempt is logged as self-stopped, and the item is still Running for recovery.
     """
-    store, registry, probe = ScriptedStore(), Registry(), Probe()
-    registry.handler("Crawl")(sleeper(probe))
-    item = await store.enqueue("Crawl", scope="7")
+    store, probe = ScriptedStore(), Probe()
     store.script["heartbeat"] = always("fail")
     caplog.set_level(logging.INFO)
-    async with running(store, registry):
-        await probe.running.wait()
+    async with crawling(store, probe):
         await trio.sleep_until(probe.started[0] + 30.5)
         del store.script["heartbeat"]
         await trio.sleep(5)
     assert writes(store) == []
-    state = store.items()[0]
-    assert state.id == item.id and state.status is Status.RUNNING
+    (state,) = store.items()
+    assert state.status is Status.RUNNING
     stopped = [r for r in caplog.records if "self-stopped" in r.getMessage()]
-    assert len(stopped) == 1 and stopped[0].item_id == item.id  # type: ignore[attr-defined]
+    assert len(stopped) == 1 and stopped[0].item_id == state.id  # type: ignore[attr-defined]
 
 
 async def test_lost_writes_nothing(autojump_clock: trio.testing.MockClock) -> None:
     """A heartbeat that finds another attempt owns the item cancels the handler, and
     the lost attempt writes nothing."""
-    store, registry, probe = ScriptedStore(), Registry(), Probe()
-    registry.handler("Crawl")(sleeper(probe))
-    await store.enqueue("Crawl", scope="7")
-    async with running(store, registry):
-        await probe.running.wait()
+    store, probe = ScriptedStore(), Probe()
+    async with crawling(store, probe):
         start = probe.started[0]
         store.expire_lease(1)
         await store.recover_expired_leases(max_stalls=3)
@@ -170,11 +181,8 @@ async def test_lost_writes_nothing(autojump_clock: trio.testing.MockClock) -> No
 
 async def test_cancel_requested_writes_cancelled(autojump_clock: trio.testing.MockClock) -> None:
     """A cancel request reaches the handler at the next heartbeat; the item ends Cancelled."""
-    store, registry, probe = ScriptedStore(), Registry(), Probe()
-    registry.handler("Crawl")(sleeper(probe))
-    await store.enqueue("Crawl", scope="7")
-    async with running(store, registry):
-        await probe.running.wait()
+    store, probe = ScriptedStore(), Probe()
+    async with crawling(store, probe):
         await store.cancel(1)
         await trio.sleep(11)
     assert probe.cancelled == [pytest.approx(probe.started[0] + 10.0)]
@@ -214,22 +222,9 @@ async def test_a_handler_that_mishandles_its_cancel_is_never_failed_after_a_self
 ) -> None:
     """Turning Cancelled into another error, or returning normally, after a self-stop
     still writes nothing: never Fail (nor Complete) for a self-stop."""
-    store, registry, probe = ScriptedStore(), Registry(), Probe()
-
-    @registry.handler("Crawl")
-    async def handler(item: WorkItem, ctx: Context) -> None:
-        probe.start()
-        try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
-            probe.cancelled.append(trio.current_time())
-            if ending == "raises":
-                raise RuntimeError("cleanup failed") from None
-
+    store, probe = ScriptedStore(), Probe()
     store.script["heartbeat"] = always("fail")
-    await store.enqueue("Crawl", scope="7")
-    async with running(store, registry):
-        await probe.running.wait()
+    async with crawling(store, probe, sleeper(probe, ending=ending)):
         await trio.sleep(35)
         del store.script["heartbeat"]  # the database is back: the write would go through
         await trio.sleep(5)
@@ -243,20 +238,8 @@ async def test_a_handler_that_mishandles_a_cancel_request_still_ends_cancelled(
     autojump_clock: trio.testing.MockClock, ending: str
 ) -> None:
     """After CancelRequested, an error or a normal return still writes Cancelled."""
-    store, registry, probe = ScriptedStore(), Registry(), Probe()
-
-    @registry.handler("Crawl")
-    async def handler(item: WorkItem, ctx: Context) -> None:
-        probe.start()
-        try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
-            if ending == "raises":
-                raise ValueError("oops") from None
-
-    await store.enqueue("Crawl")
-    async with running(store, registry):
-        await probe.running.wait()
+    store, probe = ScriptedStore(), Probe()
+    async with crawling(store, probe, sleeper(probe, ending=ending)):
         await store.cancel(1)
         await trio.sleep(15)
     assert writes(store) == ["cancel"]
@@ -339,23 +322,10 @@ async def test_a_handler_that_ignores_its_cancel_fail_stops_the_worker(
 ) -> None:
     """A handler that swallows Cancelled and keeps going past the stop grace period
     makes the Worker fail-stop, at self-stop (30 s) + grace (15 s)."""
-    store, registry, probe = ScriptedStore(), Registry(), Probe()
-    failstops = Failstops()
-
-    @registry.handler("Stubborn")
-    async def stubborn(item: WorkItem, ctx: Context) -> None:
-        probe.start()
-        try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
-            probe.cancelled.append(trio.current_time())
-            with trio.CancelScope(shield=True):
-                await trio.sleep(1000)  # keeps writing files, say
-
+    store, probe, failstops = ScriptedStore(), Probe(), Failstops()
+    stubborn = sleeper(probe, cleanup=1000, ending="returns")  # keeps writing files, say
     store.script["heartbeat"] = always("fail")
-    await store.enqueue("Stubborn")
-    async with running(store, registry, fail_stop=failstops):
-        await probe.running.wait()
+    async with crawling(store, probe, stubborn, fail_stop=failstops):
         await trio.sleep(50)
         assert failstops.calls == [(pytest.approx(probe.started[0] + 45.0), failstops.calls[0][1])]
         assert "did not stop within 15s" in failstops.calls[0][1]
@@ -367,23 +337,10 @@ async def test_a_handler_that_stops_within_the_grace_period_does_not_fail_stop(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Cleanup that takes a while but ends inside the grace period is fine."""
-    store, registry, probe = ScriptedStore(), Registry(), Probe()
-    failstops = Failstops()
-
-    @registry.handler("Tidy")
-    async def tidy(item: WorkItem, ctx: Context) -> None:
-        probe.start()
-        try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
-            with trio.CancelScope(shield=True):
-                await trio.sleep(14)  # removes its partial files
-            raise
-
+    store, probe, failstops = ScriptedStore(), Probe(), Failstops()
+    tidy = sleeper(probe, cleanup=14)  # removes its partial files
     store.script["heartbeat"] = always("fail")
-    await store.enqueue("Tidy")
-    async with running(store, registry, fail_stop=failstops):
-        await probe.running.wait()
+    async with crawling(store, probe, tidy, fail_stop=failstops):
         await trio.sleep(100)
     assert failstops.calls == []
 
@@ -412,11 +369,7 @@ async def test_a_worker_claims_again_at_once_after_finishing(
     """With work waiting, a Worker does not wait for a poll between items."""
     store, registry = ScriptedStore(), Registry()
     started: list[float] = []
-
-    @registry.handler("A")
-    async def a(item: WorkItem, ctx: Context) -> None:
-        started.append(trio.current_time())
-        await trio.sleep(1)
+    registry.handler("A")(sleeping(1, started))
 
     for _ in range(3):
         await store.enqueue("A", scope="same")
@@ -456,22 +409,10 @@ async def test_a_self_stopped_attempt_stops_heartbeating(
 ) -> None:
     """After the self-stop, no heartbeat renews the lease, even once the database is back
     and the handler is still cleaning up: a heartbeat is a write too."""
-    store, registry, probe = ScriptedStore(), Registry(), Probe()
-
-    @registry.handler("Crawl")
-    async def crawl(item: WorkItem, ctx: Context) -> None:
-        probe.start()
-        try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
-            with trio.CancelScope(shield=True):
-                await trio.sleep(12)  # slow cleanup, inside the stop grace
-            raise
-
+    store, probe = ScriptedStore(), Probe()
     store.script["heartbeat"] = always("fail")
-    await store.enqueue("Crawl", scope="7")
-    async with running(store, registry):
-        await probe.running.wait()
+    # A slow cleanup, inside the stop grace.
+    async with crawling(store, probe, sleeper(probe, cleanup=12)):
         await trio.sleep_until(probe.started[0] + 30.5)
         del store.script["heartbeat"]
         beats_then = len(store.times["heartbeat"])

@@ -188,11 +188,7 @@ async def test_one_claim_fills_every_free_slot(autojump_clock: trio.testing.Mock
     """Concurrency 3, six items in six scopes: two claims of three each, not six."""
     store, registry = ScriptedStore(), Registry()
     started: list[float] = []
-
-    @registry.handler("A")
-    async def a(item: WorkItem, ctx: Context) -> None:
-        started.append(trio.current_time())
-        await trio.sleep(1)
+    registry.handler("A")(sleeping(1, started))
 
     for scope in "uvwxyz":
         await store.enqueue("A", scope=scope)
@@ -210,11 +206,7 @@ async def test_a_claim_never_takes_more_than_the_free_slots(
     """Concurrency 2 and three items waiting: two run, the third waits for a slot."""
     store, registry = ScriptedStore(), Registry()
     started: list[float] = []
-
-    @registry.handler("A")
-    async def a(item: WorkItem, ctx: Context) -> None:
-        started.append(trio.current_time())
-        await trio.sleep(1)
+    registry.handler("A")(sleeping(1, started))
 
     for scope in "xyz":
         await store.enqueue("A", scope=scope)
@@ -953,11 +945,7 @@ async def test_a_completions_slot_goes_to_the_claim_sent_with_it(
     second_starts_at = 4.0
     store, registry = ScriptedStore(), Registry()
     starts: list[float] = []
-
-    @registry.handler("A")
-    async def handler(item: WorkItem, ctx: Context) -> None:
-        starts.append(trio.current_time())
-        await trio.sleep(1)
+    registry.handler("A")(sleeping(1, starts))
 
     for n in range(2):
         await store.enqueue("A", scope=None if scope is None else f"{scope}{n}")
@@ -1182,11 +1170,7 @@ async def test_a_declared_limit_is_in_force_before_the_first_claim(
     caplog.set_level(logging.INFO)
     store, registry = ScriptedStore(), Registry()
     starts: list[float] = []
-
-    @registry.handler("K", limit=2)
-    async def handler(item: WorkItem, ctx: Context) -> None:
-        starts.append(trio.current_time())
-        await trio.sleep(1)
+    registry.handler("K", limit=2)(sleeping(1, starts))
 
     registry.handler("L", rate="10/min")(sleeping(1))
     await store.set_limit(kind="K", running=5)
