@@ -28,7 +28,6 @@ from trioworker._postgres.store import LIMIT_REFUSALS, RUNNING_SLOT_INDEXES
 KINDS = lines.KINDS  # K, J, P
 RATED = "P"
 RATE, PER = 4, 1.0  # P: at most 4 starts in any second
-STEPS = 300
 UNLIMITED = 10**9
 
 Key = tuple[str, str]  # ("scope", name) or ("kind", name)
@@ -297,20 +296,6 @@ class LimitedRun(lines.Run):
         )  # fmt: skip
 
 
-def run_seed(dsn: str, seed: int) -> LimitedRun:
-    run = LimitedRun(dsn, seed)
-    try:
-        for _ in range(STEPS):
-            run.step()
-        run.finish()
-    except BaseException as exc:
-        tail = "\n".join(run.driver.log[-25:])
-        raise AssertionError(f"seed {seed} failed: {exc}\nlast steps:\n{tail}") from exc
-    finally:
-        run.close()
-    return run
-
-
 def test_seeded_interleavings_hold_every_limit_and_leave_nothing_due(databases: Any) -> None:
     """Seeded interleavings with running limits 1..3 on scopes and kinds that change
     as work runs, a rate-limited kind and starts by hand: no start beyond a limit, no
@@ -319,7 +304,7 @@ def test_seeded_interleavings_hold_every_limit_and_leave_nothing_due(databases: 
     lost = changes = 0
     for seed in lines.seeds():
         with databases.database() as dsn:
-            run = run_seed(dsn, seed)
+            run = LimitedRun(dsn, seed).play()
         lost += run.lost_races
         changes += run.limit_changes
         assert run.rated_starts, f"seed {seed}: the rated kind never started"

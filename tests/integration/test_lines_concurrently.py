@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any
+from typing import Any, Self
 
 import attrs
 import psycopg
@@ -66,6 +66,20 @@ class Run:
         for session in self.sessions:
             session.close()
         self.observer.close()
+
+    def play(self) -> Self:
+        """STEPS steps and the drain, then close the sessions; a failure names the seed
+        and the last steps taken."""
+        try:
+            for _ in range(STEPS):
+                self.step()
+            self.finish()
+        except BaseException as exc:
+            tail = "\n".join(self.driver.log[-25:])
+            raise AssertionError(f"seed {self.seed} failed: {exc}\nlast steps:\n{tail}") from exc
+        finally:
+            self.close()
+        return self
 
     # -- the steps -----------------------------------------------------------------
 
@@ -387,27 +401,13 @@ def just(query: str) -> Any:
     return statement
 
 
-def run_seed(dsn: str, seed: int) -> Run:
-    run = Run(dsn, seed)
-    try:
-        for _ in range(STEPS):
-            run.step()
-        run.finish()
-    except BaseException as exc:
-        tail = "\n".join(run.driver.log[-25:])
-        raise AssertionError(f"seed {seed} failed: {exc}\nlast steps:\n{tail}") from exc
-    finally:
-        run.close()
-    return run
-
-
 def test_seeded_interleavings_keep_every_scope_live(databases: Any) -> None:
     """Seeded interleavings of every operation: the rule and nothing lost after every
     step, no wedged scope ever, and after a final drain everything due was claimed."""
     races = blocks = 0
     for seed in seeds():
         with databases.database() as dsn:
-            run = run_seed(dsn, seed)
+            run = Run(dsn, seed).play()
         assert run.overlapping_steps > STEPS // 2, f"seed {seed}: transactions seldom overlapped"
         races += run.races
         blocks += run.driver.blocks

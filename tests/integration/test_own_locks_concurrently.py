@@ -27,7 +27,6 @@ from tests.support.database import Databases
 from tests.support.interleave import Session
 from tests.support.stranger import CLAIM, LIMITS, SETTLE, stranger_role
 
-STEPS = 300
 SCOPES = ["s0", "s1", "s2"]
 #: The queue's lock rows a role granted nothing tries to take.
 ROW_LOCKS = [
@@ -133,20 +132,6 @@ class StrangerRun(LimitedRun):
                     waits_on.append(pid)
 
 
-def run_seed(dsn: str, seed: int, stranger_dsn: str) -> StrangerRun:
-    run = StrangerRun(dsn, seed, stranger_dsn)
-    try:
-        for _ in range(STEPS):
-            run.step()
-        run.finish()
-    except BaseException as exc:
-        tail = "\n".join(run.driver.log[-25:])
-        raise AssertionError(f"seed {seed} failed: {exc}\nlast steps:\n{tail}") from exc
-    finally:
-        run.close()
-    return run
-
-
 def test_seeded_interleavings_never_wait_on_a_role_without_grants(databases: Databases) -> None:
     """Seeded interleavings of limit changes, claims and every other transition, beside
     a role granted nothing that holds the queue's old advisory keys: every limit holds,
@@ -159,7 +144,7 @@ def test_seeded_interleavings_never_wait_on_a_role_without_grants(databases: Dat
             databases.database() as dsn,
             stranger_role(databases.admin_dsn, dsn) as stranger_dsn,
         ):
-            run = run_seed(dsn, seed, stranger_dsn)
+            run = StrangerRun(dsn, seed, stranger_dsn).play()
         beside += run.changes_beside_it
         claims += run.claims_beside_it
         lost += run.lost_races
