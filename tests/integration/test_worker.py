@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -239,19 +238,23 @@ def test_workers_claim_only_their_own_kinds_and_status_names_the_unserved_ones(
 def test_notify_wakes_an_idle_worker_process_well_before_its_poll(
     dsn: str, pg: Conn, tmp_path: Path
 ) -> None:
-    """An idle Worker polling every 30 s starts an item within a second of its enqueue."""
+    """An idle Worker polling once an hour starts an enqueued item long before: the
+    NOTIFY wakes it."""
+    insert = "INSERT INTO work_items (kind, payload) VALUES ('Record', '{\"seconds\": 0}')"
+
+    def started() -> int:
+        return len([e for e in observed(tmp_path) if e["event"] == "start"])
+
     with workers(tmp_path) as start:
-        worker = start(dsn, "--poll", "30", name="idle")
+        worker = start(dsn, "--poll", "3600", name="idle")
         wait_for(lambda: "ready" in worker.output(), timeout=30, what="the worker to be ready")
-        time.sleep(1.0)
-        enqueued_at = time.monotonic()
-        pg.execute("INSERT INTO work_items (kind, payload) VALUES ('Record', '{\"seconds\": 0}')")
-        started = wait_for(
-            lambda: [e for e in observed(tmp_path) if e["event"] == "start"],
-            timeout=10,
-            what="the handler to start",
-        )
-        assert started[0]["t"] - enqueued_at < 1.0
+        # Idle for certain: its first item is Succeeded, so the claim sent along with
+        # that completion (one call) came back empty, and the next waits for the poll.
+        pg.execute(insert)
+        wait_for(lambda: pg.execute("SELECT status FROM work_items").fetchone() == ("Succeeded",),
+                 30, "the first item to be Succeeded")  # fmt: skip
+        pg.execute(insert)
+        wait_for(lambda: started() == 2, 60, "the second item to start, an hour before the poll")
         worker.signal(signal.SIGTERM)
         assert worker.wait(timeout=30) == 0
 
@@ -282,15 +285,15 @@ def test_sigterm_drains_then_releases(dsn: str, pg: Conn, tmp_path: Path) -> Non
 def test_a_second_sigint_exits_at_once(dsn: str, pg: Conn, tmp_path: Path) -> None:
     """SIGINT twice: the Worker exits at once with 130, leaving the item to recovery."""
     with workers(tmp_path) as start:
-        worker = start(dsn, *FAST, "--shutdown-grace", "60", name="w")
-        pg.execute("INSERT INTO work_items (kind, payload) VALUES ('Record', '{\"seconds\": 120}')")
+        worker = start(dsn, *FAST, "--shutdown-grace", "600", name="w")
+        pg.execute("INSERT INTO work_items (kind, payload) VALUES ('Record', '{\"seconds\": 900}')")
         wait_for(lambda: observed(tmp_path), timeout=20, what="the item to start")
         worker.signal(signal.SIGINT)
-        time.sleep(0.5)
-        begun = time.monotonic()
+        wait_for(lambda: "stopping: no new claims" in worker.output(), 20, "the first SIGINT")
         worker.signal(signal.SIGINT)
-        assert worker.wait(timeout=10) == 130, worker.output()
-        assert time.monotonic() - begun < 5
+        # At once, not after its shutdown grace (600 s): exit 130 (a drain would be 0),
+        # and the item still Running (a drain would have released it, Queued).
+        assert worker.wait(timeout=60) == 130, worker.output()
     assert pg.execute("SELECT status FROM work_items").fetchone() == ("Running",)
 
 
@@ -299,21 +302,23 @@ def test_a_handler_that_will_not_stop_makes_the_worker_fail_stop(
     dsn: str, pg: Conn, tmp_path: Path, kind: str
 ) -> None:
     """A handler that blocks the event loop, or swallows its cancel, past the self-stop
-    and the stop grace: the process logs why and exits 70, so the OS ends its writes."""
+    and the stop grace: the process logs why and exits 70 before the item's lease runs
+    out, so the OS has ended its writes before another Worker may take the item."""
     with workers(tmp_path) as start:
-        # An unreachable heartbeat path forces the self-stop: point at a dead proxy? No:
-        # a blocked loop cannot heartbeat at all, and IgnoreCancel gets a cancel request.
-        worker = start(dsn, *FAST, name="w")
+        # A blocked loop cannot heartbeat at all; IgnoreCancel gets a cancel request. Lease
+        # 16 s: the process is dead by half of it + the stop grace + 1 s (10 s after the
+        # last heartbeat), 6 s before the lease ends: room for this test to look.
+        lease = ["--lease", "16", "--heartbeat", "1", "--poll", "1", "--stop-grace", "1"]
+        worker = start(dsn, *lease, name="w")
         pg.execute("INSERT INTO work_items (kind, scope) VALUES (%s, 'x')", (kind,))
         wait_for(lambda: observed(tmp_path), timeout=20, what="the item to start")
-        started = time.monotonic()
         if kind == "IgnoreCancel":
             pg.execute("UPDATE work_items SET cancel_requested = true")
-        code = worker.wait(timeout=30)
-        elapsed = time.monotonic() - started
+        code = worker.wait(timeout=60)
+        leased = pg.execute("SELECT lease_expires_at > now() FROM work_items").fetchone()
         assert code == 70, worker.output()
         assert "fail-stop" in worker.output()
-        assert elapsed < 10
+        assert leased == (True,)  # dead while the item was still its own
     assert running_per_scope(pg) == {"x": 1}  # left for lease recovery; never Failed
 
 
