@@ -3,7 +3,6 @@ Worker (issue 18): on real PostgreSQL, with Workers as users run them."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -211,11 +210,15 @@ async def test_a_fenced_transaction_begins_on_a_fresh_connection_after_its_backe
     item = enqueue(pg, "Quick")
     async with open_store(dsn, max_connections=2) as store:
         [claimed] = await store.claim_batch("w1", 60, 1, kinds=["Quick"])
-        pg.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        others = (
+            " FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
-        time.sleep(0.2)
+        pg.execute("SELECT pg_terminate_backend(pid)" + others)
+        wait_for(
+            lambda: pg.execute("SELECT count(*)" + others).fetchone() == (0,),
+            30,
+            "the backends to be gone, not merely asked to go",
+        )
         async with store.fenced_transaction(claimed.id, claimed.attempt) as tx:
             tx.complete()
     status = pg.execute(
