@@ -12,7 +12,7 @@ import math
 import os
 import re
 import socket
-import time
+import types
 from typing import Any
 
 import pytest
@@ -43,6 +43,7 @@ from trioworker import (
     WorkItem,
 )
 from trioworker._core.model import Fired, HeldLease, WorkerInfo
+from trioworker._worker import worker as worker_module
 from trioworker._worker.watchdog import WatchdogLink
 
 WORKER = "trioworker.worker"
@@ -860,19 +861,21 @@ class FakeLink(WatchdogLink):
     """Stands in for the pipe to the supervisor: records what the loop publishes."""
 
     def __init__(self) -> None:  # no pipe
-        self.published: list[tuple[float, float, float]] = []  # (kill_at, monotonic, trio)
+        self.published: list[tuple[float, float]] = []  # (kill_at, Trio's clock)
 
     def publish(self, kill_at: float) -> None:
-        self.published.append((kill_at, time.monotonic(), trio.current_time()))
+        self.published.append((kill_at, trio.current_time()))
 
 
 async def test_the_loop_publishes_its_kill_bound_when_the_earliest_deadline_moves(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each change of the earliest self-stop deadline is published once, as a
     `time.monotonic()` instant: deadline + stop grace + kill margin (inf: none running).
     Two attempts claimed together share a deadline; one ending while the other runs on
-    changes nothing."""
+    changes nothing. (The Worker's `time.monotonic()` stands still at 1000 here, so the
+    bound is exact, whatever the machine's load.)"""
+    monkeypatch.setattr(worker_module, "time", types.SimpleNamespace(monotonic=lambda: 1000.0))
     store, registry = ScriptedStore(), Registry()
     registry.handler("A")(sleeping(15))
     registry.handler("B")(sleeping(5))
@@ -882,13 +885,11 @@ async def test_the_loop_publishes_its_kill_bound_when_the_earliest_deadline_move
     settings = Settings(concurrency=2)
     async with running(store, registry, settings, watchdog=link):
         await trio.sleep(20)
-    published = [(at, kill_at - mono) for kill_at, mono, at in link.published]
-    assert [at for at, _ in published] == [0.0, 10.0, 15.0]  # claimed, heartbeat, A ends
+    published = [(at, kill_at - 1000.0) for kill_at, at in link.published]
     after = settings.self_stop_after + settings.stop_grace + settings.kill_margin
     assert after == 46.0
-    assert published[0][1] == pytest.approx(after, abs=0.5)
-    assert published[1][1] == pytest.approx(after, abs=0.5)
-    assert published[2][1] == math.inf
+    # Claimed at 0 (deadline 30), the heartbeat at 10 (deadline 40), A ends at 15.
+    assert published == [(0.0, after), (10.0, after), (15.0, math.inf)]
 
 
 @pytest.mark.parametrize(
