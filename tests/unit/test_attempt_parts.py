@@ -352,14 +352,21 @@ async def test_run_in_thread_runs_within_the_file_limiter() -> None:
     with its arguments, and their results come back."""
     store, registry = ScriptedStore(), Registry()
     results: list[int] = []
-    peak, now = [0], [0]
+    peak, now, entered = [0], [0], [0]
     guard = threading.Lock()
+    # The first two in wait for each other: two at once, however the threads are
+    # scheduled (a limit of one would break the barrier and fail the test).
+    first_two = threading.Barrier(2)
 
     def work(n: int, factor: int) -> int:
         with guard:
             now[0] += 1
             peak[0] = max(peak[0], now[0])
-        time.sleep(0.05)
+            entered[0] += 1
+            meet = entered[0] <= 2
+        if meet:
+            first_two.wait(timeout=30)
+        time.sleep(0.05)  # room for a third to come in, were the limit not kept
         with guard:
             now[0] -= 1
         return n * factor
@@ -376,7 +383,7 @@ async def test_run_in_thread_runs_within_the_file_limiter() -> None:
 
     async with running(store, registry, Settings(max_concurrent_files=2)):
         await store.enqueue("Files")
-        with trio.fail_after(10):
+        with trio.fail_after(60):
             while store.items()[0].status is not Status.SUCCEEDED:  # noqa: ASYNC110  real threads
                 await trio.sleep(0.05)
     assert sorted(results) == [0, 10, 20, 30, 40]
