@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +252,30 @@ class CutStore(PostgresStore):
         return await super().heartbeat_many(attempts, lease)
 
 
+@asynccontextmanager
+async def cut_off(
+    dsn: str, store: PostgresStore, registry: Registry, fail_stop: Callable[[str], Any]
+) -> AsyncIterator[tuple[Worker, int]]:
+    """A Worker (lease 4 s) over a CutStore running `registry`'s K item, enqueued in
+    scope s, whose heartbeats are cut once it has claimed it; the Worker and the item's
+    id. At the block's end, once the attempt has ended, the Worker is cancelled."""
+    cut_store = CutStore(dsn)
+    await cut_store.open()
+    try:
+        item = await store.enqueue("K", scope="s")
+        settings = Settings(lease=4, heartbeat=1, poll=0.5, stop_grace=0.9)
+        worker = Worker(cut_store, registry, settings, worker_id="w", fail_stop=fail_stop)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await until(lambda: status_is(store, item.id, Status.RUNNING), "the claim")
+            cut_store.cut = True
+            yield worker, item.id
+            await until(lambda: not worker.statistics().running, "the attempt to end")
+            nursery.cancel_scope.cancel()
+    finally:
+        await cut_store.close()
+
+
 async def test_a_self_stopped_attempt_writes_nothing_through_its_transaction(
     dsn: str, store: PostgresStore, pg: Conn
 ) -> None:
@@ -278,27 +303,14 @@ async def test_a_self_stopped_attempt_writes_nothing_through_its_transaction(
                     seen.append(exc)
             raise
 
-    cut_store = CutStore(dsn)
-    await cut_store.open()
-    try:
-        item = await store.enqueue("K", scope="s")
-        settings = Settings(lease=4, heartbeat=1, poll=0.5, stop_grace=0.9)
-        worker = Worker(cut_store, registry, settings, worker_id="w", fail_stop=failstops.append)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-            await until(lambda: status_is(store, item.id, Status.RUNNING), "the claim")
-            cut_store.cut = True
-            with trio.fail_after(10):
-                await stopped.wait()
-            await take_over(store, pg, item.id)
-            taken.set()
-            await until(lambda: not worker.statistics().running, "the attempt to end")
-            nursery.cancel_scope.cancel()
-    finally:
-        await cut_store.close()
+    async with cut_off(dsn, store, registry, failstops.append) as (worker, item_id):
+        with trio.fail_after(10):
+            await stopped.wait()
+        await take_over(store, pg, item_id)
+        taken.set()
     assert len(seen) == 1 and thumbnails(pg) == []
     assert worker.statistics().events.get("self_stopped") == 1
-    state = await store.get_item(item.id)
+    state = await store.get_item(item_id)
     assert state and (state.status, state.worker_id, state.failures) == (Status.RUNNING, "other", 0)
     logging.getLogger(__name__).info("fail-stops while the handler held on: %s", failstops)
 
@@ -364,24 +376,11 @@ async def test_a_shielded_handler_past_its_self_stop_commits_nothing(
                 except SelfStopped as exc:
                     seen.append(exc)
 
-    cut_store = CutStore(dsn)
-    await cut_store.open()
-    try:
-        item = await store.enqueue("K", scope="s")
-        settings = Settings(lease=4, heartbeat=1, poll=0.5, stop_grace=0.9)
-        worker = Worker(cut_store, registry, settings, worker_id="w", fail_stop=pytest.fail)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-            await until(lambda: status_is(store, item.id, Status.RUNNING), "the claim")
-            cut_store.cut = True
-            await until(lambda: seen, "the handler's transaction after the self-stop")
-            await until(lambda: not worker.statistics().running, "the attempt to end")
-            nursery.cancel_scope.cancel()
-    finally:
-        await cut_store.close()
+    async with cut_off(dsn, store, registry, pytest.fail) as (worker, item_id):
+        await until(lambda: seen, "the handler's transaction after the self-stop")
     assert len(seen) == 1 and thumbnails(pg) == []
     assert worker.statistics().events.get("self_stopped") == 1
-    state = await store.get_item(item.id)
+    state = await store.get_item(item_id)
     assert state and (state.status, state.attempt, state.completed_at) == (Status.RUNNING, 1, None)
     pg.execute("UPDATE work_items SET lease_expires_at = now() - interval '1s'")
     [recovered] = await store.recover_expired_leases(max_stalls=3)
