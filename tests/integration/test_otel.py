@@ -15,13 +15,13 @@ from typing import Any
 import psycopg
 import pytest
 import trio
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
+from tests.support.fakes import running
 from tests.support.harness import Harness
 from tests.support.processes import ROOT, wait_for
+from tests.support.spans import Spans
 from trioworker import (
     Context,
     NewItem,
@@ -29,7 +29,6 @@ from trioworker import (
     Registry,
     RetryPolicy,
     Settings,
-    Worker,
     WorkItem,
 )
 from trioworker.otel import OtelTracer, current_trace_context
@@ -92,48 +91,13 @@ def test_the_database_refuses_a_trace_context_that_is_no_carrier(pg: Any) -> Non
 # -- a Worker's attempts, traced ----------------------------------------------------------
 
 
-class Spans(SpanProcessor):
-    """A TracerProvider of its own, exporting to memory; wakes a test waiting for spans."""
-
-    def __init__(self) -> None:
-        self.exporter = InMemorySpanExporter()
-        self.provider = TracerProvider(shutdown_on_exit=False)
-        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
-        self.provider.add_span_processor(self)
-        self.tracer = self.provider.get_tracer("tests")
-        self._ended = trio.Event()
-
-    def on_end(self, span: ReadableSpan) -> None:
-        self._ended.set()
-
-    def attempts(self) -> list[ReadableSpan]:
-        spans = self.exporter.get_finished_spans()
-        return [s for s in spans if s.name.startswith("trioworker.attempt")]
-
-    async def wait_for(self, n: int) -> list[ReadableSpan]:
-        with trio.fail_after(30):
-            while len(self.attempts()) < n:
-                self._ended = trio.Event()
-                await self._ended.wait()
-        return self.attempts()
-
-
-def ignore_fail_stop(message: str) -> None:
-    pass
-
-
 async def run_until_traced(
     store: PostgresStore, registry: Registry, spans: Spans, n: int
 ) -> list[ReadableSpan]:
-    settings = Settings(poll=0.2)
-    worker = Worker(
-        store, registry, settings, fail_stop=ignore_fail_stop, tracer=OtelTracer(spans.provider)
-    )
-    async with trio.open_nursery() as nursery:
-        await nursery.start(worker.run)
-        traced = await spans.wait_for(n)
-        nursery.cancel_scope.cancel()
-    return traced
+    tracer = OtelTracer(spans.provider)
+    async with running(store, registry, Settings(poll=0.2), tracer=tracer):
+        with trio.fail_after(30):
+            return await spans.wait_for(n)
 
 
 async def test_an_attempts_span_is_a_child_of_the_span_that_enqueued_it(

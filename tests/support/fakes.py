@@ -20,6 +20,7 @@ import trio.testing
 from trioworker import Context, Registry, Settings, Worker, WorkItem
 from trioworker._core.errors import DatabaseUnavailable, SchemaNotReady, StoreError
 from trioworker._core.policy import AttemptOutcome
+from trioworker._store.api import Store
 from trioworker._worker.attempt import Slot, Slots
 from trioworker._worker.executor import Executor, FailStop
 from trioworker.testing import MemoryStore
@@ -159,7 +160,7 @@ class Failstops:
 
 @asynccontextmanager
 async def running(
-    store: MemoryStore,
+    store: Store,
     registry: Registry,
     settings: Settings | None = None,
     *,

@@ -11,12 +11,11 @@ import trio
 import trio.testing
 from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.support.fakes import ScriptedStore, always, running
+from tests.support.spans import Spans
 from trioworker import (
     ConfigurationError,
     Context,
@@ -37,31 +36,6 @@ from trioworker.otel import (
 from trioworker.testing import MemoryStore
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-
-
-class Spans(SpanProcessor):
-    """A TracerProvider of its own for one test, exporting to memory (and a span
-    processor itself, to wake a test waiting for spans)."""
-
-    def __init__(self) -> None:
-        self.exporter = InMemorySpanExporter()
-        self.provider = TracerProvider(shutdown_on_exit=False)
-        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
-        self.provider.add_span_processor(self)
-        self.tracer = self.provider.get_tracer("tests")
-        self._ended = trio.Event()
-
-    def on_end(self, span: ReadableSpan) -> None:
-        self._ended.set()
-
-    def finished(self, prefix: str = "trioworker.attempt") -> list[ReadableSpan]:
-        return [s for s in self.exporter.get_finished_spans() if s.name.startswith(prefix)]
-
-    async def wait_for(self, n: int = 1) -> list[ReadableSpan]:
-        while len(self.finished()) < n:
-            self._ended = trio.Event()
-            await self._ended.wait()
-        return self.finished()
 
 
 @pytest.fixture
