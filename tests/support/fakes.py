@@ -203,6 +203,26 @@ async def executing(executor: Executor) -> AsyncIterator[Executor]:
         nursery.cancel_scope.cancel()
 
 
+def an_executor(
+    store: Store,
+    registry: Registry | None = None,
+    settings: Settings | None = None,
+    **kwargs: Any,
+) -> Executor:
+    """The executor of a Worker "w1", made without the Worker (`executing` runs its
+    Worker-level tasks). `kwargs` go to the Executor (tracer, events); `fail_stop` is a
+    `Failstops` unless given."""
+    kwargs.setdefault("fail_stop", Failstops())
+    return Executor(store, registry or Registry(), settings or Settings(), worker_id="w1", **kwargs)
+
+
+async def claimed(store: MemoryStore, kind: str, scope: str | None = None) -> WorkItem:
+    """An item of `kind` enqueued, and claimed by Worker "w1" (lease 60 s)."""
+    await store.enqueue(kind, scope=scope)
+    (item,) = await store.claim_batch("w1", 60.0, 1, kinds=[kind])
+    return item
+
+
 def a_slot() -> Slot:
     """A slot of a Worker of its own (for an executor run without a Worker)."""
     (slot,) = Slots(1, lambda: None).take_free()

@@ -24,6 +24,8 @@ from tests.support.fakes import (
     Tracer,
     a_slot,
     always,
+    an_executor,
+    claimed,
     executing,
     gaps,
     messages,
@@ -33,7 +35,6 @@ from tests.support.fakes import (
 from trioworker import Context, Registry, RetryPolicy, Settings, Status, WorkItem
 from trioworker._core.model import Heartbeat
 from trioworker._worker.attempt import Attempt
-from trioworker._worker.executor import Executor
 from trioworker._worker.raised import holds, leaves, only_cancelled
 
 EXECUTOR = "trioworker.executor"
@@ -124,11 +125,10 @@ async def test_a_heartbeat_answered_after_its_handler_ended_leaves_no_bound(
     store, registry, failstops = ScriptedStore(), Registry(), Failstops()
     registry.handler("A")(sleeping(12))
     store.script["heartbeat"] = [4.0]
-    item = await store.enqueue("A")
-    (claimed,) = await store.claim_batch("w1", 60.0, 1, kinds=["A"])
-    executor = Executor(store, registry, Settings(), worker_id="w1", fail_stop=failstops)
+    item = await claimed(store, "A")
+    executor = an_executor(store, registry, fail_stop=failstops)
     async with executing(executor):
-        await executor.run(claimed, 0.0, a_slot())
+        await executor.run(item, 0.0, a_slot())
         assert executor.stops.earliest == float("inf")
         await trio.sleep(100)
     assert failstops.calls == []
@@ -339,11 +339,10 @@ async def test_run_asyncio_needs_a_running_worker(
         except RuntimeError as exc:
             raised.append(str(exc))
 
-    await store.enqueue("A")
-    (claimed,) = await store.claim_batch("w1", 60.0, 1, kinds=["A"])
-    executor = Executor(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
+    item = await claimed(store, "A")
+    executor = an_executor(store, registry)
     async with executing(executor):
-        await executor.run(claimed, 0.0, a_slot())
+        await executor.run(item, 0.0, a_slot())
     assert raised == ["ctx.run_asyncio needs a running Worker (Worker.run)"]
 
 

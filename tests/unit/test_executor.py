@@ -23,6 +23,8 @@ from tests.support.fakes import (
     Tracer,
     a_slot,
     always,
+    an_executor,
+    claimed,
     executing,
     gaps,
     messages,
@@ -33,7 +35,7 @@ from tests.support.fakes import (
 from trioworker import Context, Registry, RetryPolicy, Settings, Status, WorkItem
 from trioworker._core.policy import Action, Decision
 from trioworker._store.api import HANDLER_STORE_METHODS, HandlerStore, WorkerStore
-from trioworker._worker.executor import Executor, too_late
+from trioworker._worker.executor import too_late
 
 EXECUTOR = "trioworker.executor"
 NO_JITTER = RetryPolicy(max_attempts=2, initial_delay=10.0, jitter=0.0)
@@ -228,9 +230,7 @@ async def test_an_attempt_ended_by_a_bug_ends_its_trace_with_the_error(
 
     store, tracer = BrokenStore(), Tracer()
     item = await claimed(store, "Crawl")
-    executor = Executor(
-        store, crawl.registry, Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer
-    )
+    executor = an_executor(store, crawl.registry, tracer=tracer)
     with pytest.raises(RuntimeError) as raised:
         await executor.run(item, trio.current_time(), a_slot())
     assert raised.value is boom
@@ -569,21 +569,13 @@ def registry_with(kind: str, **options: object) -> Any:
 # -- the executor on its own ---------------------------------------------------------
 
 
-async def claimed(store: ScriptedStore, kind: str) -> WorkItem:
-    await store.enqueue(kind)
-    (item,) = await store.claim_batch("w1", 60.0, 1, kinds=[kind])
-    return item
-
-
 async def test_an_item_of_a_kind_without_a_handler_is_released(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A claimed item the registry has no handler for goes back, untouched."""
     store, tracer = ScriptedStore(), Tracer()
     item = await claimed(store, "Mystery")
-    executor = Executor(
-        store, Registry(), Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer
-    )
+    executor = an_executor(store, tracer=tracer)
     with trio.fail_after(100):
         assert await executor.run(item, 0.0, a_slot()) == Decision(Action.RELEASE)
     assert messages(caplog, EXECUTOR) == [
@@ -604,9 +596,7 @@ async def test_releasing_an_unknown_kind_gives_up_at_the_deadline(
     await trio.sleep(2)
     item = await claimed(store, "Mystery")
     store.script["release"] = always("fail")
-    executor = Executor(
-        store, Registry(), Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer
-    )
+    executor = an_executor(store, tracer=tracer)
     with trio.fail_after(100):
         await executor.run(item, 2.0, a_slot())
     assert 32.0 - 2.4 <= store.times["release"][-1] < 32.0 <= trio.current_time() + 2.4
@@ -621,9 +611,7 @@ async def test_a_write_is_never_sent_once_the_deadline_has_passed(
     store, tracer = ScriptedStore(), Tracer()
     await trio.sleep(31)
     item = await claimed(store, "Mystery")
-    executor = Executor(
-        store, Registry(), Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer
-    )
+    executor = an_executor(store, tracer=tracer)
     assert await executor.run(item, 0.0, a_slot()) == Decision(Action.RELEASE)
     assert "release" not in store.calls
     assert tracer.outcomes() == ["write_failed"]
@@ -639,14 +627,7 @@ async def test_stop_bounds_are_published_as_deadlines_move(
     registry.handler("Crawl")(sleeping(25))
     item = await claimed(store, "Crawl")
     seen: list[float] = []
-    executor = Executor(
-        store,
-        registry,
-        Settings(),
-        worker_id="w1",
-        fail_stop=Failstops(),
-        on_earliest_stop=seen.append,
-    )
+    executor = an_executor(store, registry, on_earliest_stop=seen.append)
     assert executor.stops.earliest == math.inf
     with trio.fail_after(100):
         async with executing(executor):
@@ -670,14 +651,7 @@ async def test_attempts_that_share_a_bound_keep_it_published_until_the_last_ends
     def published(at: float) -> None:
         seen.append((trio.current_time(), at))
 
-    executor = Executor(
-        store,
-        registry,
-        Settings(),
-        worker_id="w1",
-        fail_stop=Failstops(),
-        on_earliest_stop=published,
-    )
+    executor = an_executor(store, registry, on_earliest_stop=published)
     with trio.fail_after(100):
         async with executing(executor), trio.open_nursery() as nursery:
             nursery.start_soon(executor.run, short, 0.0, a_slot())
@@ -700,7 +674,7 @@ async def test_after_shutdown_a_starting_attempt_is_released_at_once(
     store, registry = ScriptedStore(), Registry()
     registry.handler("Crawl")(sleeping())
     item = await claimed(store, "Crawl")
-    executor = Executor(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
+    executor = an_executor(store, registry)
     executor.shut_down()
     with trio.fail_after(100):
         assert await executor.run(item, 0.0, a_slot()) == Decision(Action.RELEASE)
@@ -726,7 +700,7 @@ async def test_a_shutdown_during_a_self_stopped_handlers_cleanup_writes_nothing(
 
     item = await claimed(store, "Crawl")
     store.script["heartbeat"] = always("fail")
-    executor = Executor(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
+    executor = an_executor(store, registry)
     decisions: list[Decision] = []
 
     async def run() -> None:
@@ -760,7 +734,7 @@ async def test_an_attempt_spawns_no_task_of_its_own(
     store, registry = ScriptedStore(), Registry()
     registry.handler("Slow", timeout=100.0)(sleeping(25.0))
     registry.handler("TimedOut", timeout=3.0)(sleeping(50.0))
-    executor = Executor(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
+    executor = an_executor(store, registry)
     decisions: dict[str, Action] = {}
     async with executing(executor):
         for kind in ("Slow", "TimedOut"):
@@ -796,7 +770,7 @@ async def test_one_heartbeat_statement_renews_every_attempt_a_worker_holds(
     for _ in range(65):
         await store.enqueue("Crawl")
     items = await store.claim_batch("w1", 60.0, 65, kinds=["Crawl"])
-    executor = Executor(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
+    executor = an_executor(store, registry)
     with trio.fail_after(100):
         async with executing(executor), trio.open_nursery() as nursery:
             for item in items[:64]:
@@ -841,7 +815,7 @@ async def test_an_executor_survives_running_the_same_attempt_twice_at_once(
     store, registry = ScriptedStore(), Registry()
     registry.handler("Crawl")(sleeping(5))
     item = await claimed(store, "Crawl")
-    executor = Executor(store, registry, Settings(), worker_id="w1", fail_stop=Failstops())
+    executor = an_executor(store, registry)
     decisions: list[Decision] = []
 
     async def run(at: float) -> None:

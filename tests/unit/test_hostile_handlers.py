@@ -13,12 +13,13 @@ import trio
 import trio.testing
 
 from tests.support.fakes import (
-    Failstops,
     ScriptedStore,
     Sink,
     Tracer,
     a_slot,
     always,
+    an_executor,
+    claimed,
     executing,
     messages,
     running,
@@ -30,13 +31,11 @@ from trioworker import (
     Lost,
     Registry,
     RetryPolicy,
-    Settings,
     Status,
     WorkItem,
 )
 from trioworker._core.jsontext import UndecodableValue
 from trioworker._core.policy import UNSTORABLE_ERROR, Action, Decision
-from trioworker._worker.executor import Executor
 
 EXECUTOR = "trioworker.executor"
 ONCE = RetryPolicy(max_attempts=1)
@@ -189,16 +188,12 @@ async def test_a_write_refused_in_every_form_is_retried_until_the_deadline(
     the self-stop deadline, then left to lease recovery."""
     store, registry, tracer = ScriptedStore(), Registry(), Tracer()
     registry.handler("Crawl")(sleeping(1))
-    item = await store.enqueue("Crawl")
-    (claimed,) = await store.claim_batch("w1", 60.0, 1, kinds=["Crawl"])
+    item = await claimed(store, "Crawl")
     store.script["complete_batch"] = always("refuse")
-    executor = Executor(
-        store, registry, Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer
-    )
+    executor = an_executor(store, registry, tracer=tracer)
     with trio.fail_after(100):
         async with executing(executor):
-            await executor.run(claimed, 0.0, a_slot())
-    assert claimed.id == item.id
+            await executor.run(item, 0.0, a_slot())
     assert store.times["complete_batch"][0] == 1.0
     assert 30.0 - 2.4 <= store.times["complete_batch"][-1] < 30.0 <= trio.current_time()
     assert tracer.outcomes() == ["write_failed"]
@@ -216,13 +211,9 @@ async def test_an_item_whose_payload_cannot_be_decoded_is_failed_without_running
     async def quick(item: WorkItem, ctx: Context) -> None:
         ran.append(item)
 
-    await store.enqueue("Quick")
-    (claimed,) = await store.claim_batch("w1", 60.0, 1, kinds=["Quick"])
-    poisoned = attrs.evolve(claimed, payload=UndecodableValue("nested too deeply", "[[["))
-    executor = Executor(
-        store, registry, Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer,
-        events=sink,
-    )  # fmt: skip
+    item = await claimed(store, "Quick")
+    poisoned = attrs.evolve(item, payload=UndecodableValue("nested too deeply", "[[["))
+    executor = an_executor(store, registry, tracer=tracer, events=sink)
     with trio.fail_after(100):
         decision = await executor.run(poisoned, 0.0, a_slot())
     assert decision == Decision(
@@ -253,16 +244,12 @@ async def test_an_item_whose_time_cannot_be_decoded_is_failed_without_running(
     async def quick(item: WorkItem, ctx: Context) -> None:
         ran.append(item)
 
-    await store.enqueue("Quick")
-    (claimed,) = await store.claim_batch("w1", 60.0, 1, kinds=["Quick"])
+    item = await claimed(store, "Quick")
     why = "cannot be decoded: timestamp too large (after year 10K): 'infinity'"
     poisoned = attrs.evolve(
-        claimed, requested_at=None, undecodable=(("requested_at", why), ("run_after", why))
+        item, requested_at=None, undecodable=(("requested_at", why), ("run_after", why))
     )
-    executor = Executor(
-        store, registry, Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer,
-        events=sink,
-    )  # fmt: skip
+    executor = an_executor(store, registry, tracer=tracer, events=sink)
     with trio.fail_after(100):
         decision = await executor.run(poisoned, 0.0, a_slot())
     assert decision == Decision(
@@ -419,13 +406,10 @@ async def test_failing_an_undecodable_item_gives_up_at_the_self_stop_deadline(
     store, registry, tracer = ScriptedStore(), Registry(), Tracer()
     registry.handler("Quick")(sleeping(0))
     await trio.sleep(2)
-    await store.enqueue("Quick")
-    (claimed,) = await store.claim_batch("w1", 60.0, 1, kinds=["Quick"])
-    poisoned = attrs.evolve(claimed, payload=UndecodableValue("too deep", "[[["))
+    item = await claimed(store, "Quick")
+    poisoned = attrs.evolve(item, payload=UndecodableValue("too deep", "[[["))
     store.script["fail"] = always("fail")
-    executor = Executor(
-        store, registry, Settings(), worker_id="w1", fail_stop=Failstops(), tracer=tracer
-    )
+    executor = an_executor(store, registry, tracer=tracer)
     with trio.fail_after(100):
         await executor.run(poisoned, 2.0, a_slot())
     assert 32.0 - 2.4 <= store.times["fail"][-1] < 32.0 <= trio.current_time() + 2.4
