@@ -223,6 +223,16 @@ async def claimed(store: MemoryStore, kind: str, scope: str | None = None) -> Wo
     return item
 
 
+def assert_gave_up(store: ScriptedStore, tracer: Tracer, op: str, deadline: float) -> None:
+    """The write `op` was tried until its `deadline`, the last try before it and within
+    the longest backoff (2.4 s) of it, and then given up: the one attempt traced ended
+    write_failed at that last try."""
+    last = store.times[op][-1]
+    assert deadline - 2.4 <= last < deadline, store.times[op]
+    (trace,) = tracer.traces
+    assert (trace.ended, trace.ended_at) == ([("write_failed", None)], [last])
+
+
 def a_slot() -> Slot:
     """A slot of a Worker of its own (for an executor run without a Worker)."""
     (slot,) = Slots(1, lambda: None).take_free()
