@@ -6,6 +6,7 @@ a completed item ends its attempt, and a lost database link is a stall."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import attrs
 import pytest
@@ -29,6 +30,7 @@ from tests.support.fakes import (
 from trioworker import (
     Context,
     DatabaseUnavailable,
+    ItemState,
     Lost,
     Registry,
     RetryPolicy,
@@ -200,11 +202,10 @@ async def test_a_write_refused_in_every_form_is_retried_until_the_deadline(
     assert tracer.outcomes() == ["write_failed"]
 
 
-async def test_an_item_whose_payload_cannot_be_decoded_is_failed_without_running(
-    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
-) -> None:
-    """What PostgreSQL stores but Python cannot read back comes as an UndecodableValue:
-    its item fails at once with the reason; the handler never sees it."""
+async def run_undecodable(**changes: Any) -> tuple[Decision, ItemState]:
+    """A claimed Quick item with `changes` (what could not be read back) run by the
+    executor; its decision and the item's state after it. The handler never ran, and
+    the attempt was traced and counted as a fail."""
     store, registry, tracer, sink = ScriptedStore(), Registry(), Tracer(), Sink()
     ran: list[WorkItem] = []
 
@@ -213,23 +214,31 @@ async def test_an_item_whose_payload_cannot_be_decoded_is_failed_without_running
         ran.append(item)
 
     item = await claimed(store, "Quick")
-    poisoned = attrs.evolve(item, payload=UndecodableValue("nested too deeply", "[[["))
     executor = an_executor(store, registry, tracer=tracer, events=sink)
     with trio.fail_after(100):
-        decision = await executor.run(poisoned, 0.0, a_slot())
+        decision = await executor.run(attrs.evolve(item, **changes), 0.0, a_slot())
+    assert ran == []
+    assert tracer.outcomes() == ["fail"]
+    assert sink.named("fail") == [("fail", "Quick", None)]
+    [state] = store.items()
+    return decision, state
+
+
+async def test_an_item_whose_payload_cannot_be_decoded_is_failed_without_running(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What PostgreSQL stores but Python cannot read back comes as an UndecodableValue:
+    its item fails at once with the reason; the handler never sees it."""
+    decision, state = await run_undecodable(payload=UndecodableValue("nested too deeply", "[[["))
     assert decision == Decision(
         Action.FAIL,
         reason="payload cannot be decoded",
         error="UndecodablePayload: the payload nested too deeply",
     )
-    assert ran == []
-    [state] = store.items()
     assert (state.status, state.reason) == (Status.FAILED, "payload cannot be decoded")
     assert messages(caplog, EXECUTOR) == [
         "the payload cannot be decoded (nested too deeply): failing the item without running it"
     ]
-    assert tracer.outcomes() == ["fail"]
-    assert sink.named("fail") == [("fail", "Quick", None)]
 
 
 async def test_an_item_whose_time_cannot_be_decoded_is_failed_without_running(
@@ -238,39 +247,23 @@ async def test_an_item_whose_time_cannot_be_decoded_is_failed_without_running(
     """A claimed item whose requested_at psycopg could not load (the store names it in
     `undecodable`) fails at once, through the one write of any failure, naming the
     column and why; the handler never sees it."""
-    store, registry, tracer, sink = ScriptedStore(), Registry(), Tracer(), Sink()
-    ran: list[WorkItem] = []
-
-    @registry.handler("Quick")
-    async def quick(item: WorkItem, ctx: Context) -> None:
-        ran.append(item)
-
-    item = await claimed(store, "Quick")
     why = "cannot be decoded: timestamp too large (after year 10K): 'infinity'"
-    poisoned = attrs.evolve(
-        item, requested_at=None, undecodable=(("requested_at", why), ("run_after", why))
+    decision, state = await run_undecodable(
+        requested_at=None, undecodable=(("requested_at", why), ("run_after", why))
     )
-    executor = an_executor(store, registry, tracer=tracer, events=sink)
-    with trio.fail_after(100):
-        decision = await executor.run(poisoned, 0.0, a_slot())
     assert decision == Decision(
         Action.FAIL,
         reason="requested_at, run_after cannot be decoded",
         error=f"UndecodableValue: requested_at {why}; run_after {why}",
     )
-    assert ran == []
-    [state] = store.items()
     assert (state.status, state.reason) == (
         Status.FAILED,
         "requested_at, run_after cannot be decoded",
     )
     assert messages(caplog, EXECUTOR) == [
         f"a stored value cannot be decoded (requested_at {why}; run_after {why}): failing"
-        " the item without"
-        " running it"
+        " the item without running it"
     ]
-    assert tracer.outcomes() == ["fail"]
-    assert sink.named("fail") == [("fail", "Quick", None)]
 
 
 async def test_a_handler_that_goes_on_after_completing_its_item_keeps_its_scope(
