@@ -197,27 +197,13 @@ def test_run_otel_with_an_exporter_not_installed_is_one_clear_line(dsn: str) -> 
     assert "OTEL_TRACES_EXPORTER names 'otlp_absent', which is not installed" in result.stderr
 
 
-def test_run_otel_exports_each_attempt_as_the_environment_says(
-    dsn: str, pg: Any, tmp_path: Path
-) -> None:
-    """`run --otel` with OTEL_TRACES_EXPORTER=console: the attempt of an item enqueued
-    with a traceparent is printed as a span of that trace, named by the service."""
-    pg.execute(
-        "INSERT INTO work_items (kind, payload, trace_context) VALUES ('Record', '{}', %s)",
-        (json.dumps({"traceparent": TRACEPARENT}),),
-    )
-    out = tmp_path / "worker.out"
-    env = {
-        **os.environ,
-        "OTEL_TRACES_EXPORTER": "console",
-        "OTEL_SERVICE_NAME": "media-workers",
-        "OTEL_BSP_SCHEDULE_DELAY": "100",
-        "TW_OBSERVER_LOG": str(tmp_path / "observer.jsonl"),
-    }
+def run_traced(dsn: str, app: str, env: dict[str, str], out: Path) -> str:
+    """`run --otel --app APP` (printing to `out`) until an attempt's span is printed,
+    then SIGTERM; what it printed."""
     with out.open("w") as stdout:
         proc = subprocess.Popen(
             [sys.executable, "-m", "trioworker", "--dsn", dsn, "run", "--otel",
-             "--app", "tests.apps.recording:registry", "--poll", "0.2"],
+             "--app", app, "--poll", "0.2"],
             cwd=ROOT, env=env, stdout=stdout, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
@@ -228,7 +214,26 @@ def test_run_otel_exports_each_attempt_as_the_environment_says(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
-    text = out.read_text()
+    return out.read_text()
+
+
+def test_run_otel_exports_each_attempt_as_the_environment_says(
+    dsn: str, pg: Any, tmp_path: Path
+) -> None:
+    """`run --otel` with OTEL_TRACES_EXPORTER=console: the attempt of an item enqueued
+    with a traceparent is printed as a span of that trace, named by the service."""
+    pg.execute(
+        "INSERT INTO work_items (kind, payload, trace_context) VALUES ('Record', '{}', %s)",
+        (json.dumps({"traceparent": TRACEPARENT}),),
+    )
+    env = {
+        **os.environ,
+        "OTEL_TRACES_EXPORTER": "console",
+        "OTEL_SERVICE_NAME": "media-workers",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "TW_OBSERVER_LOG": str(tmp_path / "observer.jsonl"),
+    }
+    text = run_traced(dsn, "tests.apps.recording:registry", env, tmp_path / "worker.out")
     assert '"name": "trioworker.attempt Record"' in text
     assert '"trace_id": "0x0af7651916cd43dd8448eb211c80319c"' in text
     assert '"parent_id": "0xb7ad6b7169203331"' in text
@@ -262,23 +267,8 @@ def test_run_otel_uses_the_provider_the_app_set_up(dsn: str, pg: Any, tmp_path: 
     spans there (the OTEL_* variables are not read), its handler's spans their children."""
     (tmp_path / "tracedapp.py").write_text(APP_WITH_ITS_OWN_TRACING)
     pg.execute("INSERT INTO work_items (kind) VALUES ('Render')")
-    out = tmp_path / "worker.out"
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "OTEL_TRACES_EXPORTER": "otlp_absent"}
-    with out.open("w") as stdout:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trioworker", "--dsn", dsn, "run", "--otel",
-             "--app", "tracedapp:registry", "--poll", "0.2"],
-            cwd=ROOT, env=env, stdout=stdout, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        try:
-            wait_for(lambda: '"trioworker.outcome": "complete"' in out.read_text(), 30, "a span")
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-    spans = parse_console_spans(out.read_text())
+    spans = parse_console_spans(run_traced(dsn, "tracedapp:registry", env, tmp_path / "out"))
     attempt, render = spans["trioworker.attempt Render"], spans["render the thumbnail"]
     assert attempt["resource"]["attributes"]["service.name"] == "from-the-app"
     assert render["parent_id"] == attempt["context"]["span_id"]
