@@ -11,7 +11,7 @@ the link heals after the deadline, before the handler ends.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import trio
@@ -142,18 +142,11 @@ class DuplicatingStore(ScriptedStore):
         self.duplicated = False
 
     async def claim_batch(
-        self,
-        worker_id: str,
-        lease: float,
-        limit: int,
-        scopes: Sequence[str] | None = None,
-        *,
-        unscoped: bool = True,
-        kinds: Sequence[str],
+        self, worker_id: str, lease: float, limit: int, *args: Any, **kwargs: Any
     ) -> list[WorkItem]:
         twice = not self.duplicated and limit == 2
         claimed = await super().claim_batch(
-            worker_id, lease, 1 if twice else limit, scopes, unscoped=unscoped, kinds=kinds
+            worker_id, lease, 1 if twice else limit, *args, **kwargs
         )
         if claimed and twice:
             self.duplicated = True
