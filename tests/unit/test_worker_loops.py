@@ -920,11 +920,9 @@ async def test_a_schema_gone_between_advertisements_is_no_id_taken_over(
     store, registry = ScriptedStore(), Registry()
     registry.handler("Crawl")(sleeping(1))
     store.script["advertise"] = ["ok", "unmigrated"]
-    worker = Worker(store, registry, worker_id="w1", fail_stop=Failstops())
     missing = pytest.RaisesExc(SchemaNotReady, match="advertise")
     with pytest.RaisesGroup(missing, flatten_subgroups=True):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(worker.run)
+        async with running(store, registry):
             await trio.sleep(3600)
     assert len(store.times["advertise"]) == 2
     assert not [m for m in messages(caplog, WORKER, logging.ERROR) if "taken over" in m]
