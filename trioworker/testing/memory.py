@@ -2,9 +2,8 @@
 
 `MemoryStore` implements the same protocol as `PostgresStore` and is held to the same
 contract tests, so it cannot drift from PostgreSQL. Time is Trio's clock, so a
-`MockClock` drives leases and run_after. Faults can be switched on to simulate an
-outage (`fault = "fail"`) or a link that never answers (`fault = "hang"`), and
-`writes` records every write after a claim, applied or not. Handlers' SQL is not
+`MockClock` drives leases and run_after. `writes` records every write after a claim,
+applied or not; `calls` every operation, in order. Handlers' SQL is not
 run: `statements` records what their fenced transactions committed.
 """
 
@@ -16,13 +15,12 @@ import datetime as dt
 import json
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Literal, LiteralString
+from typing import Any, LiteralString
 
 import attrs
 import trio
 
 from trioworker._core.errors import (
-    DatabaseUnavailable,
     InvalidWorkItem,
     Lost,
     SelfStopped,
@@ -85,8 +83,6 @@ from trioworker.testing._memory_dependencies import (
     verdict,
 )
 from trioworker.testing._memory_limits import DEFAULT, MemoryLimits
-
-Fault = Literal["fail", "hang"] | None
 
 #: The most children `show` lists, the first by id (as PostgreSQL's `family`).
 SHOWN_CHILDREN = 1000
@@ -207,9 +203,6 @@ class MemoryStore:
         as a list of dicts (`tx.rows` gives them as they are, `tx.execute` as tuples of
         their values); without it, statements return no rows."""
         self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
-        self.fault: Fault = None
-        #: Operations the fault applies to (None: all of them).
-        self.fault_ops: frozenset[str] | None = None
         self.writes: list[Write] = []
         self.calls: list[str] = []
         #: Each fenced transaction's `server_timeout`, in the order they were opened.
@@ -265,19 +258,16 @@ class MemoryStore:
         _no_transactions(tx)
         return None
 
-    # -- faults and time ----------------------------------------------------------
+    # -- time and calls ----------------------------------------------------------
 
     def now(self) -> dt.datetime:
         return self._epoch + dt.timedelta(seconds=trio.current_time())
 
     async def _enter(self, op: str) -> None:
+        """Every operation's first step: noted in `calls`, and a checkpoint (as a real
+        call's). tests/support/fakes.py's ScriptedStore scripts faults here."""
         self.calls.append(op)
         await trio.lowlevel.checkpoint()
-        if self.fault is None or (self.fault_ops is not None and op not in self.fault_ops):
-            return
-        if self.fault == "fail":
-            raise DatabaseUnavailable(f"{op}: connection refused (simulated outage)")
-        await trio.sleep_forever()
 
     def _notify(self, scope: str | None) -> None:
         for listener in list(self._listeners):
