@@ -283,9 +283,10 @@ FROM /* TEMPLATE: schema */work_schedules
 WHERE (name, spec) IN (SELECT * FROM unnest(%(names)s::text[], %(specs)s::text[]));
 
 -- name: schedules
+-- By name: a list that keeps its order as due times pass (`status`, the dashboard).
 SELECT name, kind, scope, spec, next_due, last_due, last_item
 FROM /* TEMPLATE: schema */work_schedules
-ORDER BY next_due;
+ORDER BY name;
 
 -- name: status_of
 SELECT status FROM /* TEMPLATE: schema */work_items WHERE id = %(id)s;

@@ -1198,7 +1198,7 @@ class MemoryStore:
 
     async def schedules(self) -> list[ScheduleState]:
         await self._enter("schedules")
-        return sorted(self._schedules.values(), key=lambda s: s.next_due)
+        return sorted(self._schedules.values(), key=lambda s: s.name)
 
     async def attempts(self, id: int) -> list[AttemptRecord]:
         await self._enter("attempts")
