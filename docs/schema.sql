@@ -292,7 +292,8 @@ DECLARE
     refused text[];
     got record;  -- (not r: the claim's statement names a table alias r)
     roomy text[] := '{}';  -- claimed scopes whose limit lets more start
-    promoted integer;  -- items the round's settle made heads
+    held boolean := false;  -- the round passed a scope's first item over for its kind's room
+    took integer := 0;  -- items the round took
     -- The running limit of scopes without one of their own.
     default_running integer := COALESCE((SELECT l.running FROM work_limits AS l
                                          WHERE l.kind IS NULL AND l.scope IS NULL), 1);
@@ -390,8 +391,12 @@ BEGIN
                         LIMIT 1
                         FOR UPDATE SKIP LOCKED) AS c
                 ),
-                candidates AS (
-                    SELECT d.* FROM (
+                firsts AS (
+                    -- At most one a scope, each numbered within its kind.
+                    SELECT d.*, k.room,
+                           row_number() OVER (PARTITION BY d.kind
+                                              ORDER BY d.priority DESC, d.run_after, d.id) AS nth
+                    FROM (
                         SELECT DISTINCT ON (COALESCE(d.scope, d.id::text)) d.*
                         FROM due AS d
                         WHERE d.scope IS NULL
@@ -401,7 +406,14 @@ BEGIN
                                                  AND work_rate_room(l.id, l.per, 1) = 0))
                         ORDER BY COALESCE(d.scope, d.id::text), d.priority DESC, d.run_after, d.id
                     ) AS d
-                    ORDER BY d.priority DESC, d.run_after, d.id
+                    JOIN kinds AS k ON k.kind = d.kind
+                ),
+                candidates AS (
+                    -- No more of a kind than its room, before the window is cut, so the
+                    -- window holds only items that may start.
+                    SELECT f.* FROM firsts AS f
+                    WHERE f.room IS NULL OR f.nth <= f.room
+                    ORDER BY f.priority DESC, f.run_after, f.id
                     LIMIT window_size
                 ),
                 turn AS (
@@ -439,12 +451,16 @@ BEGIN
                     RETURNING w
                 )
                 SELECT c.w AS item,
-                       (SELECT array_agg(t.scope) FROM turn AS t WHERE NOT t.ours) AS refused
+                       (SELECT array_agg(t.scope) FROM turn AS t WHERE NOT t.ours) AS refused,
+                       EXISTS (SELECT FROM firsts AS f WHERE f.scope IS NOT NULL AND f.nth > f.room)
+                           AS held
                 FROM (SELECT) AS one LEFT JOIN claimed AS c ON true
             LOOP
                 refused := got.refused;
+                held := held OR got.held;
                 IF (got.item).id IS NOT NULL THEN
                     wanted := wanted - 1;
+                    took := took + 1;
                     IF any_roomy AND (got.item).scope IS NOT NULL
                        AND work_scope_running_limit((got.item).scope) > 1 THEN
                         roomy := roomy || (got.item).scope;
@@ -456,12 +472,21 @@ BEGIN
             passed := passed || refused;
             window_size := window_size * 8;
         END LOOP;
-        EXIT WHEN cardinality(roomy) = 0;
-        promoted := work_settle_scopes(roomy, false);
+        IF cardinality(roomy) > 0 THEN
+            PERFORM work_settle_scopes(roomy, false);
+        END IF;
+        -- Again while the batch is not full and the round took items, if it took one of
+        -- a scope that may run more (the settle gave its claimed line a next head, and
+        -- its other lines may have heads already), or if a kind's room held a scope's
+        -- first item back (the next round does not read the kind, which is full, so the
+        -- scope's item of another kind goes): a claim comes back short only when
+        -- nothing more could start.
+        EXIT WHEN wanted = 0 OR took = 0 OR (cardinality(roomy) = 0 AND NOT held);
         roomy := '{}';
-        EXIT WHEN wanted = 0 OR promoted = 0;
         passed := '{}';
         window_size := wanted;
+        held := false;
+        took := 0;
     END LOOP;
     PERFORM work_internal_end(was);
 END

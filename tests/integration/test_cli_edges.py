@@ -269,6 +269,7 @@ def test_migrate_says_one_line_per_migration(databases: Any) -> None:
         "applied 0001.queue",
         "applied 0002.results-steps",
         "applied 0003.dependencies",
+        "applied 0004.claim-kind-room",
     ]  # fmt: skip
     assert again.stdout == "schema is up to date\n"
 

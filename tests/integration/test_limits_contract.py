@@ -68,6 +68,39 @@ async def test_a_kind_limit_holds_across_scopes_and_combines_with_the_scope_limi
     assert len(running) == 3 and len({i.scope for i in running}) == 3
 
 
+async def test_a_kind_at_its_limit_does_not_cut_a_claim_short(harness: Harness) -> None:
+    """K at 1 with three due K items ahead of an L item, and scope S whose first item
+    is a K one, then an L one: one claim for five takes one K item and both L items (a
+    claim comes back short only when nothing more could start). Found by the lockstep
+    machine: PostgreSQL's claim cut its window before applying K's room, and passed S
+    over for the round."""
+    store = harness.store
+    await store.set_limit(kind="K", running=1)
+    k = [(await store.enqueue("K")).id for _ in range(3)]
+    l_unscoped = await store.enqueue("L")
+    s_k = await store.enqueue("K", scope="S")
+    s_l = await store.enqueue("L", scope="S")
+    claimed = await store.claim_batch("w", LEASE, 5, kinds=["K", "L"])
+    assert sorted(item.id for item in claimed) == [k[0], l_unscoped.id, s_l.id]
+    assert s_k.id not in {item.id for item in claimed}
+
+
+async def test_a_scope_with_room_gives_every_line_its_turn_in_one_claim(
+    harness: Harness,
+) -> None:
+    """S at 2 with two Queued items of two priorities (two lines, each with a head):
+    one claim for three takes the better one, then the other (S has room for it), and
+    the unscoped item. PostgreSQL's claim went round again only when its settle made a
+    new head, so the other line's head waited for the next poll."""
+    store = harness.store
+    await store.set_limit(scope="S", running=2)
+    low = await store.enqueue("K", scope="S")
+    high = await store.enqueue("K", scope="S", priority=5)
+    unscoped = await store.enqueue("K")
+    claimed = await store.claim_batch("w", LEASE, 3, kinds=["K"])
+    assert sorted(item.id for item in claimed) == [low.id, high.id, unscoped.id]
+
+
 async def test_a_lowered_limit_stops_new_starts_until_under_it(harness: Harness) -> None:
     """K runs 3 at limit 3; lowered to 1, none is stopped; two end and still none
     starts; the third ends and one starts."""

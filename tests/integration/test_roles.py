@@ -571,7 +571,7 @@ def test_a_worker_runs_items_end_to_end_as_the_worker_role_directly_and_through_
     refused = trioworker("migrate", dsn=worker_dsn)
     assert refused.returncode == 1
     assert refused.stderr.count("\n") == 1 and "may not change the schema" in refused.stderr
-    assert "applied 0003.dependencies" in cli("trioworker_migrator", "migrate")
+    assert "applied 0004.claim-kind-room" in cli("trioworker_migrator", "migrate")
     with psycopg.connect(roles.dsn("trioworker_migrator"), autocommit=True) as migrator:
         migrator.execute("CREATE TABLE results (item_id bigint, attempt integer)")  # the app's
     for _ in range(2):

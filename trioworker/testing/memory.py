@@ -286,13 +286,17 @@ class MemoryStore:
             and (kind is None or r.kind == kind)
         )
 
+    def _kind_has_room(self, kind: str, now: dt.datetime) -> bool:
+        """Whether the kind's running limit and rate let one more start now."""
+        kind_limit = self._limits.kind_limit(kind)
+        if kind_limit is not None and self._running(kind=kind) >= kind_limit:
+            return False
+        return self._limits.rate_open(("kind", kind), now)
+
     def _may_start(self, row: _Row) -> bool:
         """Whether the item's kind and scope limits let it start now."""
         now = self.now()
-        kind_limit = self._limits.kind_limit(row.kind)
-        if kind_limit is not None and self._running(kind=row.kind) >= kind_limit:
-            return False
-        if not self._limits.rate_open(("kind", row.kind), now):
+        if not self._kind_has_room(row.kind, now):
             return False
         return row.scope is None or (
             not self._busy(row.scope) and self._limits.rate_open(("scope", row.scope), now)
@@ -351,13 +355,16 @@ class MemoryStore:
         for old in [a for a in notes if a <= row.attempt - 20]:
             del notes[old]
 
-    def _requeue(self, row: _Row) -> None:
-        """Back to Queued, unless a Queued sibling holds its dedup key."""
+    def _requeue(self, row: _Row, run_after: dt.datetime | None = None) -> None:
+        """Back to Queued (due at `run_after`, None: when it was), unless a Queued
+        sibling holds its dedup key."""
         sibling = self._queued_with(row.dedup_key, besides=row.id)
         row.worker_id = None
         if sibling is not None:
             self._finish(row, Status.CANCELLED, f"superseded by queued item {sibling.id}")
             return
+        if run_after is not None:
+            row.run_after = run_after
         row.lease_expires_at = None
         row.status = Status.QUEUED
         row.reason = None
@@ -603,13 +610,19 @@ class MemoryStore:
     def _claimable(
         self, scopes: Sequence[str] | None, *, unscoped: bool, kinds: Sequence[str]
     ) -> list[_Row]:
-        """Due Queued items of `kinds` in claim order, at most one per free scope."""
+        """Due Queued items of `kinds` in claim order, at most one per free scope. A
+        kind that is paused or has no room is not read (as on PostgreSQL, where each
+        (scope, kind, priority) is a line of its own): a scope's item of another kind
+        goes instead."""
         now = self.now()
+        open_kinds = {
+            k for k in kinds if ("kind", k) not in self._pauses and self._kind_has_room(k, now)
+        }
 
         def eligible(row: _Row) -> bool:
-            if row.status is not Status.QUEUED or row.run_after > now or row.kind not in kinds:
+            if row.status is not Status.QUEUED or row.run_after > now:
                 return False
-            if ("kind", row.kind) in self._pauses:
+            if row.kind not in open_kinds:
                 return False
             if row.scope is None:
                 return unscoped
@@ -820,11 +833,10 @@ class MemoryStore:
         row = self._fenced(id, attempt, completed=False)
         if row is not None:
             self._note(row, "retried", error, traceback)
-            row.run_after = self.now() + dt.timedelta(seconds=delay)
             row.error = error
             row.traceback = traceback if traceback is not None else row.traceback
             row.failures += 1
-            self._requeue(row)
+            self._requeue(row, run_after=self.now() + dt.timedelta(seconds=delay))
         return self._record("retry_later", id, attempt, row)
 
     async def recover_expired_leases(self, max_stalls: int, *, batch: int = 100) -> list[Recovered]:
