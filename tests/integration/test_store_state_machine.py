@@ -5,16 +5,19 @@ lockstep: both must answer alike, and the invariants must hold after every step.
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import attrs
 import psycopg
 import trio
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    initialize,
     invariant,
     precondition,
     rule,
@@ -23,7 +26,16 @@ from hypothesis.stateful import (
 
 from tests.support.harness import MemoryHarness, PostgresHarness
 from tests.support.lines import wedges
-from trioworker import InvalidWorkItem, ItemState, Lost, PostgresStore, Status
+from trioworker import (
+    InvalidLimit,
+    InvalidWorkItem,
+    ItemState,
+    Limit,
+    Lost,
+    Pause,
+    PostgresStore,
+    Status,
+)
 
 LEASE = 300.0
 SCOPES = st.sampled_from([None, "a", "b", "c"])
@@ -32,6 +44,18 @@ WORKERS = st.sampled_from(["w1", "w2", "w3"])
 FILTERS = st.sampled_from([None, ("a",), ("b", "c")])
 KINDS = st.sampled_from([("Crawl", "Purge"), ("Crawl",), ("Purge",)])
 PRIORITIES = st.sampled_from([0, 0, 0, 5, -5])
+#: Not yet due for this long (None: due at once).
+DELAYS = st.sampled_from([None, None, None, None, None, 600.0])
+#: What a pause, a limit or a clear names: a kind, a scope, or (for a limit) the
+#: default running limit of scopes.
+TARGETS = st.sampled_from(
+    [{"kind": "Crawl"}, {"kind": "Purge"}, {"scope": "a"}, {"scope": "b"}, {"scope": "c"}]
+)
+LIMIT_TARGETS = st.sampled_from(
+    [{"kind": "Crawl"}, {"kind": "Purge"}, {"scope": "a"}, {"scope": "b"}, {}]
+)
+RUNNING = st.sampled_from([None, 1, 2, 3])
+RATES = st.sampled_from([None, None, None, None, "1/h", "3/h"])
 #: Ids in reasons ("parent 7 failed", "superseded by queued item 7"), which the two
 #: stores may number apart (a deduplicated insert takes an id on PostgreSQL).
 IDS_IN_REASONS = re.compile(r"(parent|queued item) (\d+)")
@@ -39,19 +63,32 @@ IDS_IN_REASONS = re.compile(r"(parent|queued item) (\d+)")
 Call = Callable[[Any, Callable[[int], int]], Awaitable[Any]]
 
 
-def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
+def lockstep_machine(
+    store: PostgresStore, pg: psycopg.Connection[Any], reached: collections.Counter[str]
+) -> type:
+    """The machine; `reached` counts the outcomes its rules reached, so a run can show
+    it reached each one."""
+
     class StoreMachine(RuleBasedStateMachine):
         """Each rule runs on both stores; `ids` maps PostgreSQL ids to in-memory ids."""
 
         def __init__(self) -> None:
             super().__init__()
-            pg.execute("TRUNCATE work_items, work_unsettled_waiting RESTART IDENTITY CASCADE")
+            pg.execute(
+                "TRUNCATE work_items, work_unsettled_waiting, work_limits, work_pauses"
+                " RESTART IDENTITY CASCADE"
+            )
             self.pg = PostgresHarness(store, pg)
             self.mem = MemoryHarness()
             self.ids: dict[int, int] = {}
             self.seen: dict[int, ItemState] = {}
             self.claims: dict[int, int] = {}  # pg id -> attempt of its latest claim
             self.parents: dict[int, list[int]] = {}  # pg id -> its parents' pg ids
+            # What the machine set, to check each claim against: paused kinds and
+            # scopes, running limits by ("kind"|"scope", name), the default's (None).
+            self.paused: set[tuple[str, str]] = set()
+            self.running_limits: dict[tuple[str, str] | None, int] = {}
+            self.ceiling = 1  # the highest running limit a claim met
 
         def both(self, op: str, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
             on_pg = trio.from_thread.run(lambda: getattr(self.pg.store, op)(*args, **kwargs))
@@ -74,19 +111,97 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
                 return None
             return IDS_IN_REASONS.sub(lambda m: f"{m[1]} {self.ids[int(m[2])]}", reason)
 
+        def scope_limit(self, scope: str) -> int:
+            own = self.running_limits.get(("scope", scope))
+            return own if own is not None else self.running_limits.get(None, 1)
+
+        def check_claimed(self, claimed: Any) -> None:
+            """A claim started only what the pauses and running limits let start."""
+            reached["claim"] += 1
+            if self.paused:
+                reached["claim while a kind or scope is paused"] += 1
+            assert ("kind", claimed.kind) not in self.paused, claimed
+            running = [i for i in self.pg.items() if i.status is Status.RUNNING]
+            if claimed.scope is not None:
+                assert ("scope", claimed.scope) not in self.paused, claimed
+                in_scope = sum(i.scope == claimed.scope for i in running)
+                assert in_scope <= self.scope_limit(claimed.scope), (claimed, in_scope)
+                if in_scope > 1:
+                    reached["claim: a scope's second slot"] += 1
+            kind_limit = self.running_limits.get(("kind", claimed.kind))
+            if kind_limit is not None:
+                of_kind = sum(i.kind == claimed.kind for i in running)
+                assert of_kind <= kind_limit, (claimed, of_kind)
+                reached["claim under a kind's running limit"] += 1
+            self.ceiling = max(self.ceiling, *self.running_limits.values(), 1)
+
+        def settle(self) -> None:
+            """The settle pass a limit's change asks the Workers for (on its NOTIFY):
+            a raised limit gives a busy scope its next heads. The in-memory claim reads
+            the lines themselves, so it has nothing to settle."""
+            trio.from_thread.run(lambda: self.pg.store.settle_noted_scopes())
+
+        def running(self) -> list[int]:
+            """Claimed items Running at their latest claim's attempt, as last seen."""
+            return sorted(
+                id
+                for id, attempt in self.claims.items()
+                if (seen := self.seen.get(id)) is not None
+                and seen.status is Status.RUNNING
+                and seen.attempt == attempt
+            )
+
         def waiting(self) -> list[int]:
             return sorted(id for id, s in self.seen.items() if s.status is Status.WAITING)
+
+        @initialize(
+            items=st.lists(
+                st.tuples(st.sampled_from(["Crawl", "Purge"]), SCOPES, PRIORITIES),
+                min_size=2,
+                max_size=8,
+            )
+        )
+        def some_work(self, items: list[tuple[str, str | None, int]]) -> None:
+            """Work to claim from the first step (a rule may not run in a whole example:
+            Hypothesis leaves some out, and finds other bugs that way)."""
+            for kind, scope, priority in items:
+                a, b = self.both("enqueue", kind, scope=scope, priority=priority)
+                self.ids[a.id] = b.id
+
+        @initialize(
+            limits=st.lists(st.tuples(LIMIT_TARGETS, st.sampled_from([1, 2, 3])), max_size=2)
+        )
+        def some_limits(self, limits: list[tuple[dict[str, str], int]]) -> None:
+            """Running limits from the first step, so claims meet them often."""
+            for named, running in limits:
+                self.change_limit(named, running, None, clear=False)
 
         @rule(
             kind=st.sampled_from(["Crawl", "Purge"]),
             scope=SCOPES,
             dedup_key=DEDUP,
             priority=PRIORITIES,
+            delay=DELAYS,
         )
         def enqueue(
-            self, kind: str, scope: str | None, dedup_key: str | None, priority: int
+            self,
+            kind: str,
+            scope: str | None,
+            dedup_key: str | None,
+            priority: int,
+            delay: float | None,
         ) -> None:
-            a, b = self.both("enqueue", kind, scope=scope, dedup_key=dedup_key, priority=priority)
+            """An item, due now or in ten minutes (`run_after`)."""
+            run_after = None if delay is None else dt.timedelta(seconds=delay)
+            reached["enqueue, due later" if delay else "enqueue"] += 1
+            a, b = self.both(
+                "enqueue",
+                kind,
+                scope=scope,
+                dedup_key=dedup_key,
+                priority=priority,
+                run_after=run_after,
+            )
             assert a.deduplicated == b.deduplicated
             if a.deduplicated:
                 assert self.ids[a.id] == b.id
@@ -147,6 +262,7 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
 
             a, b = self.apart(retry)
             assert sorted(self.ids[id] for id in a) == sorted(b), (a, b)
+            reached["retry" if a else "retry, none"] += 1
             for id in a:  # out of a terminal state by an operator's hand
                 self.seen.pop(id, None)
 
@@ -174,27 +290,32 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
             assert on_pg == on_mem
             assert [r for r, _, _ in relatives[0]] == self.parents.get(id, [])
 
-        @rule(worker=WORKERS, scopes=FILTERS, kinds=KINDS)
+        @rule(worker=WORKERS, scopes=FILTERS, kinds=KINDS, batch=st.sampled_from([1, 1, 3]))
         def claim(
-            self, worker: str, scopes: tuple[str, ...] | None, kinds: tuple[str, ...]
+            self, worker: str, scopes: tuple[str, ...] | None, kinds: tuple[str, ...], batch: int
         ) -> None:
+            """A Worker's claim of up to `batch` items, of its kinds and scopes."""
             unscoped = scopes is None
-            a, b = self.both("claim", worker, LEASE, scopes, unscoped=unscoped, kinds=kinds)
-            assert (a is None) == (b is None), (a, b)
-            if a is not None:
-                assert self.ids[a.id] == b.id and a.attempt == b.attempt
-                self.claims[a.id] = a.attempt
+            a, b = self.both(
+                "claim_batch", worker, LEASE, batch, scopes, unscoped=unscoped, kinds=kinds
+            )
+            assert [(self.ids[i.id], i.attempt) for i in a] == [(i.id, i.attempt) for i in b]
+            for claimed in a:
+                self.claims[claimed.id] = claimed.attempt
+            for claimed in a:
+                self.check_claimed(claimed)
 
-        @precondition(lambda self: self.claims)
+        @precondition(lambda self: self.running())
         @rule(
             data=st.data(),
-            stale=st.booleans(),
+            stale=st.sampled_from([False, False, False, True]),
             op=st.sampled_from(
                 ["heartbeat", "complete", "fail", "cancel_attempt", "release", "retry_later"]
             ),
         )
         def write(self, data: st.DataObject, stale: bool, op: str) -> None:
-            id = data.draw(st.sampled_from(sorted(self.claims)))
+            """An attempt's write, mostly by one that holds its item (else fenced off)."""
+            id = data.draw(st.sampled_from(self.running()))
             attempt = self.claims[id] - 1 if stale else self.claims[id]
             args: tuple[Any, ...] = {
                 "heartbeat": (LEASE,),
@@ -203,12 +324,13 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
             }.get(op, ())
             a, b = self.both(op, id, attempt, *args)
             assert a == b, (op, a, b)
+            reached[f"{op}{'' if a else ', refused'}"] += 1
 
-        @precondition(lambda self: self.claims)
-        @rule(data=st.data(), stale=st.booleans())
+        @precondition(lambda self: self.running())
+        @rule(data=st.data(), stale=st.sampled_from([False, False, False, True]))
         def complete_in_transaction(self, data: st.DataObject, stale: bool) -> None:
             """A handler's `tx.complete()`: its fenced transaction notes the success."""
-            id = data.draw(st.sampled_from(sorted(self.claims)))
+            id = data.draw(st.sampled_from(self.running()))
             attempt = self.claims[id] - 1 if stale else self.claims[id]
 
             async def complete(store: Any, id: int) -> bool:
@@ -222,6 +344,7 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
             a = trio.from_thread.run(complete, self.pg.store, id)
             b = trio.from_thread.run(complete, self.mem.store, self.ids[id])
             assert a == b, (a, b)
+            reached["complete in a fenced transaction" if a else "fenced, refused"] += 1
 
         @rule(ok=st.booleans())
         def run_one(self, ok: bool) -> None:
@@ -233,6 +356,7 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
                 return
             assert self.ids[a.id] == b.id and a.attempt == b.attempt
             self.claims[a.id] = a.attempt
+            self.check_claimed(a)
             args = (a.id, a.attempt) if ok else (a.id, a.attempt, "gave up", "Error")
             done = self.both("complete" if ok else "fail", *args)
             assert done == (True, True), done
@@ -259,9 +383,60 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
             a, b = self.both("cancel", id)
             assert a == b
 
+        @rule(named=TARGETS)
+        def pause(self, named: dict[str, str]) -> None:
+            """A kind or a scope paused: its Queued items are not claimed. Both stores
+            say alike whether it was paused already."""
+            a, b = self.both("pause", **named)
+            assert a == b, (a, b)
+            reached["pause" if a else "pause, no change"] += 1
+            self.paused.add(next(iter(named.items())))
+
+        @rule(data=st.data())
+        def resume(self, data: st.DataObject) -> None:
+            """A pause lifted (mostly one that is there)."""
+            paused = [{what: name} for what, name in sorted(self.paused)]
+            named = data.draw(st.sampled_from(paused) if paused else TARGETS)
+            a, b = self.both("resume", **named)
+            assert a == b, (a, b)
+            reached["resume" if a else "resume, no change"] += 1
+            self.paused.discard(next(iter(named.items())))
+
+        @rule(named=LIMIT_TARGETS, running=RUNNING, rate=RATES, clear=st.booleans())
+        def change_limit(
+            self, named: dict[str, str], running: int | None, rate: str | None, clear: bool
+        ) -> None:
+            """A running limit and/or a rate set on a kind or a scope, or the default
+            running limit of scopes; what the stores refuse (nothing to set, a default
+            with a rate) they refuse alike. Or (`clear`) the limit removed."""
+            if clear:
+                a, b = self.both("clear_limit", **named)
+                assert a == b, (a, b)
+                reached["clear_limit" if a else "clear_limit, none"] += 1
+                self.settle()
+                self.running_limits.pop(next(iter(named.items()), None), None)
+                return
+
+            async def set(store: Any, _: Callable[[int], int]) -> Any:
+                try:
+                    limit = await store.set_limit(**named, running=running, rate=rate)
+                except InvalidLimit as exc:
+                    return str(exc)
+                return attrs.evolve(limit, updated_at=None)
+
+            a, b = self.apart(set)
+            assert a == b, (a, b)
+            reached["set_limit, refused" if isinstance(a, str) else "set_limit"] += 1
+            self.settle()
+            if running is not None and not isinstance(a, str):
+                key = next(iter(named.items()), None)
+                self.running_limits[key] = running
+
         @invariant()
         def stores_agree_and_invariants_hold(self) -> None:
+            [(pg_now,)] = pg.execute("SELECT clock_timestamp()").fetchall()
             pg_items = self.pg.items()
+            mem_now = trio.from_thread.run_sync(self.mem.store.now)
             mem_items = {i.id: i for i in self.mem.items()}
             assert sorted(self.ids) == [i.id for i in pg_items], "an item disappeared"
             assert len(mem_items) == len(pg_items), "an item appeared in memory"
@@ -274,6 +449,10 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
                     twin.status, twin.attempt, twin.stalls, twin.failures,
                 ), (item, twin)  # fmt: skip
                 assert self.in_memory(item.reason) == twin.reason, (item, twin)
+                assert item.error == twin.error, (item, twin)
+                assert due_in(item, pg_now) == due_in(twin, mem_now), (item, twin)
+                if item.status is Status.QUEUED and due_in(item, pg_now):
+                    reached["a Queued item not yet due"] += 1
                 assert (item.finished_at is None) == (twin.finished_at is None), (item, twin)
                 parents = [by_id[p].status for p in self.parents.get(item.id, [])]
                 undone = [s for s in parents if s is not Status.SUCCEEDED]
@@ -299,13 +478,31 @@ def lockstep_machine(store: PostgresStore, pg: psycopg.Connection[Any]) -> type:
                 if item.status is Status.QUEUED and item.dedup_key is not None:
                     queued_keys[item.dedup_key] += 1
                 self.seen[item.id] = item
-            assert all(n == 1 for n in running.values()), running
+            assert all(n <= self.ceiling for n in running.values()), running
+            a, b = self.apart(lambda store, _: store.limits())
+            assert sorted(map(comparable, a)) == sorted(map(comparable, b)), (a, b)
+            a, b = self.apart(lambda store, _: store.pauses())
+            assert sorted(map(comparable, a)) == sorted(map(comparable, b)), (a, b)
             assert all(n == 1 for n in queued_keys.values()), queued_keys
             assert wedges(pg) == []
             (noted,) = pg.execute("SELECT count(*) FROM work_unsettled_waiting").fetchone() or (0,)
             assert noted == 0, "one session at a time: every Waiting item settled at once"
 
     return StoreMachine
+
+
+def due_in(item: ItemState, now: dt.datetime) -> int:
+    """Whole minutes until `item` is due (0: due): the stores' clocks differ by the
+    moments between their calls, never by a minute."""
+    return max(0, round((item.run_after - now).total_seconds() / 60))
+
+
+def comparable(value: Limit | Pause) -> tuple[Any, ...]:
+    """A limit or a pause without the time it was written."""
+    fields = attrs.asdict(value, recurse=False)
+    fields.pop("updated_at", None)
+    fields.pop("paused_at", None)
+    return tuple(str(v) for v in fields.values())
 
 
 async def test_random_operation_sequences_keep_the_invariants(
@@ -318,15 +515,17 @@ async def test_random_operation_sequences_keep_the_invariants(
     after they have all Succeeded; and the two stores never disagree, in statuses,
     reasons, priorities, kinds, parents and children too.
     """
-    machine = lockstep_machine(store, pg)
+    reached: collections.Counter[str] = collections.Counter()
+    machine = lockstep_machine(store, pg, reached)
     await trio.to_thread.run_sync(
         lambda: run_state_machine_as_test(
             machine,
             settings=settings(
-                max_examples=100,
-                stateful_step_count=40,
+                max_examples=150,
+                stateful_step_count=50,
                 deadline=None,
                 suppress_health_check=[HealthCheck.too_slow],
             ),
         )
     )
+    print(sorted(reached.items()))
