@@ -7,10 +7,10 @@ back their rows as dicts: in the caller's transaction when the connection is in 
 else each statement commits on its own (autocommit), as the Trio store's calls always
 have.
 
-`again`, a retry policy, is asked about each psycopg error an operation meets: True
-runs the operation again from a fresh `steps()`, on the same connection (the store's
-claims, sent again after a lost slot race, are the one user). Without one, the error
-goes to the caller.
+`run_async` takes a retry policy, `again`, asked about each psycopg error an operation
+meets: True runs the operation again from a fresh `steps()`, on the same connection
+(the Trio store's claims, sent again after a lost slot race, are the one user).
+Without one, the error goes to the caller.
 """
 
 from __future__ import annotations
@@ -69,24 +69,14 @@ async def _steps_async(
 
 
 def run_sync(
-    conn: psycopg.Connection[Any],
-    op: Operation[T],
-    queries: Queries,
-    again: Again | None = None,
+    conn: psycopg.Connection[Any], op: Operation[T], queries: Queries
 ) -> T:  # pragma: no mutate block
-    """Run `op` on `conn` with the statements `queries`; its result. `again`: the
-    retry policy."""
-    tries = 0
-    while True:
-        try:
-            if op.atomic:
-                with conn.transaction():
-                    return _steps_sync(conn, op.steps(), queries)
+    """Run `op` on `conn` with the statements `queries`; its result. (No retry policy:
+    no client operation claims.)"""
+    if op.atomic:
+        with conn.transaction():
             return _steps_sync(conn, op.steps(), queries)
-        except psycopg.Error as exc:
-            if again is None or not again(op, exc, tries):
-                raise
-            tries += 1
+    return _steps_sync(conn, op.steps(), queries)
 
 
 def _steps_sync(
