@@ -4,6 +4,7 @@ connection settings, and how the store shows itself."""
 from __future__ import annotations
 
 import asyncio
+import types
 
 import psycopg
 import psycopg.errors
@@ -14,7 +15,16 @@ from trioworker import ConfigurationError, DatabaseUnavailable, SchemaNotReady, 
 from trioworker._postgres import failures
 from trioworker._postgres.connection import _begin, connect_kwargs
 from trioworker._postgres.sessions import LINK, set_local, set_session, settings
-from trioworker._postgres.store import PostgresStore
+from trioworker._postgres.store import (
+    LIMIT_REFUSALS,
+    RUNNING_KIND_INDEX,
+    RUNNING_SCOPE_INDEX,
+    PostgresFencedTransaction,
+    PostgresStore,
+    PostgresTransaction,
+    _connection_of,
+    lost_race,
+)
 
 STORE = PostgresStore("host=db user=app password=s3cr3t")
 
@@ -221,3 +231,60 @@ def test_the_async_forms_of_migrate_and_check_schema_say_they_are_trios(name: st
     call = getattr(trioworker, name)
     with pytest.raises(ConfigurationError, match=f"^{name} runs under Trio.*AsyncClient"):
         asyncio.run(call("host=nowhere.invalid"))
+
+
+def test_a_store_in_a_schema_shows_it() -> None:
+    """repr() names the queue's schema when one is given."""
+    assert repr(PostgresStore("host=db", schema="q")) == "PostgresStore('host=db', schema='q')"
+
+
+def named(error: type[psycopg.Error], constraint: str | None) -> psycopg.Error:
+    """An error of class `error` whose diagnostics name `constraint` (psycopg fills
+    them in from the server's answer)."""
+    diag = types.SimpleNamespace(constraint_name=constraint)
+    return type("Named", (error,), {"diag": diag})()
+
+
+@pytest.mark.parametrize(
+    ("error", "lost_on"),
+    [
+        (named(psycopg.errors.UniqueViolation, RUNNING_SCOPE_INDEX), RUNNING_SCOPE_INDEX),
+        (named(psycopg.errors.UniqueViolation, RUNNING_KIND_INDEX), RUNNING_KIND_INDEX),
+        *[(named(psycopg.errors.CheckViolation, name), name) for name in sorted(LIMIT_REFUSALS)],
+        (named(psycopg.errors.UniqueViolation, "work_items_pkey"), None),
+        (named(psycopg.errors.UniqueViolation, "work_items_slot_within_limit"), None),
+        (named(psycopg.errors.CheckViolation, RUNNING_SCOPE_INDEX), None),
+        (named(psycopg.errors.CheckViolation, None), None),
+        (named(psycopg.errors.ForeignKeyViolation, RUNNING_SCOPE_INDEX), None),
+        (psycopg.errors.UniqueViolation(), None),
+        (ValueError(RUNNING_SCOPE_INDEX), None),
+    ],
+)
+def test_a_lost_claim_race_is_known_by_its_constraint(
+    error: BaseException, lost_on: str | None
+) -> None:
+    """A slot index's unique violation or a limit refusal's check violation, by name;
+    nothing else (another constraint, the same name under the other error)."""
+    assert lost_race(error) == lost_on
+
+
+def test_a_transaction_is_passed_on_by_its_connection() -> None:
+    """None stays None; a store's transaction gives its connection; anything else is a
+    TypeError naming its type."""
+    conn = object()
+    assert _connection_of(None) is None
+    assert _connection_of(PostgresTransaction(STORE._conns, conn)) is conn  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^tx must be a transaction of a PostgresStore, not dict$"):
+        _connection_of({})  # type: ignore[arg-type]
+
+
+def test_a_fenced_transaction_notes_its_completion_and_result() -> None:
+    """complete() marks the commit as the attempt's success, with the result's JSON."""
+    tx = PostgresFencedTransaction(STORE._conns, None, 4, 2)  # type: ignore[arg-type]
+    assert not tx.completes and tx.result_json is None
+    assert (tx.item_id, tx.attempt) == (4, 2)
+    tx.complete({"a": [1]})
+    assert tx.completes and tx.result_json == '{"a":[1]}'
+    bare = PostgresFencedTransaction(STORE._conns, None, 4, 2)  # type: ignore[arg-type]
+    bare.complete()
+    assert bare.completes and bare.result_json is None

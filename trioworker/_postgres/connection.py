@@ -1,7 +1,8 @@
 """The plumbing of the PostgreSQL store: the pool, each call's time bound, the
 translation of driver errors, the caller's transactions and LISTEN. The operations
-(store.py) say what to run; this says how it is run: on psycopg's async connections
-waited on by Trio (trio_connection.py), from a small Trio pool (pool.py).
+(operations.py, worker_operations.py, sent by drive.py for store.py) say what to run;
+this says how it is run: on psycopg's async connections waited on by Trio
+(trio_connection.py), from a small Trio pool (pool.py).
 
 Every call is one statement (or one short transaction) on a pooled autocommit
 connection, bounded by `call_timeout`. Driver errors become trioworker errors here and
@@ -191,7 +192,8 @@ class Connections:
     async def rows(
         self, name: str, query: LiteralString, params: dict[str, Any]
     ) -> list[dict[str, Any]]:  # pragma: no mutate block
-        """Run one named statement on a pooled connection; its rows, as dicts."""
+        """Run one named statement on a pooled connection; its rows, as dicts (the
+        listener's probe: the store's own calls are operations, `PostgresStore._run`)."""
 
         async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
             async with conn.cursor(row_factory=dict_row) as cur:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -23,9 +22,7 @@ from psycopg.rows import dict_row
 from trioworker._core.errors import (
     Lost,
     SelfStopped,
-    StoreError,
 )
-from trioworker._core.jsontext import loads_or_mark
 from trioworker._core.limits import (
     Declared,
     Limit,
@@ -53,9 +50,10 @@ from trioworker._core.model import (
     WorkerInfo,
     WorkItem,
 )
-from trioworker._core.schedule import Schedule, first_due, plan, schedule_request
+from trioworker._core.schedule import Schedule, plan, schedule_request
 from trioworker._core.validation import result_json
 from trioworker._postgres import drive, operations
+from trioworker._postgres import worker_operations as wops
 from trioworker._postgres.as_stored import read_as_stored
 from trioworker._postgres.connection import Connections
 from trioworker._postgres.dsn import redact_dsn, resolve_dsn
@@ -63,12 +61,9 @@ from trioworker._postgres.sessions import LINK, set_local
 from trioworker._postgres.trio_connection import require_trio
 from trioworker._store.api import NotifyCallback, Transaction
 from trioworker._store.reads import (
-    ALIVE_BEATS,
-    ALIVE_WITHIN,
     ItemDetails,
     QueueCounts,
     QueueStatus,
-    id_in_use,
     process_gone,
 )
 from trioworker._store.waiting import wait_result
@@ -90,28 +85,6 @@ LIMIT_REFUSALS = frozenset({"work_items_slot_within_limit", "work_items_rate_wit
 #: one sees the commits that beat the one before (two losses in a row were seen with
 #: 2 claimers on one scope of four lines, bench contention's W=2 S=1 L=4).
 _RACE_RETRIES = 3
-
-
-def _claim_params(
-    worker_id: str,
-    lease: float,
-    limit: int,
-    scopes: Sequence[str] | None,
-    *,
-    unscoped: bool,
-    kinds: Sequence[str],
-) -> dict[str, Any]:  # pragma: no mutate block
-    """A claim's parameters (`claim`, `finish_and_claim`)."""
-    if scopes is None and not unscoped:
-        raise ValueError("a Worker serving every scope serves unscoped items too")
-    return {
-        "worker_id": worker_id,
-        "lease": lease,
-        "limit": limit,
-        "kinds": list(kinds),
-        "scopes": None if scopes is None else list(scopes),
-        "unscoped": unscoped,
-    }
 
 
 def lost_race(exc: BaseException) -> str | None:
@@ -246,18 +219,36 @@ class PostgresStore:
     async def close(self) -> None:  # pragma: no mutate block
         await self._conns.close()
 
-    async def _rows(
-        self, name: str, params: dict[str, Any]
-    ) -> list[dict[str, Any]]:  # pragma: no mutate block
-        return await self._conns.rows(name, self._sql[name], params)
-
     async def _run(
-        self, op: operations.Operation[T], tx: Transaction | None = None
+        self,
+        op: operations.Operation[T],
+        tx: Transaction | None = None,
+        *,
+        again: drive.Again | None = None,
     ) -> T:  # pragma: no mutate block
-        """Run a client operation (operations.py) on a pooled connection, or in `tx`."""
+        """Run an operation (the clients', operations.py, or the Worker's,
+        worker_operations.py) on a pooled connection, or in `tx`; `again`: the retry
+        policy (drive.py), the claims' `_lost_race`."""
         return await self._conns.call(
-            op.name, lambda conn: drive.run_async(conn, op, self._sql), conn=_connection_of(tx)
+            op.name,
+            lambda conn: drive.run_async(conn, op, self._sql, again),
+            conn=_connection_of(tx),
         )
+
+    def _lost_race(
+        self, op: operations.Operation[Any], exc: psycopg.Error, tries: int
+    ) -> bool:  # pragma: no mutate block
+        """A claim's retry policy: run it again at once when it lost a race (`lost_race`),
+        up to `_RACE_RETRIES` times; counted and logged."""
+        lost_on = lost_race(exc)
+        if tries == _RACE_RETRIES or lost_on is None:
+            return False
+        # Lost a slot (of a scope or a kind) or a rate window to a start this claim
+        # could not see; the next claim sees it, and takes the batch's other items (a
+        # lost finish_and_claim rolled its completions back too: they go again with it).
+        self._race_losses += 1
+        log.info("%s lost a race on %s; sending it again", op.name, lost_on)
+        return True
 
     async def enqueue(
         self,
@@ -381,9 +372,8 @@ class PostgresStore:
         claims again at once, so the batch's other items are still claimed, and the
         lost item waits for the next poll.
         """
-        params = _claim_params(worker_id, lease, limit, scopes, unscoped=unscoped, kinds=kinds)
-        rows = await self._claiming("claim", params)
-        return sorted((operations.claimed_item(row) for row in rows), key=lambda item: item.id)
+        params = wops.claim_params(worker_id, lease, limit, scopes, unscoped=unscoped, kinds=kinds)
+        return await self._run(wops.claim(params), again=self._lost_race)
 
     async def complete_and_claim(
         self,
@@ -402,49 +392,13 @@ class PostgresStore:
         completions too, and both are sent again, as a lost claim is; a completion whose
         row another transaction held is made on its own afterwards, as in
         `complete_batch`."""
-        params = {
-            "ids": [id for id, _ in attempts],
-            "attempts": [a for _, a in attempts],
-            **_claim_params(worker_id, lease, limit, scopes, unscoped=unscoped, kinds=kinds),
-        }
-        rows = await self._claiming("finish_and_claim", params)
-        applied = {row["finished"] for row in rows if row["finished"] is not None}
-        claimed = [
-            operations.claimed_item({k: v for k, v in row.items() if k != "finished"})
-            for row in rows
-            if row["finished"] is None
-        ]
+        params = wops.claim_params(worker_id, lease, limit, scopes, unscoped=unscoped, kinds=kinds)
+        op = wops.finish_and_claim(attempts, params)
+        applied, claimed = await self._run(op, again=self._lost_race)
         for id, attempt in attempts:
             if id not in applied and await self.complete(id, attempt):
                 applied.add(id)
-        return applied, sorted(claimed, key=lambda item: item.id)
-
-    async def _claiming(
-        self, name: str, params: dict[str, Any]
-    ) -> list[dict[str, Any]]:  # pragma: no mutate block
-        """The rows of the claiming statement `name` (`claim`, `finish_and_claim`), sent
-        again when its claim lost a race."""
-
-        async def op(conn: psycopg.AsyncConnection[Any]) -> list[dict[str, Any]]:
-            for retry in range(_RACE_RETRIES + 1):
-                try:
-                    async with conn.cursor(row_factory=dict_row) as cur:
-                        read_as_stored(cur)  # one row's unreadable time fails only its item
-                        await cur.execute(self._sql[name], params)
-                        return await cur.fetchall()
-                except (psycopg.errors.UniqueViolation, psycopg.errors.CheckViolation) as exc:
-                    lost_on = lost_race(exc)
-                    if retry == _RACE_RETRIES or lost_on is None:
-                        raise
-                    # Lost a slot (of a scope or a kind) or a rate window to a start
-                    # this claim could not see; the next claim sees it, and takes the
-                    # batch's other items (a lost finish_and_claim rolled its
-                    # completions back too: they go again with it).
-                    self._race_losses += 1
-                    log.info("%s lost a race on %s; sending it again", name, lost_on)
-            raise AssertionError("unreachable")  # pragma: no cover
-
-        return await self._conns.call(name, op)
+        return applied, claimed
 
     async def seconds_until_due(
         self,
@@ -454,41 +408,19 @@ class PostgresStore:
         unscoped: bool = True,
     ) -> float | None:  # pragma: no mutate block
         """Seconds until the next not-yet-due item a claim could take; None: none."""
-        params = {
-            "kinds": list(kinds),
-            "scopes": None if scopes is None else list(scopes),
-            "unscoped": unscoped,
-        }
-        rows = await self._rows("seconds_until_due", params)
-        seconds: float | None = rows[0]["seconds"]
-        return seconds
+        return await self._run(
+            wops.seconds_until_due(kinds=kinds, scopes=scopes, unscoped=unscoped)
+        )
 
     async def heartbeat(
         self, id: int, attempt: int, lease: float
     ) -> Heartbeat:  # pragma: no mutate block
-        [row] = await self._rows("heartbeat", {"id": id, "attempt": attempt, "lease": lease})
-        if row["lost"]:
-            return Heartbeat.LOST
-        return Heartbeat.CANCEL_REQUESTED if row["cancel_requested"] else Heartbeat.OK
+        return await self._run(wops.heartbeat(id, attempt, lease))
 
     async def heartbeat_many(
         self, attempts: Sequence[tuple[int, int]], lease: float
     ) -> dict[tuple[int, int], Heartbeat]:  # pragma: no mutate block
-        params = {
-            "ids": [id for id, _ in attempts],
-            "attempts": [a for _, a in attempts],
-            "lease": lease,
-        }
-        answers = {}
-        for row in await self._rows("heartbeat_many", params):
-            if row["lost"]:
-                answers[row["id"], row["attempt"]] = Heartbeat.LOST
-            elif row["cancel_requested"] is not None:
-                cancel = row["cancel_requested"]
-                answers[row["id"], row["attempt"]] = (
-                    Heartbeat.CANCEL_REQUESTED if cancel else Heartbeat.OK
-                )
-        return answers
+        return await self._run(wops.heartbeat_many(attempts, lease))
 
     async def _finish(
         self,
@@ -500,16 +432,8 @@ class PostgresStore:
         wait: bool = True,
         traceback: str | None = None,
     ) -> set[int]:  # pragma: no mutate block
-        params = {
-            "ids": [id for id, _ in attempts],
-            "attempts": [a for _, a in attempts],
-            "status": status.value,
-            "reason": reason,
-            "error": error,
-            "wait": wait,
-            "traceback": traceback,
-        }
-        return {row["id"] for row in await self._rows("finish", params)}
+        op = wops.finish(attempts, status, reason, error, wait=wait, traceback=traceback)
+        return await self._run(op)
 
     async def complete(self, id: int, attempt: int) -> bool:  # pragma: no mutate block
         return bool(await self._finish([(id, attempt)], Status.SUCCEEDED))
@@ -543,27 +467,17 @@ class PostgresStore:
         *,
         wait: bool = True,
     ) -> set[int]:  # pragma: no mutate block
-        params = {
-            "ids": [id for id, _ in attempts],
-            "attempts": [a for _, a in attempts],
-            "results": list(results),
-            "wait": wait,
-        }
-        return {row["id"] for row in await self._rows("finish_result", params)}
+        return await self._run(wops.finish_result(attempts, results, wait=wait))
 
     # -- durable steps -----------------------------------------------------------
 
     async def step(self, id: int, name: str) -> tuple[bool, Any]:  # pragma: no mutate block
         """Whether item `id` has step `name` recorded, and its value."""
-        rows = await self._rows("step", {"id": id, "name": name})
-        if not rows:
-            return False, None
-        return True, loads_or_mark(rows[0]["result"])
+        return await self._run(wops.step(id, name))
 
     async def parent_results(self, id: int) -> dict[int, Any]:  # pragma: no mutate block
         """The results of item `id`'s parents, by id (`Context.parent_results`)."""
-        rows = await self._rows("parent_results", {"id": id})
-        return {row["id"]: loads_or_mark(row["result"]) for row in rows}
+        return await self._run(wops.parent_results(id))
 
     async def record_step(
         self,
@@ -613,20 +527,8 @@ class PostgresStore:
         error: str | None = None,
         traceback: str | None = None,
     ) -> bool:  # pragma: no mutate block
-        params = {
-            "ids": [id],
-            "attempts": [attempt],
-            "cause": cause,
-            "delay": delay,
-            "error": error,
-            "traceback": traceback,
-        }
-        rows = await self._rows("requeue", params)
-        if rows and rows[0]["status"] == Status.RUNNING.value:
-            raise StoreError(
-                f"{cause}: an item with the same dedup key is being enqueued; try again"
-            )
-        return bool(rows)
+        op = wops.requeue(id, attempt, cause, delay=delay, error=error, traceback=traceback)
+        return await self._run(op)
 
     async def release(self, id: int, attempt: int) -> bool:  # pragma: no mutate block
         """Back to Queued at its old place in line (or superseded by a dedup sibling)."""
@@ -650,25 +552,21 @@ class PostgresStore:
         with no stall counted."""
         recovered: list[Recovered] = []
         while True:
-            rows = await self._rows(
-                "recover_expired_leases", {"max_stalls": max_stalls, "batch": batch}
-            )
-            recovered += [Recovered(**{**r, "status": Status(r["status"])}) for r in rows]
-            if len(rows) < batch:
+            taken = await self._run(wops.recover_expired_leases(max_stalls, batch))
+            recovered += taken
+            if len(taken) < batch:
                 return recovered
 
     async def held_leases(self, *, batch: int = 100) -> list[HeldLease]:  # pragma: no mutate block
         """Expired items whose row another session has held a whole lease after their
         lease ran out (work_held_leases_v1), the oldest first."""
-        rows = await self._rows("held_leases", {"limit": batch})
-        return [HeldLease(**r) for r in rows]
+        return await self._run(wops.held_leases(batch))
 
     async def settle_noted_scopes(self, *, batch: int = 100) -> int:  # pragma: no mutate block
         """Settle the heads of scopes noted in work_unsettled_scopes; how many."""
         settled = 0
         while True:
-            rows = await self._rows("settle_noted_scopes", {"limit": batch})
-            n: int = rows[0]["settled"]
+            n: int = await self._run(wops.settle_noted_scopes(batch))
             settled += n
             self._scopes_settled += n
             if n < batch:
@@ -676,9 +574,9 @@ class PostgresStore:
 
     async def repair_heads(self, *, batch: int = 1000) -> list[str]:  # pragma: no mutate block
         """Find and fix wedged scopes (there should never be any); the scopes fixed."""
-        rows = await self._rows("repair_heads", {"limit": batch})
-        self._heads_repaired += len(rows)
-        return [row["scope"] for row in rows]
+        scopes = await self._run(wops.repair_heads(batch))
+        self._heads_repaired += len(scopes)
+        return scopes
 
     async def cancel(self, id: int) -> CancelOutcome:  # pragma: no mutate block
         return await self._run(operations.cancel(id))
@@ -703,16 +601,10 @@ class PostgresStore:
             "statuses": [s.value for s in statuses],
             "after": dt.datetime.min.replace(tzinfo=dt.UTC),
         }
-        query = self._sql["delete_finished"]
         deleted = 0
         while True:
-
-            async def op(conn: psycopg.AsyncConnection[Any]) -> list[dt.datetime]:
-                cur = await conn.execute(query, params)
-                return [row[0] for row in await cur.fetchall()]
-
             began = trio.current_time()
-            finished = await self._conns.call("delete_finished", op)
+            finished = await self._run(wops.delete_finished(dict(params)))
             if on_batch is not None:
                 on_batch(len(finished), trio.current_time() - began)
             deleted += len(finished)
@@ -764,13 +656,7 @@ class PostgresStore:
         self, scope: str
     ) -> tuple[list[ScopeHolder], bool]:  # pragma: no mutate block
         """The scope's Running items, in slot order, and whether it still has a head."""
-        rows = await self._rows("scope_holder", {"scope": scope})
-        holders = [
-            ScopeHolder(**{k: v for k, v in row.items() if k != "heads"})
-            for row in rows
-            if row["id"] is not None
-        ]
-        return holders, bool(rows[0]["heads"])
+        return await self._run(wops.scope_holders(scope))
 
     async def set_limit(
         self,
@@ -785,28 +671,25 @@ class PostgresStore:
         `rate` starts per period (`Rate(10, 1.0)` or "10/s"). None keeps what is set.
         Raises InvalidLimit, writing nothing, for a bad one (zero: `clear_limit`)."""
         change = validate_limit(kind, scope, running, rate)
-        rows = await self._rows("set_limit", _limit_params(change))
-        return operations.limit_of(rows[0])
+        return await self._run(wops.set_limit(change))
 
     async def declare_limit(self, declared: LimitChange) -> Declared:  # pragma: no mutate block
         """Put a kind's declared limit in force (`Registry.handler(limit=, rate=)`): its
         running limit and rate become exactly the declared ones (a part declared None is
         removed), unless the database holds exactly those already."""
-        rows = await self._rows("declare_limit", _limit_params(declared))
-        return operations.declared_of(declared, rows[0])
+        return await self._run(wops.declare_limit(declared))
 
     async def clear_limit(
         self, *, kind: str | None = None, scope: str | None = None
     ) -> bool:  # pragma: no mutate block
         """Remove the limit of `kind`, `scope` or (neither) the default; False: none."""
         kind, scope = limit_target(kind, scope)
-        rows = await self._rows("clear_limit", {"kind": kind, "scope": scope})
-        return bool(rows[0]["cleared"])
+        return await self._run(wops.clear_limit(kind, scope))
 
     async def limits(self) -> list[Limit]:  # pragma: no mutate block
         """Every limit, with the Running items, rate-window starts and waiting due
         items it holds now."""
-        return [operations.limit_of(row) for row in await self._rows("limits", {})]
+        return await self._run(wops.limits())
 
     # -- schedules ----------------------------------------------------------------------
 
@@ -816,18 +699,7 @@ class PostgresStore:
         """Write the Worker's schedules to the database (a changed one starts afresh)."""
         now = dt.datetime.now(dt.UTC)
         for schedule in schedules:
-            await self._rows(
-                "sync_schedule",
-                {
-                    "name": schedule.name,
-                    "kind": schedule.kind,
-                    "scope": schedule.scope,
-                    "payload": json.dumps({} if schedule.payload is None else schedule.payload),
-                    "priority": schedule.priority,
-                    "spec": schedule.spec,
-                    "next_due": first_due(schedule, now),
-                },
-            )
+            await self._run(wops.sync_schedule(schedule, now))
 
     async def fire_schedules(
         self, schedules: Sequence[Schedule]
@@ -876,35 +748,10 @@ class PostgresStore:
     async def advertise(self, worker: WorkerInfo) -> None:  # pragma: no mutate block
         """Record (or refresh) a Worker in the Workers table; ConfigurationError when
         another live Worker holds its id."""
-        params = {
-            "id": worker.id,
-            "host": worker.host,
-            "pid": worker.pid,
-            "kinds": list(worker.kinds),
-            "scopes": None if worker.scopes is None else list(worker.scopes),
-            "unscoped": worker.unscoped,
-            "concurrency": worker.concurrency,
-            "advertise_every": worker.advertise_every,
-            "alive_beats": ALIVE_BEATS,
-            "alive_within": ALIVE_WITHIN,
-            "gone_pid": None,
-        }
-        if await self._rows("advertise_worker", params):
-            return
-        holders = await self._rows("worker_holding", {"id": worker.id})
-        holder = holders[0] if holders else {}
-        # A Worker of this host whose process has ended (SIGKILLed, restarted under its
-        # id by a supervisor) holds it no more: taken over at once, not after its window.
-        taken_over = (
-            holder.get("host") == worker.host
-            and process_gone(holder["pid"])
-            and await self._rows("advertise_worker", {**params, "gone_pid": holder["pid"]})
-        )
-        if not taken_over:
-            raise id_in_use(worker.id, **holder)
+        await self._run(wops.advertise(worker, gone=process_gone))
 
     async def worker_stopped(self, worker_id: str) -> None:  # pragma: no mutate block
-        await self._rows("worker_stopped", {"id": worker_id})
+        await self._run(wops.worker_stopped(worker_id))
 
     async def attempts(self, id: int) -> list[AttemptRecord]:  # pragma: no mutate block
         """How each attempt of item `id` ended (its last 20 that did not succeed, and
@@ -1021,14 +868,3 @@ async def open_store(
     finally:
         with trio.CancelScope(shield=True):
             await store.close()
-
-
-def _limit_params(change: LimitChange) -> dict[str, Any]:  # pragma: no mutate block
-    rate = change.rate
-    return {
-        "kind": change.kind,
-        "scope": change.scope,
-        "running": change.running,
-        "rate": None if rate is None else rate.count,
-        "per": None if rate is None else rate.per,
-    }
