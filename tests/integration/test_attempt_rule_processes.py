@@ -288,12 +288,14 @@ def test_whatever_a_handler_raises_is_its_items_error_and_the_worker_goes_on(
     """Finding 5, what tests/integration/test_hostile_input.py does not raise: a
     __str__ raising KeyboardInterrupt, SystemExit or BaseException, a forged
     trio.Cancelled alone and in a group, a group nested 2,000 deep, each raised while
-    two innocent items claimed with them run; and, after a cancel request, an exception
-    whose __repr__ raises KeyboardInterrupt. Each hostile item is Failed with its error
-    stored (the cancelled one Cancelled), none stalled; the innocent ones and one
-    enqueued afterwards Succeeded, and the one Worker process that ran them all is
-    still running."""
-    innocent = [enqueue(pg, "Record", {"seconds": 0.5}, scope=f"i{n}") for n in range(2)]
+    two innocent items claimed with them run (in one claim: one started_at; they run
+    until every hostile item has ended, and are Running then); and, after a cancel
+    request, an exception whose __repr__ raises KeyboardInterrupt. Each hostile item is
+    Failed with its error stored (the cancelled one Cancelled), none stalled; the
+    innocent ones and one enqueued afterwards Succeeded, and the one Worker process
+    that ran them all is still running."""
+    let_go = tmp_path / "let-go"
+    innocent = [enqueue(pg, "Outwaits", {"until": str(let_go)}, scope=f"i{n}") for n in range(2)]
     hostile = {what: enqueue(pg, "Hostile", {"raise": what}) for what in HOSTILE}
     after_cancel = enqueue(
         pg, "Hostile", {"raise": "repr raises KeyboardInterrupt after a cancel request"}
@@ -306,16 +308,26 @@ def test_whatever_a_handler_raises_is_its_items_error_and_the_worker_goes_on(
             "the handler to wait for its cancel",
         )
         pg.execute("UPDATE work_items SET cancel_requested = true WHERE id = %s", [after_cancel])
+        finished(pg, [*hostile.values(), after_cancel], timeout=30)
+        still = pg.execute(
+            "SELECT status FROM work_items WHERE id = ANY(%s)", [innocent]
+        ).fetchall()
+        let_go.touch()
         items = finished(pg, [*hostile.values(), *innocent, after_cancel], timeout=30)
         later = enqueue(pg, "Record", {"seconds": 0.1})
         assert finished(pg, [later], timeout=30)[later]["status"] == "Succeeded"
         assert worker.proc.poll() is None, worker.output()
         output = worker.output()
-    # Claimed together: each hostile item raised (0.1 s after it started) while both
-    # innocent ones ran (0.5 s each).
-    starts = [e["t"] for e in events(tmp_path, "start") if e["id"] != later]
-    ends = [e["t"] for e in events(tmp_path, "end") if e["id"] in innocent]
-    assert len(starts) == len(HOSTILE) + 3 and max(starts) + 0.1 < min(ends)
+    # Claimed together (one claim, one transaction's now()), and every hostile item
+    # ended while both innocent ones ran.
+    claimed = pg.execute(
+        "SELECT count(DISTINCT started_at) FROM work_items WHERE id = ANY(%s)",
+        [[*hostile.values(), *innocent, after_cancel]],
+    ).fetchone()
+    assert claimed == (1,)
+    assert still == [("Running",), ("Running",)]
+    ends = [e["id"] for e in events(tmp_path, "end") if e["id"] != later]
+    assert sorted(ends) == sorted(innocent)
     errors = {what: (items[id]["status"], items[id]["stalls"]) for what, id in hostile.items()}
     assert errors == {what: ("Failed", 0) for what in HOSTILE}
     for what, id in hostile.items():
