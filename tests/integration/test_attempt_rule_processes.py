@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import psycopg
+import pytest
 
 from examples.media._observer import overlaps
 from tests.integration.test_fail_stop_outside import advertised, events
@@ -133,11 +134,18 @@ def first_attempts(tmp_path: Path, event: str) -> list[dict[str, Any]]:
 
 def assert_as_in_finding_1(times: dict[str, float]) -> None:
     """Stopped first, the self-stop deadline passed while the handler cleaned up, then
-    the link healed, and after that the handler ended, well within its stop grace."""
+    the link healed, and after that the handler ended, well within its stop grace.
+
+    The finding is about times: a cancel (the kind's 2.5 s timeout, or the shutdown
+    grace) that comes before the self-stop deadline (lease/2 after the last good
+    heartbeat), a cleanup that outlives it and ends within the stop grace. Those are
+    the configured settings' own times, so the tests that build it run alone
+    (tests/support/alone.py): another test competing for the cores could move them."""
     assert times["cancelled"] < times["deadline"] < times["healed"] < times["end"]
     assert times["end"] < times["cancelled"] + CUT.stop_grace
 
 
+@pytest.mark.alone
 def test_a_cut_off_attempt_writes_nothing_past_its_deadline_though_its_timeout_came_first(
     dsn: str, pg: Conn, tmp_path: Path
 ) -> None:
@@ -156,6 +164,7 @@ def test_a_cut_off_attempt_writes_nothing_past_its_deadline_though_its_timeout_c
     assert run.again[0]["t"] > run.times["end"] and run.code is None
 
 
+@pytest.mark.alone
 def test_a_cut_off_attempt_writes_nothing_past_its_deadline_though_a_shutdown_came_first(
     dsn: str, pg: Conn, tmp_path: Path
 ) -> None:
@@ -197,6 +206,7 @@ def test_a_handler_reaching_for_its_scope_gets_an_attribute_error_and_the_worker
     assert reached == [(ids[0], "start"), (ids[1], "start")]  # neither went on
 
 
+@pytest.mark.alone
 def test_a_handler_that_ignores_its_deadline_is_still_stopped_at_it(
     dsn: str, pg: Conn, tmp_path: Path
 ) -> None:
@@ -204,7 +214,10 @@ def test_a_handler_that_ignores_its_deadline_is_still_stopped_at_it(
     its cancel and goes on, shielded, writing a line every 0.1 s; its link is cut. Its
     Worker fail-stops (run exits 70) a stop grace after the self-stop deadline, before
     the lease ends; another Worker then runs the item's next attempt, and the defiant
-    handler wrote nothing after that began."""
+    handler wrote nothing after that began. Before the lease ends is the property (the
+    fail-stop is what keeps two attempts from running at once), a bound in seconds
+    from the settings (deadline + stop grace, lease - lease/2): it runs alone
+    (tests/support/alone.py)."""
     proxy = ProxyThread(*target_of(dsn))
     try:
         with workers(tmp_path) as start:
