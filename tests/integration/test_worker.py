@@ -305,6 +305,7 @@ def test_a_second_sigint_exits_at_once(dsn: str, pg: Conn, tmp_path: Path) -> No
     assert pg.execute("SELECT status FROM work_items").fetchone() == ("Running",)
 
 
+@pytest.mark.alone  # dead before the lease ends: a bound in seconds from SHORT
 @pytest.mark.parametrize("kind", ["BlockLoop", "IgnoreCancel"])
 def test_a_handler_that_will_not_stop_makes_the_worker_fail_stop(
     dsn: str, pg: Conn, tmp_path: Path, kind: str
@@ -330,6 +331,7 @@ def test_a_handler_that_will_not_stop_makes_the_worker_fail_stop(
     assert running_per_scope(pg) == {"x": 1}  # left for lease recovery; never Failed
 
 
+@pytest.mark.alone  # within its stop grace: a bound in seconds from SHORT
 async def test_a_handler_cut_off_inside_its_transaction_stops_within_its_grace(
     dsn: str, pg: Conn
 ) -> None:
@@ -379,5 +381,5 @@ async def test_a_handler_cut_off_inside_its_transaction_stops_within_its_grace(
         # as errors of asyncio tasks the closing loop would still be running.
         await cut_store.close()
     assert failstops == []
-    assert returned_at[0] - cancelled_at[0] < 0.5
+    assert returned_at[0] - cancelled_at[0] < SHORT.stop_grace / 2
     assert pg.execute("SELECT count(*) FROM notes").fetchone() == (0,)
