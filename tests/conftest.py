@@ -2,11 +2,13 @@
 import trio_asyncio  # noqa: F401  isort: skip
 
 import logging
+import os
 from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 import pytest
 
+from tests.support.alone import turn
 from tests.support.clients import through_async_client, through_sync_client
 from tests.support.database import Databases, server_dsn
 from tests.support.harness import Harness, MemoryHarness, PostgresHarness
@@ -43,6 +45,20 @@ def _escape_surrogates(value: object) -> object:
     if isinstance(value, list | tuple):
         return type(value)(_escape_surrogates(v) for v in value)
     return value
+
+
+@pytest.fixture(autouse=True)
+def _alone(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Under pytest-xdist, a test marked `alone` runs while no other test does
+    (tests/support/alone.py); its workers share their base temp directory's parent."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    run_dir = tmp_path_factory.getbasetemp().parent
+    with turn(run_dir, alone=request.node.get_closest_marker("alone") is not None):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,19 @@ from trioworker import Context, Registry, RetryPolicy, WorkItem
 
 registry = Registry()
 registry.handler("Record")(record_attempt)
+
+
+@registry.handler("Outwaits")
+async def outwaits(item: WorkItem, ctx: Context) -> None:
+    """Runs until payload["until"] exists (the test's sign that other items are done),
+    recording its start and end."""
+    record("start", item, ctx)
+    until = trio.Path(item.payload["until"])
+    while not await until.exists():  # noqa: ASYNC110  another process's sign
+        await trio.sleep(0.05)
+    record("end", item, ctx)
+
+
 ONCE = RetryPolicy(max_attempts=1)
 #: The kind TimedOut's timeout: shorter than half the tests' lease, so it comes first.
 TIMEOUT = 2.5

@@ -8,6 +8,10 @@ Lease 8 s, heartbeat 1 s, stop grace 2 s (as in the issue's finding): a cut-off 
 self-stops 4 s after its last good heartbeat, its supervisor kills the Worker 2 s (the
 grace) + 1 s (the kill margin) later, and another Worker may take the item once the
 lease has run out, at 8 s.
+
+"Before the lease ends" is the fail-stop's property (it is what keeps a stuck attempt
+from running beside the next one), a bound in seconds from those settings: the tests
+that hold it run alone (tests/support/alone.py), no other test competing for the cores.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.integration.test_worker import target_of
 from tests.support.fault_proxy import ProxyThread
@@ -61,6 +66,7 @@ def lateness(output: str) -> float:
     return float(found[1])
 
 
+@pytest.mark.alone
 def test_a_handler_holding_the_gil_is_killed_before_its_lease_ends(
     dsn: str, pg: Conn, tmp_path: Path
 ) -> None:
@@ -125,6 +131,7 @@ def fill(fd: int) -> None:
             os.write(fd, b"x")
 
 
+@pytest.mark.alone
 def test_a_worker_blocked_on_a_full_stderr_is_killed_and_run_still_exits_70(
     dsn: str, pg: Conn, tmp_path: Path
 ) -> None:

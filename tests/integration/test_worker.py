@@ -32,6 +32,9 @@ from trioworker import (
 from trioworker._core.model import Heartbeat
 
 SHORT = Settings(lease=4, heartbeat=1, poll=1, stop_grace=1, recovery_every=0.5)
+#: psycopg's own cancel of a query on a dead link: cancel_safe(timeout=5) inside the
+#: asyncio task, ~10.5 s (docs PITFALLS), which the store must not wait for.
+PSYCOPG_CANCEL_PATH = 10.5
 FAST = ["--lease", "4", "--heartbeat", "1", "--poll", "1", "--stop-grace", "1"]
 Conn = psycopg.Connection[Any]
 
@@ -67,13 +70,16 @@ class TimedStore(PostgresStore):
         return await super().fail(id, attempt, reason, error)
 
 
+@pytest.mark.alone
 async def test_a_blackholed_worker_stops_itself_and_another_worker_finishes_the_item(
     dsn: str, pg: Conn
 ) -> None:
     """Cut one Worker's link mid-handler (no socket closed): its handler is cancelled
     within lease/2 + 0.5 s, every heartbeat call returns within one interval, a second
     Worker reclaims the item after the lease expires and completes it: Succeeded,
-    stalls = 1, never Failed.
+    stalls = 1, never Failed. The self-stop's deadline and the heartbeat's interval
+    are its property, bounds in seconds from SHORT: it runs alone
+    (tests/support/alone.py), no other test competing for the cores.
     """
     registry = Registry()
     events: list[tuple[str, str, float]] = []
@@ -137,7 +143,9 @@ async def test_a_blackholed_worker_stops_itself_and_another_worker_finishes_the_
 
 async def test_a_store_call_on_a_dead_link_gives_control_back_at_once(dsn: str) -> None:
     """Cancelling a query on a blackholed link returns in well under psycopg's own
-    ~10.5 s cancel path, and the call as a whole is bounded by the call timeout."""
+    ~10.5 s cancel path, and the call as a whole is bounded by the call timeout. (The
+    bounds are half that path, what a loaded machine cannot come near: the cancel
+    returns in about 0.3 s, the call in its 1.5 s.)"""
     proxy = FaultProxy(*target_of(dsn))
     async with trio.open_nursery() as nursery:
         await nursery.start(proxy.run)
@@ -147,11 +155,11 @@ async def test_a_store_call_on_a_dead_link_gives_control_back_at_once(dsn: str) 
             begun = trio.current_time()
             with trio.move_on_after(0.3):
                 await store.enqueue("A")
-            assert trio.current_time() - begun < 0.8
+            assert trio.current_time() - begun < PSYCOPG_CANCEL_PATH / 2
             begun = trio.current_time()
             with pytest.raises(StoreTimeout):
                 await store.enqueue("A")
-            assert trio.current_time() - begun < 2.5
+            assert trio.current_time() - begun < PSYCOPG_CANCEL_PATH / 2
             proxy.heal()
             assert (await store.enqueue("B")).id > 0  # the store recovers
         nursery.cancel_scope.cancel()
@@ -297,6 +305,7 @@ def test_a_second_sigint_exits_at_once(dsn: str, pg: Conn, tmp_path: Path) -> No
     assert pg.execute("SELECT status FROM work_items").fetchone() == ("Running",)
 
 
+@pytest.mark.alone  # dead before the lease ends: a bound in seconds from SHORT
 @pytest.mark.parametrize("kind", ["BlockLoop", "IgnoreCancel"])
 def test_a_handler_that_will_not_stop_makes_the_worker_fail_stop(
     dsn: str, pg: Conn, tmp_path: Path, kind: str
@@ -322,6 +331,7 @@ def test_a_handler_that_will_not_stop_makes_the_worker_fail_stop(
     assert running_per_scope(pg) == {"x": 1}  # left for lease recovery; never Failed
 
 
+@pytest.mark.alone  # within its stop grace: a bound in seconds from SHORT
 async def test_a_handler_cut_off_inside_its_transaction_stops_within_its_grace(
     dsn: str, pg: Conn
 ) -> None:
@@ -371,5 +381,5 @@ async def test_a_handler_cut_off_inside_its_transaction_stops_within_its_grace(
         # as errors of asyncio tasks the closing loop would still be running.
         await cut_store.close()
     assert failstops == []
-    assert returned_at[0] - cancelled_at[0] < 0.5
+    assert returned_at[0] - cancelled_at[0] < SHORT.stop_grace / 2
     assert pg.execute("SELECT count(*) FROM notes").fetchone() == (0,)
