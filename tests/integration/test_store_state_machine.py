@@ -139,7 +139,7 @@ def lockstep_machine(
             """The settle pass a limit's change asks the Workers for (on its NOTIFY):
             a raised limit gives a busy scope its next heads. The in-memory claim reads
             the lines themselves, so it has nothing to settle."""
-            trio.from_thread.run(lambda: self.pg.store.settle_noted_scopes())
+            trio.from_thread.run(self.pg.store.settle_noted_scopes)
 
         def running(self) -> list[int]:
             """Claimed items Running at their latest claim's attempt, as last seen."""
