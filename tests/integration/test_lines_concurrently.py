@@ -353,17 +353,9 @@ class Run:
 
     def finish(self) -> None:
         """End every open transaction (commit or roll back, by the seed), then drain."""
-        for _ in range(100):
-            self.harvest()
-            open_ = [s for s in self.sessions if s.in_transaction and s.pending is None]
-            if not open_ and not any(s.pending for s in self.sessions):
-                break
-            for session in open_:
-                self.end(session, commit=self.rng.random() < 0.7)
-                self.harvest()
-            self.driver.settle()
-        else:
-            raise AssertionError("sessions never finished")
+        self.driver.end_every_transaction(
+            self.harvest, lambda session: self.end(session, commit=self.rng.random() < 0.7)
+        )
         self.check()
         assert self.observer.execute("SELECT * FROM work_repair_v1(1000)").fetchall() == []
         self.drain()

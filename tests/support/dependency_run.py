@@ -343,17 +343,9 @@ class DagRun:
     def finish(self) -> None:
         """End every transaction (commit, or roll back, by the seed), one settle pass:
         nothing Waiting whose parents have all ended. Then drain: every item ends."""
-        for _ in range(100):
-            self.harvest()
-            open_ = [s for s in self.sessions if s.in_transaction and s.pending is None]
-            if not open_ and not any(s.pending for s in self.sessions):
-                break
-            for session in open_:
-                self.end(session, commit=self.rng.random() < 0.8)
-                self.harvest()
-            self.driver.settle()
-        else:
-            raise AssertionError("sessions never finished")
+        self.driver.end_every_transaction(
+            self.harvest, lambda session: self.end(session, commit=self.rng.random() < 0.8)
+        )
         self.check()
         o = self.observer
         deps.settle_pass(o, 1000)

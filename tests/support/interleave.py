@@ -129,3 +129,21 @@ class Driver:
         session.pending = None
         error = future.exception()
         return (None, error) if error is not None else (future.result(), None)
+
+    def end_every_transaction(
+        self, harvest: Callable[[], None], end: Callable[[Session], None]
+    ) -> None:
+        """End each session's open transaction with `end(session)` (a commit or a
+        rollback, as the run's seed says) once its pending statement has finished,
+        collecting results with `harvest()`, until no transaction is open and nothing
+        is pending (a statement an ended transaction released goes on in between)."""
+        for _ in range(100):
+            harvest()
+            open_ = [s for s in self.sessions if s.in_transaction and s.pending is None]
+            if not open_ and not any(s.pending for s in self.sessions):
+                return
+            for session in open_:
+                end(session)
+                harvest()
+            self.settle()
+        raise AssertionError("sessions never finished")
