@@ -75,7 +75,7 @@ CREATE INDEX bench_plain_queued ON work_items (priority DESC, run_after, id)
 -- name: claim
 -- trioworker's claim as plain SQL calls it: the public function, one item of the
 -- kinds the benchmark's Worker serves.
-SELECT id, kind, scope, attempt FROM work_claim_v1(%(worker_id)s, %(lease)s, 1, %(kinds)s);
+SELECT id, kind, scope, attempt FROM work_claim_v2(%(worker_id)s, %(lease)s, 1, %(kinds)s);
 
 -- name: plain_claim
 -- The baseline: a claim without scope lines, so it walks every Queued item of a busy
@@ -250,7 +250,7 @@ DECLARE
 BEGIN
     FOR i IN 1..p_n LOOP
         BEGIN
-            PERFORM * FROM work_claim_v1('bench', 60, 1, ARRAY['Free']);
+            PERFORM * FROM work_claim_v2('bench', 60, 1, ARRAY['Free']);
             RAISE EXCEPTION 'undo' USING ERRCODE = 'P0001';
         EXCEPTION WHEN raise_exception THEN
             NULL;
@@ -272,7 +272,7 @@ SELECT 'Filler', 'loop-' || (g %% 50) FROM generate_series(1, %(n)s) AS g;
 
 -- name: floor_claim
 -- The Worker's claim function for unscoped items of one kind, %(limit)s at a time.
-SELECT id, attempt FROM work_claim_v1(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s);
+SELECT id, attempt FROM work_claim_v2(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s);
 
 -- name: floor_finish
 -- The Worker's completion of many attempts in one statement.

@@ -1,24 +1,28 @@
--- A kind at its limit no longer cuts a claim short (issue 36; found by the lockstep
--- state machine, tests/integration/test_store_state_machine.py).
+-- A kind at its limit no longer cuts a claim short: work_claim_v2 and
+-- work_finish_and_claim_v2 (issue 36; found by the lockstep state machine,
+-- tests/integration/test_store_state_machine.py).
 --
 -- work_claim_v1 read a round's candidates across every kind, up to the batch, and only
 -- then kept no more of a kind than its running limit and rate let start. Candidates of
 -- a kind with room for one could fill the window, so a claim for three, with a kind K
 -- at room 1 and three due K items ahead of a due L item, took one K item and came back
 -- short: L waited for the next poll, though a short claim is meant to say that nothing
--- more could start. Each kind's room is now applied to the candidates themselves,
--- before the window is cut, so the window holds only items that may start. And a
--- scope whose first item a kind's room held back (its item of another kind could
+-- more could start. work_claim_v2 applies each kind's room to the candidates
+-- themselves, before the window is cut, so the window holds only items that may start.
+-- A scope whose first item a kind's room held back (its item of another kind could
 -- start) is read again in a next round, which no longer reads the kind that is full.
 -- And a round that took an item of a scope whose limit is over one goes round again
 -- even when its settle made no new head: the scope's other lines (one per kind and
 -- priority) may have heads already, which the old loop left for the next poll.
 --
--- The function keeps its name and signature (Workers of every version call it, and
--- work_finish_and_claim_v1 through it): only the `candidates` step changed.
+-- The versions stand side by side (ADR 0009): a Worker of an older release still calls
+-- work_claim_v1 and work_finish_and_claim_v1, unchanged; this release's call _v2. The
+-- pattern of work_secure_transitions() (0003.dependencies) and of docs/grants.sql
+-- covers the new claim (post-apply.secure-transitions.sql secures it);
+-- work_finish_and_claim_v2 runs as its caller, as _v1 does.
 -- depends: 0003.dependencies
 
-CREATE OR REPLACE FUNCTION work_claim_v1(
+CREATE FUNCTION work_claim_v2(
     p_worker text, p_lease double precision, p_limit integer, p_kinds text[],
     p_scopes text[] DEFAULT NULL, p_unscoped boolean DEFAULT true
 ) RETURNS SETOF work_items
@@ -235,3 +239,22 @@ BEGIN
 END
 $$;
 
+
+-- work_finish_and_claim_v1 with work_claim_v2's claim: the finish of work_finish_v1
+-- (Succeeded, rows another transaction holds passed over), then the claim, which sees
+-- the items just finished as finished. Runs as its caller (SECURITY INVOKER), as _v1.
+CREATE FUNCTION work_finish_and_claim_v2(
+    p_ids bigint[], p_attempts integer[], p_worker text, p_lease double precision,
+    p_limit integer, p_kinds text[], p_scopes text[] DEFAULT NULL,
+    p_unscoped boolean DEFAULT true
+) RETURNS TABLE (finished bigint, item work_items)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT f, NULL::work_items
+                 FROM work_finish_v1(p_ids, p_attempts, 'Succeeded', NULL, NULL, false, NULL)
+                      AS f;
+    RETURN QUERY SELECT NULL::bigint, c
+                 FROM work_claim_v2(p_worker, p_lease, p_limit, p_kinds, p_scopes, p_unscoped)
+                      AS c;
+END
+$$;

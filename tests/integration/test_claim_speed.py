@@ -4,7 +4,7 @@ A claim that walks the backlog (a plain NOT EXISTS over every Queued item) reads
 times the pages behind 20,000 items of busy scopes that it reads on a near-empty
 queue; the claim over scope heads does not. Its cost here is the work EXPLAIN
 (ANALYZE, BUFFERS) shows for the store's own claim statement (the buffers it touched,
-work_claim_v1's body included), not its time: the count is the same on an idle machine
+work_claim_v2's body included), not its time: the count is the same on an idle machine
 and a loaded one, where a time is not (the machine is shared, and the suite runs a
 pytest worker a core). Each claim is rolled back, so every sample claims the same
 item. The timed benchmark is `python -m bench hol`.
@@ -21,7 +21,7 @@ from trioworker._postgres.queries import WRITTEN
 
 BUSY_SCOPES = 200
 BEHIND_EACH = 100  # 20,000 Queued items behind busy scopes
-WARM_UP = 2  # the first plans work_claim_v1's statements (the catalog's pages)
+WARM_UP = 2  # the first plans work_claim_v2's statements (the catalog's pages)
 SAMPLES = 5
 #: Behind the backlog the claim touches 55 buffers, on a near-empty queue 53 (a
 #: deeper index); one that walks the backlog, about 900.

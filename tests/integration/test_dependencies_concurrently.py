@@ -485,7 +485,7 @@ def test_a_queued_parent_is_claimed_while_a_child_naming_it_is_being_enqueued(
 
     Today it does not: the child's row in work_dependencies takes a FOR KEY SHARE lock
     on its parent (the foreign key), held until the caller's transaction ends, and
-    work_claim_v1 locks its candidates FOR UPDATE SKIP LOCKED, which that lock blocks:
+    work_claim_v2 locks its candidates FOR UPDATE SKIP LOCKED, which that lock blocks:
     the parent is passed over by every claim until the caller commits. (FOR NO KEY
     UPDATE, which work_recover_v1 takes for this reason, would not conflict.)"""
     caller = sessions[0]

@@ -244,7 +244,7 @@ class LimitedRun(lines.Run):
             o.execute("SELECT * FROM work_recover_v1(1000000, 1000)")
             o.execute("SELECT work_settle_noted_v1(1000)")
             claimed = o.execute(
-                "SELECT id, attempt, kind, started_at FROM work_claim_v1('drain', 60, 50, %s)",
+                "SELECT id, attempt, kind, started_at FROM work_claim_v2('drain', 60, 50, %s)",
                 (KINDS,),
             ).fetchall()
             self.rated_starts += [r[3] for r in claimed if r[2] == RATED]
@@ -291,7 +291,7 @@ class LimitedRun(lines.Run):
                 ("locks", "SELECT locktype, objid, mode, granted, pid FROM pg_locks"
                  " WHERE locktype = 'advisory'", ()),
                 ("due", "SELECT work_seconds_until_due_v1(%s)", (KINDS,)),
-                ("claim", "SELECT id FROM work_claim_v1('why', 60, 50, %s)", (KINDS,)),
+                ("claim", "SELECT id FROM work_claim_v2('why', 60, 50, %s)", (KINDS,)),
             ]
         )  # fmt: skip
 

@@ -383,8 +383,11 @@ DEFINER_TRIGGERS = {
     "work_items_wait_for_parents", "work_items_release_children", "work_items_after_parents",
     "work_items_keep_needed_parents",
 }  # fmt: skip
-#: The transitions at a second version (0003.dependencies), beside the first.
-SECOND_VERSIONS = {"work_request_cancel_v2", "work_settle_noted_v2", "work_delete_finished_v2"}
+#: The transitions at a second version (0003.dependencies, 0004.claim-kind-room),
+#: beside the first.
+SECOND_VERSIONS = {
+    "work_request_cancel_v2", "work_settle_noted_v2", "work_delete_finished_v2", "work_claim_v2",
+}  # fmt: skip
 
 
 def definers(conn: Conn, schema: str) -> dict[str, tuple[bool, bool]]:
@@ -543,7 +546,7 @@ def test_the_client_role_enqueues_after_other_items_and_a_worker_releases_them(
         assert gone is not None and gone.reason == f"parent {child} was cancelled"
     with psycopg.connect(roles.dsn(WORKER), autocommit=True) as conn:
         [(id, attempt)] = conn.execute(
-            "SELECT id, attempt FROM work_claim_v1('w', 30, 1, ARRAY['Record'])"
+            "SELECT id, attempt FROM work_claim_v2('w', 30, 1, ARRAY['Record'])"
         ).fetchall()
         assert id == parent
         conn.execute("SELECT work_finish_v1(%s, %s, 'Succeeded')", [[id], [attempt]])
