@@ -86,11 +86,12 @@ def test_items_keep_their_line_numbers_and_their_parents() -> None:
 def test_an_items_error_by_index_is_said_by_its_line() -> None:
     """enqueue_many's error about one item (an unknown parent) names its line instead;
     any other error is left as it is."""
-    unknown = InvalidWorkItem("item 2: after names items that do not exist: 9", index=2)
+    unknown = InvalidWorkItem.of_item(2, "after names items that do not exist: 9")
+    assert str(unknown) == "item 2: after names items that do not exist: 9"
     assert str(on_its_line(unknown, [1, 3, 8])) == (
         "line 8: after names items that do not exist: 9"
     )
-    assert str(on_its_line(InvalidWorkItem("item 0: x", index=0), [4])) == "line 4: x"
+    assert str(on_its_line(InvalidWorkItem.of_item(0, "item 0: x"), [4])) == "line 4: item 0: x"
     other = InvalidWorkItem("item 0: after names items that do not exist: 9")
     assert on_its_line(other, [1]) is other
     beyond = InvalidWorkItem("item 3: x", index=3)

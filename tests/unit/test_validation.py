@@ -470,4 +470,7 @@ def test_enqueue_many_names_the_bad_items_index() -> None:
     """validate_many's error carries the index of the item it is about."""
     with pytest.raises(InvalidWorkItem, match=r"^item 1: after: 0 is not an item id$") as bad:
         validate_many([NewItem("K"), NewItem("K", after=[0])], now=NOW)
-    assert bad.value.index == 1
+    assert (bad.value.index, bad.value.reason) == (1, "after: 0 is not an item id")
+    with pytest.raises(InvalidWorkItem, match=r"^item 1: a NewItem, not str$") as bad:
+        validate_many([NewItem("K"), "K"], now=NOW)  # type: ignore[list-item]
+    assert (bad.value.index, bad.value.reason) == (1, "a NewItem, not str")

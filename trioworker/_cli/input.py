@@ -187,5 +187,4 @@ def on_its_line(error: InvalidWorkItem, numbers: Sequence[int]) -> InvalidWorkIt
     exist), naming that item's line instead: `numbers` are the items' lines."""
     if error.index is None or error.index >= len(numbers):
         return error
-    message = str(error).removeprefix(f"item {error.index}: ")
-    return InvalidWorkItem(f"line {numbers[error.index]}: {message}")
+    return InvalidWorkItem(f"line {numbers[error.index]}: {error.reason}")

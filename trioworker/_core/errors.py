@@ -33,9 +33,18 @@ class InvalidWorkItem(TrioWorkerError, ValueError):
     """Input to enqueue that cannot become a work item; nothing was written. `index`:
     the item's place in an `enqueue_many` batch, when the error is one item's."""
 
-    def __init__(self, message: str, *, index: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, index: int | None = None, reason: str | None = None
+    ) -> None:
         super().__init__(message)
         self.index = index
+        #: What is wrong, without the item's place (which `str(error)` names).
+        self.reason = message if reason is None else reason
+
+    @classmethod
+    def of_item(cls, index: int, reason: object) -> InvalidWorkItem:
+        """Item `index` of a batch is refused: "item 3: <reason>", the parts kept."""
+        return cls(f"item {index}: {reason}", index=index, reason=str(reason))
 
 
 class InvalidLimit(TrioWorkerError, ValueError):

@@ -97,7 +97,7 @@ def validate_many(
     requests = []
     for index, item in enumerate(items):
         if not isinstance(item, NewItem):
-            raise InvalidWorkItem(f"item {index}: a NewItem, not {type(item).__name__}")
+            raise InvalidWorkItem.of_item(index, f"a NewItem, not {type(item).__name__}")
         try:
             requests.append(
                 validate_enqueue(
@@ -114,7 +114,7 @@ def validate_many(
                 )
             )
         except InvalidWorkItem as exc:
-            raise InvalidWorkItem(f"item {index}: {exc}", index=index) from None
+            raise InvalidWorkItem.of_item(index, exc) from None
     return requests
 
 

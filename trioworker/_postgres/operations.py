@@ -172,7 +172,7 @@ def _enqueue_many_steps(requests: Sequence[EnqueueRequest]) -> Steps[list[Enqueu
     unknown = yield from _unknown_items(sorted({id for r in requests for id in r.after}))
     for index, request in enumerate(requests):
         if missing := [id for id in request.after if id in unknown]:
-            raise InvalidWorkItem(f"item {index}: {_no_such_parents(missing)}", index=index)
+            raise InvalidWorkItem.of_item(index, _no_such_parents(missing))
     rows = yield Query(
         "enqueue_many",
         {

@@ -545,7 +545,7 @@ class MemoryStore:
         await self._enter("enqueue_many")
         for index, request in enumerate(requests):
             if refused := self._unknown_parents(request, fenced):
-                raise InvalidWorkItem(f"item {index}: {refused}", index=index)
+                raise InvalidWorkItem.of_item(index, refused)
         enqueued = [self._insert(request, now, fenced) for request in requests]
         if fenced is None:
             self._commit_waiting(e.id for e in enqueued)
