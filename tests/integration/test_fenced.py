@@ -108,16 +108,18 @@ async def test_a_fenced_transaction_holds_the_item_against_recovery(
 
 
 class RecoveryPassStore(PostgresStore):
-    """Says when its Worker's first lease-recovery pass is over, so that a test's own
-    recovery cannot race it (the Worker's first pass runs alongside its first claim)."""
+    """Says when its Worker's first recovery pass is over, so that a test's own recovery
+    cannot race it (the Worker's first pass runs alongside its first claim). The pass
+    ends with repair_heads: before it, held_leases locks each overdue row for an instant
+    (FOR NO KEY UPDATE SKIP LOCKED), and a recovery meanwhile passes over that row."""
 
     def __init__(self, dsn: str) -> None:
         super().__init__(dsn)
         self.first_pass = trio.Event()
 
-    async def recover_expired_leases(self, max_stalls: int, *, batch: int = 100) -> list[Any]:
+    async def repair_heads(self, *, batch: int = 1000) -> list[str]:
         try:
-            return await super().recover_expired_leases(max_stalls, batch=batch)
+            return await super().repair_heads(batch=batch)
         finally:
             self.first_pass.set()
 
