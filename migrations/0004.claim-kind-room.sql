@@ -53,7 +53,7 @@ BEGIN
     -- the scope is full), and while the batch is not full and a settle made heads, the
     -- claim goes round again: a claim comes back short only when nothing more was due.
     -- These settles never wait for a settle lock: a transaction that finished items
-    -- first (work_finish_and_claim_v1) holds theirs, and a second set taken in another
+    -- first (work_finish_and_claim_v2) holds theirs, and a second set taken in another
     -- order could wait on a transaction waiting on it. A scope whose lock is taken is
     -- noted for a later settle.
     LOOP
@@ -108,6 +108,10 @@ BEGIN
                               WHERE r.scope = h.scope AND r.scope_slot IS NOT NULL
                               OFFSET COALESCE((SELECT l.running FROM work_limits AS l
                                                WHERE l.scope = h.scope), default_running) - 1)
+                          AND NOT EXISTS (  -- its rate spent: not read, so it fills no window
+                              SELECT FROM work_limits AS l
+                              WHERE l.scope = h.scope AND l.rate IS NOT NULL
+                                AND work_rate_room(l.id, l.per, 1) = 0)
                         ORDER BY h.run_after, h.id
                         LIMIT window_size
                         FOR UPDATE SKIP LOCKED) AS c
@@ -134,6 +138,10 @@ BEGIN
                               WHERE r.scope = h.scope AND r.scope_slot IS NOT NULL
                               OFFSET COALESCE((SELECT l.running FROM work_limits AS l
                                                WHERE l.scope = h.scope), default_running) - 1)
+                          AND NOT EXISTS (  -- its rate spent: not read, so it fills no window
+                              SELECT FROM work_limits AS l
+                              WHERE l.scope = h.scope AND l.rate IS NOT NULL
+                                AND work_rate_room(l.id, l.per, 1) = 0)
                         ORDER BY h.priority DESC, h.run_after, h.id
                         LIMIT 1
                         FOR UPDATE SKIP LOCKED) AS c
@@ -147,10 +155,7 @@ BEGIN
                         SELECT DISTINCT ON (COALESCE(d.scope, d.id::text)) d.*
                         FROM due AS d
                         WHERE d.scope IS NULL
-                           OR (NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = d.scope)
-                               AND NOT EXISTS (SELECT FROM work_limits AS l  -- rate spent
-                                               WHERE l.scope = d.scope AND l.rate IS NOT NULL
-                                                 AND work_rate_room(l.id, l.per, 1) = 0))
+                           OR NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = d.scope)
                         ORDER BY COALESCE(d.scope, d.id::text), d.priority DESC, d.run_after, d.id
                     ) AS d
                     JOIN kinds AS k ON k.kind = d.kind

@@ -101,6 +101,33 @@ async def test_a_scope_with_room_gives_every_line_its_turn_in_one_claim(
     assert sorted(item.id for item in claimed) == [low.id, high.id, unscoped.id]
 
 
+async def test_a_scope_whose_rate_is_spent_does_not_cut_a_claim_short(
+    harness: Harness,
+) -> None:
+    """R's rate spent, R's head due before X's in the same line of kind and priority: a
+    claim for one takes X (R's head must not fill the window and leave it empty)."""
+    store = harness.store
+    await store.set_limit(scope="R", rate="1/h")
+    first = await store.enqueue("K", scope="R")
+    [started] = await store.claim_batch("w", LEASE, 1, kinds=["K"])
+    assert started.id == first.id and await store.complete(started.id, started.attempt)
+    await store.enqueue("K", scope="R")  # a head, due before X's, whose rate is spent
+    x = await store.enqueue("K", scope="X")
+    claimed = await store.claim_batch("w", LEASE, 1, kinds=["K"])
+    assert [item.id for item in claimed] == [x.id]
+
+
+async def test_a_paused_scope_does_not_cut_a_claim_short(harness: Harness) -> None:
+    """P paused, P's head due before X's in the same line of kind and priority: a claim
+    for one takes X (P's head must not fill the window and leave it empty)."""
+    store = harness.store
+    await store.enqueue("K", scope="P")
+    await store.pause(scope="P")
+    x = await store.enqueue("K", scope="X")
+    claimed = await store.claim_batch("w", LEASE, 1, kinds=["K"])
+    assert [item.id for item in claimed] == [x.id]
+
+
 async def test_a_lowered_limit_stops_new_starts_until_under_it(harness: Harness) -> None:
     """K runs 3 at limit 3; lowered to 1, none is stopped; two end and still none
     starts; the third ends and one starts."""

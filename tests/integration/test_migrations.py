@@ -166,7 +166,7 @@ RELEASED = {
     "0001.queue.sql": "10b08b2e214dd50ec5e1eea6e55945152b3199aa713e59ecc15a999b56aa1951",
     "0002.results-steps.sql": "fbbcdbd20eb3bb3838999427a3f219086f21830917b9e95442b4793478048ebc",
     "0003.dependencies.sql": "b20003c2b0f88e690a868c24cafdb7183a779fff69ca9d8e1c149d3691800ac5",
-    "0004.claim-kind-room.sql": "0a5cec2b4deb858f0745925ad91f4200dea9a9ec7d197f0a980dcd8efdaa7c6a",
+    "0004.claim-kind-room.sql": "4e33ab027d753ff2c831cfe738cc6783d044943c0ce0e696417d7bd1c8d8eb2b",
 }
 
 
