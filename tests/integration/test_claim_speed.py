@@ -23,7 +23,7 @@ BUSY_SCOPES = 200
 BEHIND_EACH = 100  # 20,000 Queued items behind busy scopes
 WARM_UP = 2  # the first plans work_claim_v2's statements (the catalog's pages)
 SAMPLES = 5
-#: Behind the backlog the claim touches 55 buffers, on a near-empty queue 53 (a
+#: Behind the backlog the claim touches 57 buffers, on a near-empty queue 53 (a
 #: deeper index); one that walks the backlog, about 900.
 BOUND = 2
 CLAIM = dict(worker_id="smoke", lease=30.0, limit=1, kinds=["Free"], scopes=None, unscoped=True)

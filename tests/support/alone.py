@@ -9,6 +9,13 @@ and teardown; an `alone` test holds it exclusively, so it starts once the tests 
 on other workers have ended, and they start their next only after it. A second file,
 the gate, lets an `alone` test waiting for its turn stop others from starting (no
 worker's run of tests can starve it). Without xdist tests run one at a time anyway.
+
+The lock is an autouse function fixture's, so it covers what function fixtures start:
+session and module fixtures are set up before it and torn down after it. The only
+wider fixture an `alone` test uses is the session's browser, idle between its requests;
+another worker's module fixture that keeps something running (the dashboard tests'
+Worker polling every 0.5 s) may run beside an `alone` test: a light load, not a
+competing test.
 """
 
 from __future__ import annotations
