@@ -174,13 +174,19 @@ def lockstep_machine(
 
         @initialize(
             roomy=st.booleans(),
+            rated=st.booleans(),
             limits=st.lists(st.tuples(LIMIT_TARGETS, st.sampled_from([1, 2, 3])), max_size=2),
         )
-        def some_limits(self, roomy: bool, limits: list[tuple[dict[str, str], int]]) -> None:
+        def some_limits(
+            self, roomy: bool, rated: bool, limits: list[tuple[dict[str, str], int]]
+        ) -> None:
             """Running limits from the first step, so claims meet them often (and, if
-            `roomy`, scope a may run two)."""
+            `roomy`, scope a may run two); if `rated`, scope b may start one an hour, so
+            its rate is spent after its first claim while its next items stay due."""
             for named, running in [({"scope": "a"}, 2)] * roomy + limits:
                 self.change_limit(named, running, None, clear=False)
+            if rated:
+                self.change_limit({"scope": "b"}, None, "1/h", clear=False)
 
         @rule(
             kind=st.sampled_from(["Crawl", "Purge"]),
