@@ -260,9 +260,13 @@ def top_calls(calls: dict[str, float], n: int = 3) -> str:
 
 def _reference(row: dict[str, Any]) -> bool:
     """trioworker's rows the others are set against (not `run --processes`, not a run
-    with limits)."""
+    with limits, not one of fans: items after others)."""
+    settings = row["settings"]
     return (
-        row["family"] == "trioworker" and not row["settings"].get("supervised") and not limited(row)
+        row["family"] == "trioworker"
+        and not settings.get("supervised")
+        and not settings.get("fan")
+        and not limited(row)
     )
 
 
