@@ -49,6 +49,10 @@ class Shape:
     #: Paused scopes, each with `behind // paused_scopes` due items of the served kind,
     #: older than any free item (`python -m trioworker pause --scope`).
     paused_scopes: int = 0
+    #: Scopes whose rate window is spent (10 starts a day, all used just now), each with
+    #: `behind // spent_scopes` due items of the served kind, older than any free item:
+    #: their heads stay heads, so each claim reads past them.
+    spent_scopes: int = 0
     #: Due items of a served kind held back by a limit (docs/design/limits.md), older
     #: than any free item, half unscoped and half over 1,000 scopes: "limit" (the kind at
     #: its global running limit of 8, all 8 slots busy) or "rate" (its rate window spent).
@@ -61,6 +65,12 @@ class Shape:
     @property
     def kinds(self) -> list[str]:
         return [*KINDS, "Held"] if self.held else KINDS
+
+    @property
+    def plain(self) -> bool:
+        """Whether the plain baseline is measured: it knows no limits, so it would take
+        a held or rate-spent item."""
+        return not (self.held or self.spent_scopes)
 
     @property
     def rows(self) -> int:
@@ -83,6 +93,8 @@ SHAPES = {
               " 1 free item", 0, 0, 1, 1, held=100_000, held_by="rate"),
         Shape("g", "100,000 due items of the served kind Waiting for 1,000 Running"
               " parents (after=), 1 free item", 1000, 0, 1, 1, waiting=100_000),
+        Shape("h", "1,000 scopes whose rate window is spent x 100 queued of the served"
+              " kind, 1 free item", 0, 100_000, 1, 1, spent_scopes=1000),
     ],
     "quick": [
         Shape("a", "100 busy scopes x 100 queued, 1 free item", 100, 10_000, 1, 1),
@@ -98,6 +110,8 @@ SHAPES = {
               " 1 free item", 0, 0, 1, 1, held=10_000, held_by="rate"),
         Shape("g", "10,000 due items of the served kind Waiting for 100 Running"
               " parents (after=), 1 free item", 100, 0, 1, 1, waiting=10_000),
+        Shape("h", "100 scopes whose rate window is spent x 100 queued of the served"
+              " kind, 1 free item", 0, 10_000, 1, 1, spent_scopes=100),
     ],
 }  # fmt: skip
 
@@ -135,6 +149,14 @@ def load(conn: psycopg.Connection[Any], shape: Shape | None, held_by: str = "") 
              "n": shape.behind, "age": 3600},
         )  # fmt: skip
         conn.execute(QUERIES["pause_scopes"], {"prefix": "paused-", "scopes": shape.paused_scopes})
+    elif shape is not None and shape.spent_scopes:
+        spent = {"prefix": "spent-", "scopes": shape.spent_scopes}
+        conn.execute(
+            QUERIES["insert_queued"],
+            {"kind": "Free", **spent, "n": shape.behind, "age": 3600},
+        )
+        conn.execute(QUERIES["limit_scope_rates"], spent)
+        conn.execute(QUERIES["spend_scope_rates"], spent)
     elif shape is not None and shape.waiting:
         conn.execute(QUERIES["insert_running"], {"prefix": "busy-", "scopes": shape.busy_scopes})
         conn.execute(QUERIES["insert_waiting"], {"kind": "Free", "n": shape.waiting})
@@ -236,6 +258,7 @@ async def measure(
     plain_per_round: int,
     *,
     kinds: list[str],
+    plain_too: bool,
 ) -> dict[str, list[float]]:
     """Samples (seconds) of each series, interleaved sample by sample."""
     claim, plain = CLAIM, QUERIES["plain_claim"]
@@ -256,7 +279,7 @@ async def measure(
             series[f"{NO_FLUSH} {where}"] = (claims(no_flush, kinds), per_round)
             series[f"claim SQL {where}"] = (sync(conn, claim, kinds), per_round)
             series[f"{GENERIC} {where}"] = (sync(cached, claim, kinds), per_round)
-            if kinds == KINDS:  # the plain baseline knows no limits: it would take Held
+            if plain_too:
                 series[f"plain NOT EXISTS {where}"] = (
                     sync(conn, plain, kinds),
                     plain_per_round if where == "backlog" else per_round,
@@ -285,12 +308,12 @@ def run_shape(srv: Server, shape: Shape, rounds: int, per_round: int) -> dict[st
             load(conn, None, shape.held_by)
         plain_per_round = max(1, per_round // 6)
         samples = trio.run(
-            functools.partial(measure, kinds=shape.kinds),
+            functools.partial(measure, kinds=shape.kinds, plain_too=shape.plain),
             backlog_dsn, empty_dsn, rounds, per_round, plain_per_round,
         )  # fmt: skip
         with connect(backlog_dsn) as conn:
             plans = {"claim": explain(conn, CLAIM, shape.kinds)}
-            if not shape.held:
+            if shape.plain:
                 plans["plain_claim"] = explain(conn, QUERIES["plain_claim"], shape.kinds)
     series = {name: summary_ms(values) for name, values in samples.items()}
 
@@ -317,7 +340,7 @@ def run_shape(srv: Server, shape: Shape, rounds: int, per_round: int) -> dict[st
             "plain_backlog_vs_claim_sql_backlog": ratio(
                 median("plain NOT EXISTS backlog"), median("claim SQL backlog")
             )
-            if not shape.held
+            if shape.plain
             else None,
         },
         "targets": {

@@ -38,6 +38,17 @@ SELECT * FROM work_set_limit_v1(%(kind)s, NULL, %(running)s, %(rate)s, %(per)s);
 UPDATE work_rate_slots SET started_at = now()
 WHERE limit_id = (SELECT id FROM work_limits WHERE kind = %(kind)s);
 
+-- name: limit_scope_rates
+-- A rate of 10 starts a day on each of %(scopes)s scopes.
+SELECT count(*) AS limited
+FROM generate_series(0, %(scopes)s - 1) AS g,
+     LATERAL work_set_limit_v1(NULL, %(prefix)s || g, NULL, 10, 86400.0) AS l;
+
+-- name: spend_scope_rates
+-- Every start of those scopes' rate windows used just now.
+UPDATE work_rate_slots SET started_at = now()
+WHERE limit_id IN (SELECT id FROM work_limits WHERE starts_with(scope, %(prefix)s));
+
 -- name: insert_queued
 -- %(n)s Queued items, round robin over %(scopes)s scopes (unscoped when 0), due
 -- %(age)s seconds ago: an older backlog is ahead of newer items in scheduling order.
