@@ -11,6 +11,7 @@ import psycopg
 import pytest
 import trio
 
+from tests.support import dependencies as deps
 from trioworker import (
     Context,
     DoNotRetry,
@@ -120,3 +121,42 @@ async def test_a_failed_thumbnail_cancels_the_detection(store: PostgresStore) ->
     state = await store.get_item(result["bursts"])
     assert state is not None and state.reason == f"parent {bad} failed"
     assert state.started_at is None and "parents" not in seen
+
+
+async def test_a_child_noted_again_while_its_other_parent_commits_runs_long_before_the_poll(
+    dsn: str, store: PostgresStore
+) -> None:
+    """The last two parents of a child finish at once in two transactions, as two
+    Workers' finishes do: P2's commits first, having met the child held by P1's, noted
+    it and announced it. The Worker's settle pass, run at the announcement while P1's
+    transaction is still open, meets the child held again and notes it again,
+    unannounced. Then P1's commits: the child runs within seconds, not at the Worker's
+    next poll (60 s here)."""
+    ran = trio.Event()
+    registry = Registry()
+
+    @registry.handler("C")
+    async def child(item: WorkItem, ctx: Context) -> None:
+        ran.set()
+
+    worker = Worker(store, registry, Settings(poll=60), worker_id="w", fail_stop=pytest.fail)
+    noted = "SELECT id FROM work_unsettled_waiting WHERE item_id = %s"
+    with psycopg.connect(dsn, autocommit=True) as pg, psycopg.connect(dsn) as holder:
+        (p1, a1), (p2, a2) = deps.running(pg, "P", 2)
+        [c] = deps.insert(pg, "C", after=[p1, p2])
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            assert deps.finish(holder, [(p1, a1)]) == [p1]  # its transaction holds C
+            assert deps.finish(pg, [(p2, a2)]) == [p2]  # met C held: noted, announced
+            first = pg.execute(noted, (c,)).fetchall()
+            assert len(first) == 1
+            with trio.fail_after(10):  # the Worker's pass met C held: noted again
+                while pg.execute(noted, (c,)).fetchall() == first:  # noqa: ASYNC110  another session
+                    await trio.sleep(0.01)
+            holder.commit()
+            committed = trio.current_time()
+            with trio.fail_after(20):
+                await ran.wait()
+            took = trio.current_time() - committed
+            worker.stop()
+    assert took < 10, took

@@ -527,6 +527,46 @@ async def test_scopes_are_settled_every_poll_and_at_once_when_announced(
     ]
 
 
+class SettlingStore(ScriptedStore):
+    """Whose settle passes settle, in turn, `settles` items and scopes (then none)."""
+
+    def __init__(self, settles: list[int]) -> None:
+        super().__init__()
+        self.settles = settles
+
+    async def settle_noted_scopes(self, *, batch: int = 100) -> int:
+        await super().settle_noted_scopes(batch=batch)
+        return self.settles.pop(0) if self.settles else 0
+
+
+async def test_a_pass_that_settled_is_followed_soon_then_twice_as_late_until_one_settles_none(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """What a pass met held by another transaction it notes again, unannounced; that
+    transaction is about to end. So a pass that settled anything is followed by
+    another 0.05 s later, then 0.1 s, doubling up to the poll interval (5 s), until one
+    settles nothing; then every poll interval again, and the next burst starts at
+    0.05 s again."""
+    store = SettlingStore([2, 1, 0, 0, *[1] * 9, 0])
+    async with running(store, Registry()):
+        await trio.sleep(1)
+        assert store.on_settle is not None
+        store.on_settle(None)  # passes at 1, ~1.05, ~1.15 (none), 6.15 (the poll)
+        await trio.sleep(9)
+        store.on_settle(None)  # at 10: nine that settle, then none
+        await trio.sleep(30)
+    times = store.times["settle_noted_scopes"]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert times[0] == pytest.approx(1.0)
+    assert 0.04 <= gaps[0] <= 0.06 and 0.08 <= gaps[1] <= 0.12
+    assert gaps[2] == pytest.approx(5.0)  # the pass that settled none: the poll next
+    assert times[4] == pytest.approx(10.0)
+    soon = [0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]  # 6.4 and 12.8 capped
+    for gap, base in zip(gaps[4:13], soon, strict=True):
+        assert 0.8 * base <= gap <= 1.2 * base, (gap, base)
+    assert gaps[13:] == pytest.approx([5.0] * len(gaps[13:])) and len(gaps) > 14
+
+
 # -- schedules ------------------------------------------------------------------------
 
 

@@ -506,18 +506,32 @@ class Worker:
             )
 
     async def _settle_loop(self) -> None:
-        """Settle the scopes changes made by hand left unsettled: at once when one is
-        announced, and every poll interval in case an announcement was missed."""
+        """Settle what was left noted (scopes changed by hand, Waiting items a settle
+        met held): at once when it is announced, every poll interval in case an
+        announcement was missed, and again soon after a pass that settled anything.
+        A pass notes again, unannounced, what another transaction still holds: the
+        last two parents of an item finishing at once in two Workers' transactions,
+        the second announcing it while the first has not committed. That transaction
+        is about to end, so the passes after it come at 0.05 s, then twice as late,
+        until one settles nothing (at most a poll interval apart)."""
+        soon = Backoff(initial=0.05, maximum=self.settings.poll)
+        wait = self.settings.poll
         while True:
-            with trio.move_on_after(self.settings.poll):
+            with trio.move_on_after(wait):
                 await self._settle_wake.wait()
             self._settle_wake = trio.Event()
             try:
-                await self.store.settle_noted_scopes()
+                settled = await self.store.settle_noted_scopes()
             except StoreError as exc:
+                settled = 0
                 log.warning(
                     "settling scopes failed: %s; next try in %.0fs", exc, self.settings.poll
                 )
+            if settled:
+                wait = soon.next()
+            else:
+                soon.reset()
+                wait = self.settings.poll
 
     async def _schedule_loop(self) -> None:
         """Enqueue the registry's periodic items as they fall due. The database holds
