@@ -567,6 +567,27 @@ async def test_a_pass_that_settled_is_followed_soon_then_twice_as_late_until_one
     assert gaps[13:] == pytest.approx([5.0] * len(gaps[13:])) and len(gaps) > 14
 
 
+async def test_an_announcement_starts_the_passes_that_follow_at_0_05_s_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Passes woken by announcements, each settling something (a busy fan-in), do not
+    space out the pass that follows the last of them: it comes 0.05 s later, then the
+    unannounced ones twice as late each."""
+    store = SettlingStore([1, 1, 1, 1, 1, 0])
+    async with running(store, Registry()):
+        await trio.sleep(1)
+        assert store.on_settle is not None
+        for _ in range(3):  # at 1.00, 1.02 and 1.04: each before its follow-up is due
+            store.on_settle(None)
+            await trio.sleep(0.02)
+        await trio.sleep(2)
+    times = store.times["settle_noted_scopes"]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert times[:3] == pytest.approx([1.0, 1.02, 1.04])
+    for gap, base in zip(gaps[2:5], [0.05, 0.1, 0.2], strict=True):
+        assert 0.8 * base <= gap <= 1.2 * base, (gap, base)
+
+
 # -- schedules ------------------------------------------------------------------------
 
 

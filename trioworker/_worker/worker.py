@@ -512,14 +512,19 @@ class Worker:
         A pass notes again, unannounced, what another transaction still holds: the
         last two parents of an item finishing at once in two Workers' transactions,
         the second announcing it while the first has not committed. That transaction
-        is about to end, so the passes after it come at 0.05 s, then twice as late,
-        until one settles nothing (at most a poll interval apart)."""
+        is about to end, so the pass after it comes at 0.05 s, and each that follows
+        unannounced twice as late, until one settles nothing (at most a poll interval
+        apart). An announcement starts again at 0.05 s: during a busy fan-in many
+        passes settle something, and their count says nothing of how long the last
+        holder will take."""
         soon = Backoff(initial=0.05, maximum=self.settings.poll)
         wait = self.settings.poll
         while True:
-            with trio.move_on_after(wait):
+            with trio.move_on_after(wait) as unannounced:
                 await self._settle_wake.wait()
             self._settle_wake = trio.Event()
+            if not unannounced.cancelled_caught:
+                soon.reset()
             try:
                 settled = await self.store.settle_noted_scopes()
             except StoreError as exc:
