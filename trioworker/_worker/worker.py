@@ -532,7 +532,7 @@ class Worker:
                 log.warning(
                     "settling scopes failed: %s; next try in %.0fs", exc, self.settings.poll
                 )
-            if settled:
+            if settled > 0:
                 wait = soon.next()
             else:
                 soon.reset()
