@@ -177,13 +177,16 @@ def cpu_seconds(args: list[str]) -> float:
 
 def test_help_costs_a_fraction_of_what_a_verb_imports() -> None:
     """Measured side by side (best of 3, CPU time, so a loaded machine matters less):
-    `--help` and a usage error cost less than half of importing what a verb needs."""
+    `--help` and a usage error cost well under what importing a verb's modules costs.
+    Both include the interpreter's own start, so the quiet ratio is 0.4-0.5; a CLI that
+    imported the verb's modules first would be above 1. (Three quarters, not half: a
+    fresh clone's CI under load measured 0.52 for the usage error.)"""
     verb = min(cpu_seconds([sys.executable, "-c", "import trioworker._cli.commands"])
                for _ in range(3))  # fmt: skip
     help_ = min(cpu_seconds([sys.executable, "-m", "trioworker", "--help"]) for _ in range(3))
     usage = min(cpu_seconds([sys.executable, "-m", "trioworker", "prune", "--older-than", "5"])
                 for _ in range(3))  # fmt: skip
-    assert help_ < verb / 2 and usage < verb / 2, (help_, usage, verb)
+    assert help_ < verb * 0.75 and usage < verb * 0.75, (help_, usage, verb)
 
 
 # -- piped output and its times --------------------------------------------------------
