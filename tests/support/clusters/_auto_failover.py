@@ -28,6 +28,11 @@ pgautofailover.primary_demote_timeout = 3000
 pgautofailover.startup_grace_period = 2000
 """
 
+#: How long a formation must have looked ready before a test crashes its primary: more
+#: than the monitor takes to act on a node it saw down (unhealthy after 3s, a health
+#: check a second, 3s for the demotion), with room for a loaded machine.
+STEADY = 10.0
+
 #: (reported state, goal state) of each data node, by node name, as the monitor says.
 States = dict[str, tuple[str, str]]
 
@@ -235,7 +240,11 @@ class Formation:
         """SIGKILL the primary's keeper, postmaster and backends at once (as when its
         host dies) and wait until the monitor has failed over to the secondary and it
         accepts writes; (the crashed node, the new primary). The crashed node stays
-        down until restart_node()."""
+        down until restart_node(). First the formation must have been ready for
+        STEADY seconds: after a postmaster kill the monitor may still fail over from
+        the restarted node (it saw it down), leaving the other catching up, which no
+        monitor promotes (a fresh clone's CI under load met that)."""
+        self._wait(self._steadily(self.ready), timeout, f"ready for {STEADY:g}s on end")
         old = self.wait_for_primary()
         began = time.monotonic()
         keeper = self._keepers.pop(old.name)
@@ -244,6 +253,20 @@ class Formation:
         new = self.wait_for_primary(other_than=old, timeout=timeout)
         self.timings["crash_failover"] = time.monotonic() - began
         return old, new
+
+    @staticmethod
+    def _steadily(done: Callable[[], bool]) -> Callable[[], bool]:
+        """`done`, once it has held on every look for STEADY seconds."""
+        since: list[float] = []
+
+        def steady() -> bool:
+            if not done():
+                since.clear()
+                return False
+            since[:] = since or [time.monotonic()]
+            return time.monotonic() - since[0] >= STEADY
+
+        return steady
 
     def restart_node(self, node: Node, timeout: float = 60) -> None:
         """Start a crashed node's keeper again: it rejoins as the secondary (pg_autoctl
