@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from tests.support.processes import ROOT, wait_for, worker_pids
+from tests.support.recovery import recovery_pass_store
 from trioworker import (
     Context,
     DatabaseUnavailable,
@@ -107,23 +108,6 @@ async def test_a_fenced_transaction_holds_the_item_against_recovery(
     assert thumbnails(pg) == [(item.id, 1)]
 
 
-class RecoveryPassStore(PostgresStore):
-    """Says when its Worker's first recovery pass is over, so that a test's own recovery
-    cannot race it (the Worker's first pass runs alongside its first claim). The pass
-    ends with repair_heads: before it, held_leases locks each overdue row for an instant
-    (FOR NO KEY UPDATE SKIP LOCKED), and a recovery meanwhile passes over that row."""
-
-    def __init__(self, dsn: str) -> None:
-        super().__init__(dsn)
-        self.first_pass = trio.Event()
-
-    async def repair_heads(self, *, batch: int = 1000) -> list[str]:
-        try:
-            return await super().repair_heads(batch=batch)
-        finally:
-            self.first_pass.set()
-
-
 async def test_a_handler_that_lost_its_item_sees_lost_and_the_worker_writes_nothing(
     dsn: str, store: PostgresStore, pg: Conn
 ) -> None:
@@ -147,9 +131,7 @@ async def test_a_handler_that_lost_its_item_sees_lost_and_the_worker_writes_noth
 
     item = await store.enqueue("K", scope="s")
     settings = Settings(lease=60, heartbeat=20, poll=0.5, recovery_every=3600)
-    worker_store = RecoveryPassStore(dsn)
-    await worker_store.open()
-    try:
+    async with recovery_pass_store(dsn) as worker_store:
         worker = Worker(worker_store, registry, settings, worker_id="w", fail_stop=pytest.fail)
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.run)
@@ -160,8 +142,6 @@ async def test_a_handler_that_lost_its_item_sees_lost_and_the_worker_writes_noth
             taken.set()
             await until(lambda: not worker.statistics().running, "the attempt to end")
             worker.stop()
-    finally:
-        await worker_store.close()
     assert len(seen) == 1 and thumbnails(pg) == []
     state = await store.get_item(item.id)
     assert state and (state.status, state.worker_id, state.failures) == (Status.RUNNING, "other", 0)

@@ -18,6 +18,7 @@ import trio
 
 from tests.integration.test_cli import trioworker
 from tests.support.processes import kill_workers, observed, wait_for, workers
+from tests.support.recovery import recovery_pass_store
 from trioworker import (
     AsyncClient,
     Client,
@@ -183,7 +184,11 @@ async def test_two_attempts_of_one_item_the_stale_ones_step_and_result_are_refus
         return {"returned by attempt": item.attempt}
 
     slow = Settings(lease=60, heartbeat=25, poll=0.2, recovery_every=1000, stop_grace=1)
-    async with open_store(dsn) as first, open_store(dsn) as second, open_store(dsn) as admin:
+    async with (
+        recovery_pass_store(dsn) as first,
+        open_store(dsn) as second,
+        open_store(dsn) as admin,
+    ):
         step_item = (await admin.enqueue("Racing", payload="step")).id
         result_item = (await admin.enqueue("Racing", payload="result")).id
         async with trio.open_nursery() as nursery:
@@ -197,12 +202,14 @@ async def test_two_attempts_of_one_item_the_stale_ones_step_and_result_are_refus
             await nursery.start(one.run)
             with trio.fail_after(10):
                 await both_started.wait()
+                await first.first_pass.wait()  # or it may hold a row the test's recovery skips
             pg.execute(
                 "UPDATE work_items SET lease_expires_at = now() - interval '1 second'"
                 " WHERE id = ANY(%s)",
                 [[step_item, result_item]],
             )
-            await second.recover_expired_leases(max_stalls=3)
+            recovered = await second.recover_expired_leases(max_stalls=3)
+            assert {r.id for r in recovered} == {step_item, result_item}
             fast = Settings(lease=4, heartbeat=1, poll=0.2, stop_grace=1, concurrency=2)
             two = Worker(second, registry, fast, worker_id="two", fail_stop=pytest.fail)
             await nursery.start(two.run)
