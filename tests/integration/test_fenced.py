@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from tests.support.processes import ROOT, wait_for, worker_pids
-from tests.support.recovery import recovery_pass_store
+from tests.support.stores import RecoveryPassStore, opened
 from trioworker import (
     Context,
     DatabaseUnavailable,
@@ -131,7 +131,7 @@ async def test_a_handler_that_lost_its_item_sees_lost_and_the_worker_writes_noth
 
     item = await store.enqueue("K", scope="s")
     settings = Settings(lease=60, heartbeat=20, poll=0.5, recovery_every=3600)
-    async with recovery_pass_store(dsn) as worker_store:
+    async with opened(RecoveryPassStore(dsn)) as worker_store:
         worker = Worker(worker_store, registry, settings, worker_id="w", fail_stop=pytest.fail)
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.run)
@@ -241,9 +241,7 @@ async def cut_off(
     """A Worker (lease 4 s) over a CutStore running `registry`'s K item, enqueued in
     scope s, whose heartbeats are cut once it has claimed it; the Worker and the item's
     id. At the block's end, once the attempt has ended, the Worker is cancelled."""
-    cut_store = CutStore(dsn)
-    await cut_store.open()
-    try:
+    async with opened(CutStore(dsn)) as cut_store:
         item = await store.enqueue("K", scope="s")
         settings = Settings(lease=4, heartbeat=1, poll=0.5, stop_grace=0.9)
         worker = Worker(cut_store, registry, settings, worker_id="w", fail_stop=fail_stop)
@@ -254,8 +252,6 @@ async def cut_off(
             yield worker, item.id
             await until(lambda: not worker.statistics().running, "the attempt to end")
             nursery.cancel_scope.cancel()
-    finally:
-        await cut_store.close()
 
 
 async def test_a_self_stopped_attempt_writes_nothing_through_its_transaction(

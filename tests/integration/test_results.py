@@ -18,7 +18,7 @@ import trio
 
 from tests.integration.test_cli import trioworker
 from tests.support.processes import kill_workers, observed, wait_for, workers
-from tests.support.recovery import recovery_pass_store
+from tests.support.stores import RecoveryPassStore, opened
 from trioworker import (
     AsyncClient,
     Client,
@@ -185,7 +185,7 @@ async def test_two_attempts_of_one_item_the_stale_ones_step_and_result_are_refus
 
     slow = Settings(lease=60, heartbeat=25, poll=0.2, recovery_every=1000, stop_grace=1)
     async with (
-        recovery_pass_store(dsn) as first,
+        opened(RecoveryPassStore(dsn)) as first,
         open_store(dsn) as second,
         open_store(dsn) as admin,
     ):

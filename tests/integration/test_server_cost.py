@@ -15,6 +15,7 @@ import psycopg
 import pytest
 import trio
 
+from tests.support.stores import opened
 from trioworker import Context, NewItem, PostgresStore, Registry, Settings, Worker, WorkItem
 from trioworker._postgres.queries import WRITTEN as QUERIES
 from trioworker.dashboard._reader import QUERIES as DASHBOARD_QUERIES
@@ -390,9 +391,7 @@ async def test_a_worker_finishes_and_claims_in_one_round_trip(dsn: str) -> None:
         ran[item.id] += 1
 
     items = 300
-    store = Counted(dsn, call_timeout=10.0)
-    await store.open()
-    try:
+    async with opened(Counted(dsn, call_timeout=10.0)) as store:
         await store.enqueue_many([NewItem("Noop") for _ in range(items)])
         all_done = trio.Event()
         completed = Counter[str]()
@@ -411,8 +410,6 @@ async def test_a_worker_finishes_and_claims_in_one_round_trip(dsn: str) -> None:
             with trio.fail_after(60):
                 await all_done.wait()
             worker.stop()
-    finally:
-        await store.close()
     assert sorted(ran) == sorted(set(ran)) and len(ran) == items and set(ran.values()) == {1}
     assert calls["finish_and_claim"] > 0
     # Apart: a claim and a finish for each batch. Together: one call for most.

@@ -1,13 +1,27 @@
-"""A Worker's store that says when its first lease-recovery pass is over."""
+"""Stores the integration tests open themselves: `opened` for any of them, and a
+Worker's store that says when its first lease-recovery pass is over."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 import trio
 
 from trioworker import PostgresStore
+
+S = TypeVar("S", bound=PostgresStore)
+
+
+@asynccontextmanager
+async def opened(store: S) -> AsyncIterator[S]:
+    """`store` (a PostgresStore of a test's own class), open, and closed on the way out."""
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
 
 
 class RecoveryPassStore(PostgresStore):
@@ -25,14 +39,3 @@ class RecoveryPassStore(PostgresStore):
             return await super().repair_heads(batch=batch)
         finally:
             self.first_pass.set()
-
-
-@asynccontextmanager
-async def recovery_pass_store(dsn: str) -> AsyncIterator[RecoveryPassStore]:
-    """An open RecoveryPassStore, closed on the way out."""
-    store = RecoveryPassStore(dsn)
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
