@@ -17,7 +17,7 @@ from typing import Any
 
 from bench.common import DEFAULT_DSN, QUERIES, connect, server
 
-CLAIM = ("SELECT id FROM work_claim_v2('explain', 60, %(limit)s, '{Noop}',"
+CLAIM = ("SELECT id FROM work_claim_v3('explain', 60, %(limit)s, '{Noop}',"
          " CASE WHEN work_failover_hold_v1(60) THEN '{}'::text[] ELSE NULL END, true)")  # fmt: skip
 FINISH = ("SELECT id FROM work_finish_v1(%(ids)s, %(attempts)s, 'Succeeded', NULL, NULL,"
           " true, NULL) AS id")  # fmt: skip

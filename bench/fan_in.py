@@ -28,7 +28,7 @@ from bench.common import Server, connect, save, show
 
 CHILDREN = {"full": 1000, "quick": 100}
 ROUNDS = {"full": 5, "quick": 2}
-CLAIM = "SELECT id, attempt FROM work_claim_v2('bench', 60, %(n)s, ARRAY['Fan'])"
+CLAIM = "SELECT id, attempt FROM work_claim_v3('bench', 60, %(n)s, ARRAY['Fan'])"
 FINISH = "SELECT work_finish_v1(%(ids)s, %(attempts)s, 'Succeeded')"
 
 

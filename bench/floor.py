@@ -27,7 +27,7 @@ Worker's claim loop spawns a claim's items: each task's attempt in a nursery alo
 with a watcher beside it, woken or cancelled at the end.
 
 The server's floor: the CPU an item of the server's processes (`bench/cpu.py`) for the
-Worker's own claim and finish functions (`work_claim_v2`, `work_finish_v1`) of unscoped
+Worker's own claim and finish functions (`work_claim_v3`, `work_finish_v1`) of unscoped
 items, one connection, in batches of 1 to 100, beside the least a queue can do in SQL
 (a table shaped as Graphile Worker's jobs, a claim that locks, a DELETE for the finish).
 The two alternate, batch size by batch size.

@@ -157,6 +157,7 @@ def load(conn: psycopg.Connection[Any], shape: Shape | None, held_by: str = "") 
         )
         conn.execute(QUERIES["limit_scope_rates"], spent)
         conn.execute(QUERIES["spend_scope_rates"], spent)
+        conn.execute(QUERIES["settle_scopes"], spent)
     elif shape is not None and shape.waiting:
         conn.execute(QUERIES["insert_running"], {"prefix": "busy-", "scopes": shape.busy_scopes})
         conn.execute(QUERIES["insert_waiting"], {"kind": "Free", "n": shape.waiting})

@@ -45,9 +45,15 @@ FROM generate_series(0, %(scopes)s - 1) AS g,
      LATERAL work_set_limit_v1(NULL, %(prefix)s || g, NULL, 10, 86400.0) AS l;
 
 -- name: spend_scope_rates
--- Every start of those scopes' rate windows used just now.
+-- Every start of those scopes' rate windows used just now (settle_scopes then settles
+-- them, as the finish of each one's last start does: a spent scope holds no heads).
 UPDATE work_rate_slots SET started_at = now()
 WHERE limit_id IN (SELECT id FROM work_limits WHERE starts_with(scope, %(prefix)s));
+
+-- name: settle_scopes
+-- Settle %(prefix)s's scopes, as a Worker's finish does.
+SELECT work_settle_scopes(ARRAY(SELECT scope FROM work_limits
+                                WHERE starts_with(scope, %(prefix)s))) AS promoted;
 
 -- name: insert_queued
 -- %(n)s Queued items, round robin over %(scopes)s scopes (unscoped when 0), due
@@ -86,7 +92,7 @@ CREATE INDEX bench_plain_queued ON work_items (priority DESC, run_after, id)
 -- name: claim
 -- trioworker's claim as plain SQL calls it: the public function, one item of the
 -- kinds the benchmark's Worker serves.
-SELECT id, kind, scope, attempt FROM work_claim_v2(%(worker_id)s, %(lease)s, 1, %(kinds)s);
+SELECT id, kind, scope, attempt FROM work_claim_v3(%(worker_id)s, %(lease)s, 1, %(kinds)s);
 
 -- name: plain_claim
 -- The baseline: a claim without scope lines, so it walks every Queued item of a busy
@@ -261,7 +267,7 @@ DECLARE
 BEGIN
     FOR i IN 1..p_n LOOP
         BEGIN
-            PERFORM * FROM work_claim_v2('bench', 60, 1, ARRAY['Free']);
+            PERFORM * FROM work_claim_v3('bench', 60, 1, ARRAY['Free']);
             RAISE EXCEPTION 'undo' USING ERRCODE = 'P0001';
         EXCEPTION WHEN raise_exception THEN
             NULL;
@@ -283,7 +289,7 @@ SELECT 'Filler', 'loop-' || (g %% 50) FROM generate_series(1, %(n)s) AS g;
 
 -- name: floor_claim
 -- The Worker's claim function for unscoped items of one kind, %(limit)s at a time.
-SELECT id, attempt FROM work_claim_v2(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s);
+SELECT id, attempt FROM work_claim_v3(%(worker_id)s, %(lease)s, %(limit)s, %(kinds)s);
 
 -- name: floor_finish
 -- The Worker's completion of many attempts in one statement.

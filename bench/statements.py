@@ -11,7 +11,7 @@ counted comes from the cumulative statistics of the database under test:
   fenced one, procrastinate's?) counts once.
 - function calls: `pg_stat_user_functions`, with `track_functions = 'all'` set on the
   database before any Worker connects (`track`): trioworker's claim, heartbeat and
-  finish are PL/pgSQL functions (work_claim_v2, work_finish_v1, ...), procrastinate's
+  finish are PL/pgSQL functions (work_claim_v3, work_finish_v1, ...), procrastinate's
   fetch and finish too; pgqueuer's statement-level trigger counts its writing statements.
 - rows written: `n_tup_ins + n_tup_upd + n_tup_del` over the database's tables.
 
@@ -38,7 +38,7 @@ from psycopg import sql
 
 #: (claim functions, finish functions) by system family, where they are functions.
 CLAIM_FINISH: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "trioworker": (("work_claim_v2",), ("work_finish_v1",)),
+    "trioworker": (("work_claim_v3",), ("work_finish_v1",)),
     "procrastinate": (("procrastinate_fetch_job_v2",), ("procrastinate_finish_job_v1",)),
 }
 

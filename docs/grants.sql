@@ -16,13 +16,15 @@ REVOKE ALL ON ALL ROUTINES IN SCHEMA trioworker
 
 -- Read: the items (their results too), their attempts and steps, the Workers, schedules,
 -- pauses and limits (`show`, `status`, the results an application waits for), and which migrations were applied
--- (every command checks the schema first). Not the failover guard nor the scopes noted
--- for settling: only the transitions read those. Nothing at all on the queue's own locks
+-- (every command checks the schema first), and the scopes whose rate window is spent
+-- (an enqueue's trigger places an item arriving in one behind). Not the failover guard
+-- nor the scopes noted for settling: only the transitions read those. Nothing at all on the queue's own locks
 -- (work_settle_locks, work_claim_locks, migrations/0001.queue.sql): locking a row
 -- needs a privilege on its table, and only the transitions, running as the owner, take
 -- them, so no role can hold one and stop the claims or settles of its scopes.
 GRANT SELECT ON TABLE work_items, work_attempts, work_workers, work_schedules, work_pauses,
-    work_limits, work_rate_slots, work_steps, work_dependencies, _yoyo_migration
+    work_limits, work_rate_slots, work_spent_scopes, work_steps, work_dependencies,
+    _yoyo_migration
     TO trioworker_client, trioworker_worker, trioworker_operator;
 
 -- Enqueue, by every path (the CLI, Client, AsyncClient, a plain INSERT): the columns an

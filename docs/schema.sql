@@ -168,6 +168,15 @@ CREATE TABLE work_settle_locks (
 );
 
 
+CREATE TABLE work_spent_scopes (
+    scope text NOT NULL,
+    reopens_at timestamp with time zone NOT NULL,
+    CONSTRAINT work_spent_scopes_pkey PRIMARY KEY (scope),
+    CONSTRAINT work_spent_scopes_times_in_range CHECK (((reopens_at >= '1900-01-01 00:00:00+00'::timestamp with time zone) AND (reopens_at <= '9000-01-01 00:00:00+00'::timestamp with time zone)))
+);
+
+CREATE INDEX work_spent_scopes_reopens ON public.work_spent_scopes USING btree (reopens_at);
+
 CREATE TABLE work_steps (
     item_id bigint NOT NULL,
     name text NOT NULL,
@@ -689,6 +698,22 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_claim_v3(p_worker text, p_lease double precision, p_limit integer, p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
+ RETURNS SETOF work_items
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+DECLARE
+    was text := work_internal_begin();
+BEGIN
+    PERFORM work_settle_reopened(64);
+    PERFORM work_internal_end(was);
+    RETURN QUERY SELECT * FROM work_claim_v2(p_worker, p_lease, p_limit, p_kinds, p_scopes,
+                                             p_unscoped);
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_clear_limit_v1(p_kind text, p_scope text)
  RETURNS boolean
  LANGUAGE plpgsql
@@ -873,6 +898,20 @@ BEGIN
                       AS f;
     RETURN QUERY SELECT NULL::bigint, c
                  FROM work_claim_v2(p_worker, p_lease, p_limit, p_kinds, p_scopes, p_unscoped)
+                      AS c;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_finish_and_claim_v3(p_ids bigint[], p_attempts integer[], p_worker text, p_lease double precision, p_limit integer, p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
+ RETURNS TABLE(finished bigint, item work_items)
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    RETURN QUERY SELECT f, NULL::work_items
+                 FROM work_finish_v1(p_ids, p_attempts, 'Succeeded', NULL, NULL, false, NULL)
+                      AS f;
+    RETURN QUERY SELECT NULL::bigint, c
+                 FROM work_claim_v3(p_worker, p_lease, p_limit, p_kinds, p_scopes, p_unscoped)
                       AS c;
 END
 $function$;
@@ -1182,6 +1221,8 @@ BEGIN
         NEW.is_head := NOT (
             work_scope_full(NEW.scope, NEW.id)
             OR EXISTS (SELECT 1 FROM work_pauses WHERE scope = NEW.scope)
+            OR EXISTS (SELECT 1 FROM work_spent_scopes
+                       WHERE scope = NEW.scope AND reopens_at > now())
             OR EXISTS (SELECT 1 FROM work_items AS h
                        WHERE h.scope = NEW.scope AND h.status = 'Queued' AND h.is_head
                          AND h.kind = NEW.kind AND h.priority = NEW.priority
@@ -1231,7 +1272,9 @@ BEGIN
             RETURN NULL;  -- checked for an earlier row of this commit, under this lock
         END IF;
         IF work_scope_full(r.scope, r.id)
-           OR EXISTS (SELECT 1 FROM work_pauses WHERE scope = r.scope) THEN
+           OR EXISTS (SELECT 1 FROM work_pauses WHERE scope = r.scope)
+           OR EXISTS (SELECT 1 FROM work_spent_scopes
+                      WHERE scope = r.scope AND reopens_at > now()) THEN
             PERFORM set_config('trioworker.confirmed_busy', md5(r.scope), true);
             RETURN NULL;
         END IF;
@@ -1948,6 +1991,78 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_repair_v2(p_limit integer)
+ RETURNS TABLE(scope text, promoted integer)
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET enable_seqscan TO 'off'
+ SET search_path TO 'public', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    was text := work_internal_begin();
+    wedged text;
+    result record;
+BEGIN
+    FOR wedged IN
+        WITH RECURSIVE scopes AS (
+            (SELECT w.scope FROM work_items AS w
+             WHERE w.status = 'Queued' AND w.scope IS NOT NULL
+             ORDER BY w.scope LIMIT 1)
+            UNION ALL
+            SELECT (SELECT w.scope FROM work_items AS w
+                    WHERE w.status = 'Queued' AND w.scope IS NOT NULL AND w.scope > s.scope
+                    ORDER BY w.scope LIMIT 1)
+            FROM scopes AS s WHERE s.scope IS NOT NULL
+        )
+        SELECT x.scope FROM scopes AS x
+        WHERE x.scope IS NOT NULL
+          AND NOT work_scope_full(x.scope)
+          AND NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = x.scope)
+          AND NOT EXISTS (SELECT 1 FROM work_unsettled_scopes AS u WHERE u.scope = x.scope)
+          AND NOT EXISTS (  -- spent and noted: the first claim after it reopens settles it
+              SELECT 1 FROM work_spent_scopes AS s
+              WHERE s.scope = x.scope
+                AND (s.reopens_at <= now()
+                     OR EXISTS (SELECT 1 FROM work_limits AS l
+                                WHERE l.scope = x.scope AND l.rate IS NOT NULL
+                                  AND NOT EXISTS (SELECT 1 FROM work_rate_slots AS o
+                                                  WHERE o.limit_id = l.id
+                                                    AND o.started_at <= now() - l.per))))
+          AND EXISTS (
+              WITH RECURSIVE lines AS (
+                  (SELECT w.kind, w.priority FROM work_items AS w
+                   WHERE w.scope = x.scope AND w.status = 'Queued'
+                   ORDER BY w.kind, w.priority LIMIT 1)
+                  UNION ALL
+                  SELECT n.kind, n.priority FROM lines AS l
+                  CROSS JOIN LATERAL (
+                      SELECT w.kind, w.priority FROM work_items AS w
+                      WHERE w.scope = x.scope AND w.status = 'Queued'
+                        AND (w.kind, w.priority) > (l.kind, l.priority)
+                      ORDER BY w.kind, w.priority LIMIT 1) AS n
+              )
+              SELECT 1 FROM lines AS l
+              WHERE NOT (SELECT f.is_head FROM work_items AS f
+                         WHERE f.scope = x.scope AND f.kind = l.kind
+                           AND f.priority = l.priority AND f.status = 'Queued'
+                         ORDER BY f.run_after, f.id LIMIT 1))
+        LIMIT p_limit
+    LOOP
+        CONTINUE WHEN NOT work_lock_scope(wedged);
+        result := work_settle_scope(wedged);
+        IF result.promoted > 0 THEN
+            scope := wedged;
+            promoted := result.promoted;
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+    PERFORM work_internal_end(was);
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_request_cancel_v1(p_id bigint)
  RETURNS text
  LANGUAGE plpgsql
@@ -2297,6 +2412,26 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.work_seconds_until_due_v2(p_kinds text[], p_scopes text[] DEFAULT NULL::text[], p_unscoped boolean DEFAULT true)
+ RETURNS double precision
+ LANGUAGE plpgsql
+ STABLE
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET enable_seqscan TO 'off'
+AS $function$
+BEGIN
+    RETURN LEAST(
+        work_seconds_until_due_v1(p_kinds, p_scopes, p_unscoped),
+        (SELECT EXTRACT(EPOCH FROM min(s.reopens_at) - now())::float8
+         FROM work_spent_scopes AS s
+         WHERE (p_scopes IS NULL OR s.scope = ANY(p_scopes))
+           AND EXISTS (SELECT 1 FROM work_items AS w
+                       WHERE w.scope = s.scope AND w.status = 'Queued'
+                         AND w.kind = ANY(p_kinds) AND w.run_after <= now())));
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.work_secure_transitions()
  RETURNS integer
  LANGUAGE plpgsql
@@ -2401,14 +2536,40 @@ DECLARE
 BEGIN
     unsettled := '{}';
     WITH RECURSIVE
-    free AS (
-        SELECT f.scope FROM unnest(p_scopes) AS f (scope)
+    open AS (
+        -- Neither full nor paused; `reopens`: when its spent rate window next has a
+        -- start (NULL: it has a start now, or no rate).
+        SELECT f.scope, o.reopens
+        FROM (SELECT DISTINCT x FROM unnest(p_scopes) AS x) AS f (scope)
+        LEFT JOIN LATERAL (
+            SELECT s.started_at + l.per AS reopens FROM work_limits AS l
+            CROSS JOIN LATERAL (SELECT s.started_at FROM work_rate_slots AS s
+                                WHERE s.limit_id = l.id
+                                ORDER BY s.started_at LIMIT 1) AS s
+            WHERE l.scope = f.scope AND l.rate IS NOT NULL
+              AND s.started_at + l.per > now()) AS o ON true
         WHERE NOT EXISTS (  -- its limit's worth Running already: full
                   SELECT FROM work_items AS r
                   WHERE r.scope = f.scope AND r.scope_slot IS NOT NULL
                   OFFSET COALESCE((SELECT l.running FROM work_limits AS l
                                    WHERE l.scope = f.scope), default_running) - 1)
           AND NOT EXISTS (SELECT FROM work_pauses AS p WHERE p.scope = f.scope)
+    ),
+    free AS (
+        SELECT o.scope FROM open AS o WHERE o.reopens IS NULL
+    ),
+    spent AS (
+        -- A spent scope gives up its heads until its window reopens (a claim then
+        -- settles it: work_settle_reopened).
+        INSERT INTO work_spent_scopes AS s (scope, reopens_at)
+        SELECT o.scope, o.reopens FROM open AS o WHERE o.reopens IS NOT NULL
+        ON CONFLICT (scope) DO UPDATE SET reopens_at = excluded.reopens_at
+        RETURNING s.scope
+    ),
+    unspent AS (
+        DELETE FROM work_spent_scopes AS s
+        WHERE s.scope = ANY(ARRAY(SELECT f.scope FROM free AS f))
+        RETURNING s.scope
     ),
     firsts AS (
         -- A skip scan over each scope's lines, each step landing on the next line's first.
@@ -2540,6 +2701,32 @@ BEGIN
         n := n + cardinality(ids);
     END IF;
     RETURN n;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.work_settle_reopened(p_limit integer)
+ RETURNS integer
+ LANGUAGE plpgsql
+ SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
+ SET enable_seqscan TO 'off'
+AS $function$
+DECLARE
+    reopened text[];
+BEGIN
+    IF NOT EXISTS (SELECT FROM work_spent_scopes AS s WHERE s.reopens_at <= now()) THEN
+        RETURN 0;
+    END IF;
+    WITH due AS (
+        DELETE FROM work_spent_scopes AS s
+        WHERE s.scope = ANY(ARRAY(SELECT d.scope FROM work_spent_scopes AS d
+                                  WHERE d.reopens_at <= now()
+                                  ORDER BY d.reopens_at LIMIT p_limit
+                                  FOR UPDATE SKIP LOCKED))
+        RETURNING s.scope
+    )
+    SELECT array_agg(d.scope) INTO reopened FROM due AS d;
+    RETURN work_settle_scopes(reopened, false);
 END
 $function$;
 

@@ -24,10 +24,10 @@ from trioworker._postgres.migrate import migrate
 SETUP = [
     "INSERT INTO work_items (kind, payload) SELECT 'Noop', '{}' FROM generate_series(1, 20000)",
     "ANALYZE work_items",
-    "SELECT count(*) FROM work_claim_v2('w0', 60, 128, ARRAY['Noop'])",
-    "SELECT count(*) FROM work_claim_v2('w0', 60, 128, ARRAY['Noop'])",
+    "SELECT count(*) FROM work_claim_v3('w0', 60, 128, ARRAY['Noop'])",
+    "SELECT count(*) FROM work_claim_v3('w0', 60, 128, ARRAY['Noop'])",
 ]
-CLAIM = "SELECT count(*) FROM work_claim_v2('w1', 60, 64, ARRAY['Noop'])"
+CLAIM = "SELECT count(*) FROM work_claim_v3('w1', 60, 64, ARRAY['Noop'])"
 FINISH = "SELECT count(*) FROM work_finish_v1(%s, %s, 'Succeeded', NULL, NULL, false, NULL)"
 
 
@@ -50,7 +50,7 @@ def explained(conn: psycopg.Connection[Any], fmt: str, query: str, params: Any =
     conn.remove_notice_handler(note)
     for message in notices:
         # The statements that read or write work_items; not the set_config calls.
-        if "work_items" in message or "work_claim_v2" in message or "work_finish_v1" in message:
+        if any(name in message for name in ("work_items", "work_claim_v", "work_finish_v1")):
             print(message.replace("duration:", "\n-- duration:", 1))
 
 

@@ -87,7 +87,7 @@ def main(admin: str) -> None:
                 order = MODES[round % len(MODES) :] + MODES[: round % len(MODES)]
                 for mode in order:
                     items = [(r[0], r[1]) for r in conn.execute(
-                        "SELECT id, attempt FROM work_claim_v2(%(worker_id)s, %(lease)s,"
+                        "SELECT id, attempt FROM work_claim_v3(%(worker_id)s, %(lease)s,"
                         " %(limit)s, %(kinds)s, %(scopes)s, %(unscoped)s)", claim)]  # fmt: skip
                     assert len(items) == SCOPES, len(items)
                     began, began_cpu = time.perf_counter(), cpu_ns(pid)

@@ -6,7 +6,7 @@
 -- against the functions, alternating, 6 rounds each, in a transaction rolled back.
 DELETE FROM work_items; VACUUM work_items;
 INSERT INTO work_items (kind) SELECT 'K' FROM generate_series(1, 24000);
-SELECT count(*) FROM work_claim_v2('m', 3600, 24000, ARRAY['K']);
+SELECT count(*) FROM work_claim_v3('m', 3600, 24000, ARRAY['K']);
 DO $$
 DECLARE
     ids bigint[] := ARRAY(SELECT id FROM work_items WHERE status = 'Running' ORDER BY id);

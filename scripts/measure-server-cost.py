@@ -7,9 +7,9 @@ a checkout of the revision before, e.g. `git worktree add /tmp/before main`; AFT
 this tree), rounds alternating between them. Each database holds 256 Running items
 beside the round's (`bench e2e`'s 2 Workers x 32, claims of up to 128). A round is 100
 unscoped no-op items through the Worker's statements: an INSERT of 100 rows (as `bench
-e2e` enqueues), two claims of 50 (`work_claim_v2`), and a finish of the 100
+e2e` enqueues), two claims of 50 (`work_claim_v3`), and a finish of the 100
 (`work_finish_v1`, Succeeded, as a completion batch); then 100 more, the finish of the
-first 50 and the claim of the next 50 in one call (`work_finish_and_claim_v2`) where the
+first 50 and the claim of the next 50 in one call (`work_finish_and_claim_v3`) where the
 tree has one, else in two (their CPU summed). The figure is each statement's server
 CPU (the database's own backend, /proc/PID/schedstat) an item, median over the rounds
 (the first rounds warm the plans up and are not counted).
@@ -41,11 +41,11 @@ RUNNING = 256
 WARM = 5
 
 INSERT = "INSERT INTO work_items (kind) SELECT 'Noop' FROM generate_series(1, %s)"
-CLAIM = "SELECT id, attempt FROM work_claim_v2('w', 60, %s, ARRAY['Noop']) ORDER BY id"
+CLAIM = "SELECT id, attempt FROM work_claim_v3('w', 60, %s, ARRAY['Noop']) ORDER BY id"
 FINISH = "SELECT f FROM work_finish_v1(%s, %s, 'Succeeded', NULL, NULL, false, NULL) AS f"
 FINISH_AND_CLAIM = (
     "SELECT f.finished, (f.item).id, (f.item).attempt"
-    " FROM work_finish_and_claim_v2(%s, %s, 'w', 60, %s, ARRAY['Noop']) AS f"
+    " FROM work_finish_and_claim_v3(%s, %s, 'w', 60, %s, ARRAY['Noop']) AS f"
 )
 
 
@@ -110,7 +110,7 @@ def one_round(m: Meter, combined: bool) -> None:
     both = first + second
     m.run("finish of 100", FINISH, ([r[0] for r in both], [r[1] for r in both]), BATCH)
     # Then: claim 50, finish them and claim 50 more (in one call where the tree has
-    # work_finish_and_claim_v2, else in two, each statement's CPU summed), finish those.
+    # work_finish_and_claim_v3, else in two, each statement's CPU summed), finish those.
     m.run("enqueue (INSERT of 100)", INSERT, (BATCH,), BATCH)
     first = m.run("claim of 50 (second round)", CLAIM, (half,), half)
     ids, attempts = [r[0] for r in first], [r[1] for r in first]
@@ -143,7 +143,7 @@ def main() -> None:
         }
         combined = {
             name: m.conn.execute(
-                "SELECT to_regproc('work_finish_and_claim_v2') IS NOT NULL"
+                "SELECT to_regproc('work_finish_and_claim_v3') IS NOT NULL"
             ).fetchone()
             == (True,)
             for name, m in meters.items()

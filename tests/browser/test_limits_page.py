@@ -29,7 +29,7 @@ def test_the_scopes_page_shows_limits_and_sets_one_behind_the_token(
         assert (
             len(
                 pg.execute(
-                    "SELECT work_claim_v2('w', 60, 1, ARRAY['K'], ARRAY['S'], false)"
+                    "SELECT work_claim_v3('w', 60, 1, ARRAY['K'], ARRAY['S'], false)"
                 ).fetchall()
             )
             == 1
@@ -37,7 +37,7 @@ def test_the_scopes_page_shows_limits_and_sets_one_behind_the_token(
         assert (
             len(
                 pg.execute(
-                    "SELECT work_claim_v2('w', 60, 1, ARRAY['K'], ARRAY['S'], false)"
+                    "SELECT work_claim_v3('w', 60, 1, ARRAY['K'], ARRAY['S'], false)"
                 ).fetchall()
             )
             == 1

@@ -264,7 +264,7 @@ def test_a_scope_is_not_handed_on_until_the_handler_that_completed_it_has_return
     handler whose shielded cleanup then takes 0.2 s, on two Workers: every item
     Succeeded once, both Workers ran some, and the observer saw no item of the scope
     start before the previous one's handler (its cleanup included) had ended. (A Worker
-    claims along with its completions, work_finish_and_claim_v2, so the one that
+    claims along with its completions, work_finish_and_claim_v3, so the one that
     finishes the scope's item takes its next one in the same transaction: the scope
     passes to the other Worker when the first one stops, a graceful SIGTERM mid-way.)"""
     ids = [enqueue(pg, "CleansUp", {"seconds": 0.2}, scope="s") for _ in range(30)]

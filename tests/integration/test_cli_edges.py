@@ -270,6 +270,7 @@ def test_migrate_says_one_line_per_migration(databases: Any) -> None:
         "applied 0002.results-steps",
         "applied 0003.dependencies",
         "applied 0004.claim-kind-room",
+        "applied 0005.spent-scopes",
     ]  # fmt: skip
     assert again.stdout == "schema is up to date\n"
 

@@ -139,7 +139,7 @@ async def test_three_claims_racing_for_two_free_slots_of_a_kind_leave_two_runnin
     # the index. Noted beforehand, as any claim of this lease would have.
     pg.execute("SELECT work_failover_hold_v1(%s)", [LEASE])
     with session(dsn) as first:
-        held = first.execute("SELECT id, kind_slot FROM work_claim_v2('w1', 30, 1, ARRAY['K'])")
+        held = first.execute("SELECT id, kind_slot FROM work_claim_v3('w1', 30, 1, ARRAY['K'])")
         assert [slot for _, slot in held.fetchall()] == [1]
         results: list[list[Any]] = []
         async with trio.open_nursery() as nursery:
@@ -254,7 +254,7 @@ async def test_a_claim_never_waits_for_a_settle_lock(
         async def claim() -> None:
             rows = await in_thread(
                 lambda: claimer.execute(
-                    "SELECT id FROM work_claim_v2('w', 30, 4, ARRAY['K'])"
+                    "SELECT id FROM work_claim_v3('w', 30, 4, ARRAY['K'])"
                 ).fetchall()
             )
             claimer.commit()

@@ -244,7 +244,7 @@ class LimitedRun(lines.Run):
             o.execute("SELECT * FROM work_recover_v1(1000000, 1000)")
             o.execute("SELECT work_settle_noted_v1(1000)")
             claimed = o.execute(
-                "SELECT id, attempt, kind, started_at FROM work_claim_v2('drain', 60, 50, %s)",
+                "SELECT id, attempt, kind, started_at FROM work_claim_v3('drain', 60, 50, %s)",
                 (KINDS,),
             ).fetchall()
             self.rated_starts += [r[3] for r in claimed if r[2] == RATED]
@@ -255,7 +255,7 @@ class LimitedRun(lines.Run):
                     ([r[0] for r in claimed], [r[1] for r in claimed]),
                 )
                 continue
-            row = o.execute("SELECT work_seconds_until_due_v1(%s)", (KINDS,)).fetchone()
+            row = o.execute("SELECT work_seconds_until_due_v2(%s)", (KINDS,)).fetchone()
             wait = row[0] if row else None
             if wait is None or wait > PER:
                 # Only work rescheduled for later is left, or a rate window opened
@@ -290,8 +290,8 @@ class LimitedRun(lines.Run):
                 ("pauses", "SELECT * FROM work_pauses", ()),
                 ("locks", "SELECT locktype, objid, mode, granted, pid FROM pg_locks"
                  " WHERE locktype = 'advisory'", ()),
-                ("due", "SELECT work_seconds_until_due_v1(%s)", (KINDS,)),
-                ("claim", "SELECT id FROM work_claim_v2('why', 60, 50, %s)", (KINDS,)),
+                ("due", "SELECT work_seconds_until_due_v2(%s)", (KINDS,)),
+                ("claim", "SELECT id FROM work_claim_v3('why', 60, 50, %s)", (KINDS,)),
             ]
         )  # fmt: skip
 

@@ -286,7 +286,7 @@ class Run:
         mine = rng.choice(sorted(owned.items())) if owned else None
         choice = rng.random()
         calls: list[tuple[str, str, tuple[Any, ...]]] = [
-            ("claim", "SELECT id, attempt, kind, started_at FROM work_claim_v2(%s, %s, %s, %s)",
+            ("claim", "SELECT id, attempt, kind, started_at FROM work_claim_v3(%s, %s, %s, %s)",
              (session.name, LEASE, rng.randint(1, 3), KINDS if session.name == "worker0"
               else rng.sample(KINDS, 2))),
             ("recover", "SELECT id, NULL FROM work_recover_v1(2, 100)", ()),
@@ -357,7 +357,7 @@ class Run:
             self.harvest, lambda session: self.end(session, commit=self.rng.random() < 0.7)
         )
         self.check()
-        assert self.observer.execute("SELECT * FROM work_repair_v1(1000)").fetchall() == []
+        assert self.observer.execute("SELECT * FROM work_repair_v2(1000)").fetchall() == []
         self.drain()
 
     def drain(self) -> None:
@@ -371,7 +371,7 @@ class Run:
             o.execute("SELECT * FROM work_recover_v1(1000000, 1000)")
             o.execute("SELECT work_settle_noted_v1(1000)")
             claimed = o.execute(
-                "SELECT id, attempt FROM work_claim_v2('drain', 60, 50, %s)", (KINDS,)
+                "SELECT id, attempt FROM work_claim_v3('drain', 60, 50, %s)", (KINDS,)
             ).fetchall()
             if not claimed:
                 break

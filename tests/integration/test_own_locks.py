@@ -185,7 +185,7 @@ def test_a_role_without_grants_can_lock_none_of_the_queues_rows(
             "SELECT FROM work_settle_locks FOR KEY SHARE SKIP LOCKED",
             "SELECT FROM work_items FOR KEY SHARE",
             "LOCK TABLE work_claim_locks IN ROW SHARE MODE",
-            "SELECT * FROM work_claim_v2('x', 60, 10, '{K}')",
+            "SELECT * FROM work_claim_v3('x', 60, 10, '{K}')",
             "SELECT work_set_limit_v1(NULL, NULL, 3)",
             "SELECT * FROM work_recover_v1(3, 100)",
         ]:

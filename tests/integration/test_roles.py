@@ -309,6 +309,11 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
     ("DELETE FROM work_schedules", ANYONE),
     ("INSERT INTO work_unsettled_scopes (scope) VALUES ('s')", ANYONE),
     ("DELETE FROM work_unsettled_scopes", ANYONE),
+    ("INSERT INTO work_spent_scopes VALUES ('s', now() + interval '1 day')", ANYONE),
+    ("UPDATE work_spent_scopes SET reopens_at = now() + interval '1 day'", ANYONE),
+    ("DELETE FROM work_spent_scopes", ANYONE),
+    # (A lock on a row of it would hold up the settle that deletes the row.)
+    ("SELECT scope FROM work_spent_scopes FOR KEY SHARE", ANYONE),
     # The queue's own locks (work_settle_locks, work_claim_locks): only the transitions take
     # them, so no role can hold a stripe and stop claims or settles.
     ("SELECT stripe FROM work_claim_locks FOR UPDATE", ANYONE),
@@ -335,6 +340,7 @@ FORBIDDEN: list[tuple[str, tuple[str, ...]]] = [
     ("SELECT * FROM work_recover_v1(3, 10)", (CLIENT, OPERATOR)),
     ("SELECT work_settle_noted_v1(10)", (CLIENT, OPERATOR)),
     ("SELECT * FROM work_repair_v1(10)", (CLIENT, OPERATOR)),
+    ("SELECT * FROM work_repair_v2(10)", (CLIENT, OPERATOR)),
     # The transitions' helpers run with their caller's privileges.
     ("SELECT work_settle_scopes(ARRAY['s'])", ANYONE),
     (f"SELECT work_note_attempt({ITEM}, 'succeeded')", ANYONE),
@@ -383,10 +389,11 @@ DEFINER_TRIGGERS = {
     "work_items_wait_for_parents", "work_items_release_children", "work_items_after_parents",
     "work_items_keep_needed_parents",
 }  # fmt: skip
-#: The transitions at a second version (0003.dependencies, 0004.claim-kind-room),
-#: beside the first.
+#: The transitions at a later version (0003.dependencies, 0004.claim-kind-room,
+#: 0005.spent-scopes), beside the first.
 SECOND_VERSIONS = {
     "work_request_cancel_v2", "work_settle_noted_v2", "work_delete_finished_v2", "work_claim_v2",
+    "work_claim_v3", "work_repair_v2",
 }  # fmt: skip
 
 
@@ -546,7 +553,7 @@ def test_the_client_role_enqueues_after_other_items_and_a_worker_releases_them(
         assert gone is not None and gone.reason == f"parent {child} was cancelled"
     with psycopg.connect(roles.dsn(WORKER), autocommit=True) as conn:
         [(id, attempt)] = conn.execute(
-            "SELECT id, attempt FROM work_claim_v2('w', 30, 1, ARRAY['Record'])"
+            "SELECT id, attempt FROM work_claim_v3('w', 30, 1, ARRAY['Record'])"
         ).fetchall()
         assert id == parent
         conn.execute("SELECT work_finish_v1(%s, %s, 'Succeeded')", [[id], [attempt]])
@@ -574,7 +581,7 @@ def test_a_worker_runs_items_end_to_end_as_the_worker_role_directly_and_through_
     refused = trioworker("migrate", dsn=worker_dsn)
     assert refused.returncode == 1
     assert refused.stderr.count("\n") == 1 and "may not change the schema" in refused.stderr
-    assert "applied 0004.claim-kind-room" in cli("trioworker_migrator", "migrate")
+    assert "applied 0005.spent-scopes" in cli("trioworker_migrator", "migrate")
     with psycopg.connect(roles.dsn("trioworker_migrator"), autocommit=True) as migrator:
         migrator.execute("CREATE TABLE results (item_id bigint, attempt integer)")  # the app's
     for _ in range(2):

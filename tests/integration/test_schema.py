@@ -81,6 +81,7 @@ def test_the_cli_a_worker_and_the_dashboard_run_in_a_schema_of_their_own(
             "applied 0002.results-steps",
             "applied 0003.dependencies",
             "applied 0004.claim-kind-room",
+            "applied 0005.spent-scopes",
         ]
         assert cli(app_dsn, "migrate", "--schema", "tenant_a").stdout == "schema is up to date\n"
         env = {"TRIOWORKER_SCHEMA": "tenant_a"}

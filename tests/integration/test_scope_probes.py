@@ -47,7 +47,7 @@ def claim_and_finish_with(pg: psycopg.Connection[Any], busy: int) -> tuple[int, 
     pg.execute("VACUUM ANALYZE work_items")  # idle: nothing Running
     for keep_running in (False, True):  # a round run through, then a round left running
         started = pg.execute(
-            "SELECT array_agg(id), array_agg(attempt) FROM work_claim_v2('w', 600, %s, '{K}')",
+            "SELECT array_agg(id), array_agg(attempt) FROM work_claim_v3('w', 600, %s, '{K}')",
             (busy,),
         ).fetchone()
         assert started is not None and len(started[0]) == busy
@@ -55,8 +55,8 @@ def claim_and_finish_with(pg: psycopg.Connection[Any], busy: int) -> tuple[int, 
             pg.execute("SELECT work_finish_v1(%s, %s, 'Succeeded')", started)
     pg.execute("UPDATE work_items SET run_after = now() WHERE scope = 'free'")
     # Warm the session's plans: a claim that finds nothing, a finish of nothing.
-    pg.execute("SELECT * FROM work_claim_v2('w', 600, 1, '{J}')")
-    claim = buffers(pg, "SELECT * FROM work_claim_v2('w', 600, 1, '{K}')", ())
+    pg.execute("SELECT * FROM work_claim_v3('w', 600, 1, '{J}')")
+    claim = buffers(pg, "SELECT * FROM work_claim_v3('w', 600, 1, '{K}')", ())
     row = pg.execute("SELECT id, attempt FROM work_items WHERE scope = 'free'").fetchone()
     assert row is not None
     pg.execute("SELECT * FROM work_finish_v1(%s, %s, 'Succeeded')", ([row[0]], [row[1]]))

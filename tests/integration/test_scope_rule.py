@@ -107,7 +107,7 @@ async def test_claims_of_one_scope_take_turns_and_a_batch_keeps_its_other_items(
     other = await store.enqueue("X", scope="D")
     with session(dsn) as first:
         held = first.execute(
-            "SELECT id, scope FROM work_claim_v2('w1', 30, 1, ARRAY['A', 'B'])"
+            "SELECT id, scope FROM work_claim_v3('w1', 30, 1, ARRAY['A', 'B'])"
         ).fetchall()
         assert [scope for _, scope in held] == ["C"]
         with trio.fail_after(5):

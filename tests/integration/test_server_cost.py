@@ -33,7 +33,7 @@ def running_items(pg: Conn, n: int, *, kind: str = "Noop") -> list[tuple[int, in
         "INSERT INTO work_items (kind) SELECT %s FROM generate_series(1, %s)", (kind, n + 50)
     )
     rows = pg.execute(
-        "SELECT id, attempt FROM work_claim_v2('w1', 60, %s, ARRAY[%s]) ORDER BY id", (n, kind)
+        "SELECT id, attempt FROM work_claim_v3('w1', 60, %s, ARRAY[%s]) ORDER BY id", (n, kind)
     ).fetchall()
     assert len(rows) == n
     return [(int(r[0]), int(r[1])) for r in rows]
@@ -147,7 +147,7 @@ def test_the_slot_trigger_fires_only_where_a_slot_exists(pg: Conn) -> None:
     trigger; a claim of a scoped item, or of a kind with a limit, still does, and the
     limit still holds."""
     pg.execute("INSERT INTO work_items (kind) SELECT 'Free' FROM generate_series(1, 20)")
-    claim = "SELECT * FROM work_claim_v2('w1', 60, %s, ARRAY[%s])"
+    claim = "SELECT * FROM work_claim_v3('w1', 60, %s, ARRAY[%s])"
     assert take_slot_calls(pg, claim, (10, "Free")) == 0
     pg.execute("INSERT INTO work_items (kind, scope) VALUES ('Free', 's1')")
     assert take_slot_calls(pg, claim, (20, "Free")) >= 1

@@ -36,13 +36,13 @@ APP = "tests.apps.chaos:registry"
 RUNNING_SCOPE_INDEX = "work_items_one_running_per_scope_slot"
 
 #: The rule-off control, built here in test code: in the run's own database, the claim
-#: (work_claim_v2) is replaced by one that ignores scopes and limits
+#: (work_claim_v3, the store's) is replaced by one that ignores scopes and limits
 #: (and the scope slot index is dropped), so the
 #: harness can show its checks find overlaps.
 RULE_OFF_SQL = f"""
 DROP INDEX {RUNNING_SCOPE_INDEX};
 
-CREATE OR REPLACE FUNCTION work_claim_v2(
+CREATE OR REPLACE FUNCTION work_claim_v3(
     p_worker text, p_lease double precision, p_limit integer, p_kinds text[],
     p_scopes text[] DEFAULT NULL, p_unscoped boolean DEFAULT true
 ) RETURNS SETOF work_items

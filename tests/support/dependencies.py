@@ -116,7 +116,7 @@ def claim(
 ) -> list[tuple[int, int]]:
     """(id, attempt) of each item a Worker serving `kinds` claims, in one call."""
     rows = conn.execute(
-        "SELECT id, attempt FROM work_claim_v2(%s, %s, %s, %s) ORDER BY id",
+        "SELECT id, attempt FROM work_claim_v3(%s, %s, %s, %s) ORDER BY id",
         (worker, LEASE, limit, list(kinds)),
     ).fetchall()
     return [(id, attempt) for id, attempt in rows]

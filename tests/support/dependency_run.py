@@ -249,7 +249,7 @@ class DagRun:
         owned = self.owned[session.name]
         mine = rng.choice(sorted(owned.items())) if owned else None
         calls: list[tuple[str, LiteralString, Any, float]] = [
-            ("claim", "SELECT id, attempt FROM work_claim_v2(%s, %s, %s, %s)",
+            ("claim", "SELECT id, attempt FROM work_claim_v3(%s, %s, %s, %s)",
              (session.name, deps.LEASE, rng.randint(1, 4), KINDS), 4),
             ("request cancel", "SELECT work_request_cancel_v2(%s)", (self.some_item(),), 0.3),
             ("settle pass", "SELECT work_settle_noted_v2(100)", (), 1),

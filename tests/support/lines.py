@@ -3,8 +3,9 @@
 A line is the Queued items of one (scope, kind, priority) in (run_after, id) order. A
 wedge is a free scope (fewer Running than its limit, 1 unless work_limits says more;
 not paused, not waiting in
-work_unsettled_scopes to be settled) with a line whose first item is not a head: due
-work there could never be claimed.
+work_unsettled_scopes to be settled, not spent in work_spent_scopes until a claim
+settles it) with a line whose first item is not a head: due work there could never be
+claimed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,15 @@ WHERE q.status = 'Queued' AND q.scope IS NOT NULL AND NOT q.is_head
                  1)
   AND NOT EXISTS (SELECT 1 FROM work_pauses AS p WHERE p.scope = q.scope)
   AND NOT EXISTS (SELECT 1 FROM work_unsettled_scopes AS u WHERE u.scope = q.scope)
+  AND NOT EXISTS (  -- its rate spent and noted, or its note due: the next claim settles it
+        SELECT 1 FROM work_spent_scopes AS s
+        WHERE s.scope = q.scope
+          AND (s.reopens_at <= now()
+               OR EXISTS (SELECT 1 FROM work_limits AS l
+                          WHERE l.scope = q.scope AND l.rate IS NOT NULL
+                            AND NOT EXISTS (SELECT 1 FROM work_rate_slots AS o
+                                            WHERE o.limit_id = l.id
+                                              AND o.started_at <= now() - l.per))))
   AND NOT EXISTS (
         SELECT 1 FROM work_items AS e
         WHERE e.scope = q.scope AND e.kind = q.kind AND e.priority = q.priority

@@ -33,14 +33,17 @@ def test_a_query_name_may_not_repeat() -> None:
 
 
 def test_the_claim_and_its_index_live_together() -> None:
-    """The store's claim calls work_claim_v2 and names the indexes and refusals whose
-    rejection it recognises, which the baseline creates (the claim's second version,
-    0004.claim-kind-room, is the one the store calls); the claim
-    passes over full scopes (for every scope and for a list of scopes) and skips
-    locks."""
-    assert "work_claim_v2(" in QUERIES["claim"]
+    """The store's claim calls work_claim_v3 and names the indexes and refusals whose
+    rejection it recognises, which the baseline creates (the claim's third version,
+    0005.spent-scopes, is the one the store calls: it settles the reopened scopes and
+    claims as the second, 0004.claim-kind-room); the claim passes over full scopes (for
+    every scope and for a list of scopes) and skips locks."""
+    assert "work_claim_v3(" in QUERIES["claim"]
     baseline = (migrations_dir() / "0001.queue.sql").read_text()
     second = (migrations_dir() / "0004.claim-kind-room.sql").read_text()
+    third = (migrations_dir() / "0005.spent-scopes.sql").read_text()
+    third = third[third.index("CREATE FUNCTION work_claim_v3(") :]
+    assert "FROM work_claim_v2(" in third[: third.index("$$;")]
     for name in sorted(RUNNING_SLOT_INDEXES | LIMIT_REFUSALS):
         assert name in QUERIES["claim"] and name in baseline
     claim = second[second.index("CREATE FUNCTION work_claim_v2(") :]

@@ -1000,7 +1000,7 @@ async def test_a_completions_slot_goes_to_the_claim_sent_with_it(
 ) -> None:
     """Concurrency 1, a handler of 1 s, completions that take 3 s to write: the next
     item, unscoped or of a scope, is claimed in the same call as the first one's
-    completion (one round trip for both, work_finish_and_claim_v2), so it starts
+    completion (one round trip for both, work_finish_and_claim_v3), so it starts
     once that call has answered. Each is completed by its one fenced write. (Before
     issue 32, an unscoped item's slot went back as its handler returned, and the next one
     was claimed while the completion was written: two round trips.)"""

@@ -63,7 +63,7 @@ _LOCK = (
 #: The queue's last migration: an application's first migration depends on it
 #: (`-- depends: 0002.results-steps`, written from this constant by `trioworker sql`-minded
 #: tools; a test keeps it the last file of migrations/).
-QUEUE_MIGRATION_HEAD = "0004.claim-kind-room"
+QUEUE_MIGRATION_HEAD = "0005.spent-scopes"
 
 #: The ids of the pre-release chain of migrations (before 0.1.0), squashed into
 #: 0001.queue (issue 32). A database that has any of them applied was made by a

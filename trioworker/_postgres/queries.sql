@@ -54,8 +54,9 @@ WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 
 -- name: claim
 -- Up to %(limit)s due items of the served kinds whose scopes and kinds have room under
--- their limits (work_claim_v2, migrations/0004.claim-kind-room.sql: a probe of the busy scopes'
--- index and a claim lock per scope; under both work_items_one_running_per_scope_slot and
+-- their limits (work_claim_v3, migrations/0005.spent-scopes.sql, which settles the scopes
+-- whose rate window has reopened and then claims as work_claim_v2 in
+-- 0004.claim-kind-room.sql: a probe of the busy scopes' index and a claim lock per scope; under both work_items_one_running_per_scope_slot and
 -- work_items_one_running_per_kind_slot, and work_items_take_slot's refusals
 -- work_items_slot_within_limit and work_items_rate_within_limit, whose names the
 -- store recognises). For limit 1, the default, a scope runs one item at a time.
@@ -68,14 +69,14 @@ WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 -- unscoped items alone.
 SELECT id, kind, scope, payload::text AS payload, priority, attempt, stalls, failures,
        requested_at, dedup_key, trace_context::text AS trace_context
-FROM /* TEMPLATE: schema */work_claim_v2(
+FROM /* TEMPLATE: schema */work_claim_v3(
     %(worker_id)s, %(lease)s, %(limit)s, %(kinds)s,
     CASE WHEN /* TEMPLATE: schema */work_failover_hold_v1(%(lease)s) THEN '{}'::text[]
          ELSE %(scopes)s::text[] END,
     %(unscoped)s);
 
 -- name: seconds_until_due
-SELECT /* TEMPLATE: schema */work_seconds_until_due_v1(%(kinds)s, %(scopes)s, %(unscoped)s)
+SELECT /* TEMPLATE: schema */work_seconds_until_due_v2(%(kinds)s, %(scopes)s, %(unscoped)s)
     AS seconds;
 
 -- name: heartbeat
@@ -177,7 +178,7 @@ FROM /* TEMPLATE: schema */work_finish_v1(%(ids)s, %(attempts)s, %(status)s, %(r
 -- name: finish_and_claim
 -- A batch of completions finished Succeeded (as `finish` with wait false: rows another
 -- transaction holds are passed over) and the next claim, in one round trip when the
--- Worker has free slots (work_finish_and_claim_v2, migrations/0004.claim-kind-room.sql: the
+-- Worker has free slots (work_finish_and_claim_v3, migrations/0005.spent-scopes.sql: the
 -- two transitions, called one after the other in one transaction). The scopes are
 -- the claim's, the failover guard asked first, as in `claim`. One row per id finished
 -- (`finished`), then one per item claimed, read as `claim` reads them.
@@ -185,7 +186,7 @@ SELECT f.finished, (f.item).id, (f.item).kind, (f.item).scope,
        (f.item).payload::text AS payload, (f.item).priority, (f.item).attempt,
        (f.item).stalls, (f.item).failures, (f.item).requested_at, (f.item).dedup_key,
        (f.item).trace_context::text AS trace_context
-FROM /* TEMPLATE: schema */work_finish_and_claim_v2(
+FROM /* TEMPLATE: schema */work_finish_and_claim_v3(
     %(ids)s, %(attempts)s, %(worker_id)s, %(lease)s, %(limit)s,
     %(kinds)s,
     CASE WHEN /* TEMPLATE: schema */work_failover_hold_v1(%(lease)s) THEN '{}'::text[]
@@ -229,7 +230,7 @@ SELECT /* TEMPLATE: schema */work_request_cancel_v2(%(id)s) AS status;
 SELECT /* TEMPLATE: schema */work_settle_noted_v2(%(limit)s) AS settled;
 
 -- name: repair_heads
-SELECT scope, promoted FROM /* TEMPLATE: schema */work_repair_v1(%(limit)s);
+SELECT scope, promoted FROM /* TEMPLATE: schema */work_repair_v2(%(limit)s);
 
 -- name: pause
 SELECT /* TEMPLATE: schema */work_pause_v1(%(kind)s, %(scope)s) AS changed;
