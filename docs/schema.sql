@@ -705,10 +705,13 @@ CREATE OR REPLACE FUNCTION public.work_claim_v3(p_worker text, p_lease double pr
  SET search_path TO 'public', 'pg_temp'
 AS $function$
 DECLARE
-    was text := work_internal_begin();
+    was text;
 BEGIN
-    PERFORM work_settle_reopened(64);
-    PERFORM work_internal_end(was);
+    IF EXISTS (SELECT FROM work_spent_scopes AS s WHERE s.reopens_at <= now()) THEN
+        was := work_internal_begin();
+        PERFORM work_settle_reopened(64);
+        PERFORM work_internal_end(was);
+    END IF;
     RETURN QUERY SELECT * FROM work_claim_v2(p_worker, p_lease, p_limit, p_kinds, p_scopes,
                                              p_unscoped);
 END
@@ -2428,7 +2431,7 @@ BEGIN
          WHERE (p_scopes IS NULL OR s.scope = ANY(p_scopes))
            AND EXISTS (SELECT 1 FROM work_items AS w
                        WHERE w.scope = s.scope AND w.status = 'Queued'
-                         AND w.kind = ANY(p_kinds) AND w.run_after <= now())));
+                         AND w.kind = ANY(p_kinds))));
 END
 $function$;
 
@@ -2712,21 +2715,30 @@ CREATE OR REPLACE FUNCTION public.work_settle_reopened(p_limit integer)
  SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
-    reopened text[];
+    s text;
+    locked text[] := '{}';
+    result record;
 BEGIN
-    IF NOT EXISTS (SELECT FROM work_spent_scopes AS s WHERE s.reopens_at <= now()) THEN
+    FOR s IN
+        SELECT d.scope FROM (SELECT n.scope FROM work_spent_scopes AS n
+                             WHERE n.reopens_at <= now()
+                             ORDER BY n.reopens_at LIMIT p_limit) AS d
+        ORDER BY work_stripe(d.scope), d.scope
+    LOOP
+        IF work_lock_scope(s, false) THEN
+            locked := locked || s;
+        END IF;
+    END LOOP;
+    IF cardinality(locked) = 0 THEN
         RETURN 0;
     END IF;
-    WITH due AS (
-        DELETE FROM work_spent_scopes AS s
-        WHERE s.scope = ANY(ARRAY(SELECT d.scope FROM work_spent_scopes AS d
-                                  WHERE d.reopens_at <= now()
-                                  ORDER BY d.reopens_at LIMIT p_limit
-                                  FOR UPDATE SKIP LOCKED))
-        RETURNING s.scope
-    )
-    SELECT array_agg(d.scope) INTO reopened FROM due AS d;
-    RETURN work_settle_scopes(reopened, false);
+    DELETE FROM work_spent_scopes WHERE scope = ANY(locked) AND reopens_at <= now();
+    result := work_settle_locked(locked);
+    FOREACH s IN ARRAY result.unsettled LOOP
+        INSERT INTO work_unsettled_scopes (scope) VALUES (s);
+        PERFORM pg_notify('trioworker_settle', s);
+    END LOOP;
+    RETURN result.promoted;
 END
 $function$;
 

@@ -17,21 +17,42 @@
 -- work_items_confirm_place. New versions beside the old (a Worker of an older release
 -- calls those, unchanged): work_claim_v3 and work_finish_and_claim_v3 (the reopened
 -- scopes settled, then the claim of _v2), work_seconds_until_due_v2 (an idle Worker
--- also wakes when a spent scope with due work reopens), work_repair_v2 (a spent scope
--- is no wedge). An older Worker never settles a reopened scope itself: its repair pass
--- (work_repair_v1, every quarter lease) finds the scope free with a line whose first
--- item is no head, settles it and logs a repair.
+-- also wakes when a spent scope with Queued work reopens), work_repair_v2 (a spent
+-- scope is no wedge). An older Worker never settles a reopened scope itself: its
+-- repair pass (work_repair_v1, every quarter lease) finds the scope free with a line
+-- whose first item is no head, settles it and logs a repair. The roles that may read
+-- work_pauses, or call the earlier claim and repair, get the same on the new table and
+-- functions here, so enqueues and new Workers go on before docs/grants.sql is run again.
 -- depends: 0004.claim-kind-room
 
--- Scopes whose rate window is spent, and when it next has a start. Written only by a
--- settle (under the scope's settle lock) and by the claim's pass over reopened scopes;
--- read by the triggers that place an arriving item, and by an idle Worker's sleep.
+-- Scopes whose rate window is spent, and when it next has a start. Written only under
+-- the scope's settle lock: by a settle, and by the claim's pass over reopened scopes.
+-- Read by the triggers that place an arriving item, and by an idle Worker's sleep.
 CREATE TABLE work_spent_scopes (
     scope      text        PRIMARY KEY,
     reopens_at timestamptz NOT NULL,
     CONSTRAINT work_spent_scopes_times_in_range
         CHECK (reopens_at BETWEEN '1900-01-01 00:00:00+00' AND '9000-01-01 00:00:00+00')
 );
+-- An enqueue's trigger (work_items_arrive) reads it as the enqueuing role, as it reads
+-- work_pauses: every role that may read work_pauses may read this, from the moment it
+-- exists (docs/grants.sql says the same, for when it is run again).
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT a.grantee FROM pg_catalog.pg_class AS c
+        CROSS JOIN LATERAL aclexplode(c.relacl) AS a
+        WHERE c.oid = 'work_pauses'::regclass AND a.privilege_type = 'SELECT'
+          AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE format('GRANT SELECT ON TABLE work_spent_scopes TO %s',
+                       CASE WHEN r.grantee = 0 THEN 'PUBLIC'
+                            ELSE quote_ident(pg_catalog.pg_get_userbyid(r.grantee)) END);
+    END LOOP;
+END
+$$;
 -- The claim's pass over reopened scopes (reopens_at <= now()), oldest first.
 CREATE INDEX work_spent_scopes_reopens ON work_spent_scopes (reopens_at);
 
@@ -252,29 +273,40 @@ END
 $$;
 
 -- Settle the scopes (at most `p_limit`, the longest overdue first) whose rate window
--- has reopened, each noted by the settle that found it spent. Never waits: a row or a
--- settle lock another transaction holds is passed over (a scope whose settle lock is
--- taken is noted for the Workers' settle pass). Returns how many items became heads.
+-- has reopened, each noted by the settle that found it spent. A note is only ever
+-- written or removed under its scope's settle lock, so no settle waits on a note's
+-- row: this takes the locks first (try only, in stripe order, as every settle does)
+-- and leaves the notes of scopes whose lock another transaction holds to a later
+-- claim. Returns how many items became heads.
 CREATE FUNCTION work_settle_reopened(p_limit integer) RETURNS integer
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off
 AS $$
 DECLARE
-    reopened text[];
+    s text;
+    locked text[] := '{}';
+    result record;
 BEGIN
-    IF NOT EXISTS (SELECT FROM work_spent_scopes AS s WHERE s.reopens_at <= now()) THEN
+    FOR s IN
+        SELECT d.scope FROM (SELECT n.scope FROM work_spent_scopes AS n
+                             WHERE n.reopens_at <= now()
+                             ORDER BY n.reopens_at LIMIT p_limit) AS d
+        ORDER BY work_stripe(d.scope), d.scope
+    LOOP
+        IF work_lock_scope(s, false) THEN
+            locked := locked || s;
+        END IF;
+    END LOOP;
+    IF cardinality(locked) = 0 THEN
         RETURN 0;
     END IF;
-    WITH due AS (
-        DELETE FROM work_spent_scopes AS s
-        WHERE s.scope = ANY(ARRAY(SELECT d.scope FROM work_spent_scopes AS d
-                                  WHERE d.reopens_at <= now()
-                                  ORDER BY d.reopens_at LIMIT p_limit
-                                  FOR UPDATE SKIP LOCKED))
-        RETURNING s.scope
-    )
-    SELECT array_agg(d.scope) INTO reopened FROM due AS d;
-    RETURN work_settle_scopes(reopened, false);
+    DELETE FROM work_spent_scopes WHERE scope = ANY(locked) AND reopens_at <= now();
+    result := work_settle_locked(locked);
+    FOREACH s IN ARRAY result.unsettled LOOP
+        INSERT INTO work_unsettled_scopes (scope) VALUES (s);
+        PERFORM pg_notify('trioworker_settle', s);
+    END LOOP;
+    RETURN result.promoted;
 END
 $$;
 
@@ -286,10 +318,13 @@ CREATE FUNCTION work_claim_v3(
 ) RETURNS SETOF work_items
 LANGUAGE plpgsql AS $$
 DECLARE
-    was text := work_internal_begin();
+    was text;
 BEGIN
-    PERFORM work_settle_reopened(64);
-    PERFORM work_internal_end(was);
+    IF EXISTS (SELECT FROM work_spent_scopes AS s WHERE s.reopens_at <= now()) THEN
+        was := work_internal_begin();
+        PERFORM work_settle_reopened(64);
+        PERFORM work_internal_end(was);
+    END IF;
     RETURN QUERY SELECT * FROM work_claim_v2(p_worker, p_lease, p_limit, p_kinds, p_scopes,
                                              p_unscoped);
 END
@@ -312,9 +347,10 @@ BEGIN
 END
 $$;
 
--- work_seconds_until_due_v1, or sooner: until a spent scope with due work of `p_kinds`
--- (in `p_scopes`, if given) reopens (at most 0: it has reopened, and the next claim
--- settles it).
+-- work_seconds_until_due_v1, or sooner: until a spent scope with Queued work of
+-- `p_kinds` (in `p_scopes`, if given) reopens, due or not (the claim then settles it,
+-- and its heads' due times count from there on; at most 0: it has reopened, and the
+-- next claim settles it).
 CREATE FUNCTION work_seconds_until_due_v2(
     p_kinds text[], p_scopes text[] DEFAULT NULL, p_unscoped boolean DEFAULT true
 ) RETURNS double precision
@@ -329,7 +365,7 @@ BEGIN
          WHERE (p_scopes IS NULL OR s.scope = ANY(p_scopes))
            AND EXISTS (SELECT 1 FROM work_items AS w
                        WHERE w.scope = s.scope AND w.status = 'Queued'
-                         AND w.kind = ANY(p_kinds) AND w.run_after <= now())));
+                         AND w.kind = ANY(p_kinds))));
 END
 $$;
 
@@ -401,5 +437,34 @@ BEGIN
         END IF;
     END LOOP;
     PERFORM work_internal_end(was);
+END
+$$;
+
+-- Whoever may call a transition's earlier version may call its new one, from the
+-- moment it exists (docs/grants.sql gives the same when it is run again): a Worker of
+-- this release starts before an operator runs it.
+DO $$
+DECLARE
+    pair record;
+    r record;
+BEGIN
+    FOR pair IN
+        SELECT v.earlier::regprocedure AS earlier, v.later::regprocedure AS later
+        FROM (VALUES
+            ('work_claim_v2(text, double precision, integer, text[], text[], boolean)',
+             'work_claim_v3(text, double precision, integer, text[], text[], boolean)'),
+            ('work_repair_v1(integer)', 'work_repair_v2(integer)')) AS v (earlier, later)
+    LOOP
+        FOR r IN
+            SELECT DISTINCT a.grantee FROM pg_catalog.pg_proc AS p
+            CROSS JOIN LATERAL aclexplode(p.proacl) AS a
+            WHERE p.oid = pair.earlier AND a.privilege_type = 'EXECUTE'
+              AND a.grantee <> p.proowner
+        LOOP
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', pair.later,
+                           CASE WHEN r.grantee = 0 THEN 'PUBLIC'
+                                ELSE quote_ident(pg_catalog.pg_get_userbyid(r.grantee)) END);
+        END LOOP;
+    END LOOP;
 END
 $$;

@@ -323,3 +323,28 @@ async def test_a_rate_limited_kind_starts_at_most_its_rate_and_is_never_failed(
     assert row.fetchone() == (7,)
     await trio.sleep(wait + 0.05)
     assert len(await store.claim_batch("w", LEASE, 10, kinds=["R"])) == 3
+
+
+async def test_a_spent_scope_holds_no_heads_and_a_head_a_race_leaves_it_cuts_no_claim_short(
+    store: PostgresStore, pg: Conn
+) -> None:
+    """R's rate spent by a claim and its finish: R holds no head, and an item arriving
+    in it is placed behind (the claim reads none of them). A head a race leaves there
+    anyway (a settle that ran while a claim held R's last open start, made here by
+    hand) is asked its rate: a claim of one takes X's later item, not nothing."""
+    await store.set_limit(scope="R", rate="1/h")
+    first = await store.enqueue("K", scope="R")
+    behind = await store.enqueue("K", scope="R")
+    [started] = await store.claim_batch("w", LEASE, 1, kinds=["K"])
+    assert started.id == first.id and await store.complete(started.id, started.attempt)
+    await store.enqueue("K", scope="R", priority=3)  # arrives in a line of its own
+    heads = pg.execute("SELECT id FROM work_items WHERE scope = 'R' AND is_head").fetchall()
+    assert heads == []
+    row = pg.execute("SELECT reopens_at > now() FROM work_spent_scopes WHERE scope = 'R'")
+    assert row.fetchone() == (True,)
+    pg.execute("UPDATE work_items SET is_head = true WHERE id = %s", (behind.id,))
+    x = await store.enqueue("K", scope="X")
+    assert [item.id for item in await store.claim_batch("w", LEASE, 1, kinds=["K"])] == [x.id]
+    assert {i.id for i in await store.claim_batch("w", LEASE, 9, kinds=["K"])} == set()
+    row = pg.execute("SELECT count(*) FROM work_items WHERE scope = 'R' AND status = 'Queued'")
+    assert row.fetchone() == (2,)  # `behind` and `arrived` wait for R's window

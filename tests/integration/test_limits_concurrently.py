@@ -1,7 +1,8 @@
 """The seeded interleavings of test_lines_concurrently.py, with limits among them
 (issue 21, acceptance 2): scopes and kinds at running limits N in {1, 2, 3} that a
 limiter session changes (raises, lowers, clears, sets the default) in transactions it
-holds open, a kind under a rate limit, an operator who starts items by hand, and two
+holds open, a kind under a rate limit (and in half the runs a scope under one, which
+gives up its heads while its window is spent), an operator who starts items by hand, and two
 Workers whose claims race for the last slots. After every step, on committed state:
 no scope or kind ever gained a Running item beyond a limit in force while that start
 was being made (a lowered limit cancels nothing, so more may still run than the new
@@ -28,6 +29,7 @@ from trioworker._postgres.store import LIMIT_REFUSALS, RUNNING_SLOT_INDEXES
 KINDS = lines.KINDS  # K, J, P
 RATED = "P"
 RATE, PER = 4, 1.0  # P: at most 4 starts in any second
+RATED_SCOPE = "s2"  # in half the runs, at most 2 starts a second
 UNLIMITED = 10**9
 
 Key = tuple[str, str]  # ("scope", name) or ("kind", name)
@@ -62,6 +64,8 @@ class LimitedRun(lines.Run):
             if rng.random() < 0.6:
                 o.execute("SELECT work_set_limit_v1(%s, NULL, %s)", (kind, rng.randint(1, 3)))
         o.execute("SELECT work_set_limit_v1(%s, NULL, NULL, %s, %s)", (RATED, RATE, PER))
+        if rng.random() < 0.5:  # a scope under a rate: spent, it gives up its heads
+            o.execute("SELECT work_set_limit_v1(NULL, %s, NULL, %s, %s)", (RATED_SCOPE, 2, PER))
         self.history.append(self.limits())
 
     # -- what the committed state says --------------------------------------------

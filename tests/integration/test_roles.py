@@ -28,7 +28,7 @@ from tests.browser.support import TOKEN, dashboards, request
 from tests.integration.test_cli import trioworker
 from tests.integration.test_clients import run_asyncio
 from tests.support.clusters import pgbouncer
-from tests.support.database import Databases
+from tests.support.database import Databases, migrate_until
 from tests.support.processes import kill_workers, wait_for, workers
 from tests.support.roles import RoleSetup
 from trioworker import AsyncClient, CancelOutcome, Client, NewItem, Status, StoreError
@@ -559,6 +559,32 @@ def test_the_client_role_enqueues_after_other_items_and_a_worker_releases_them(
         conn.execute("SELECT work_finish_v1(%s, %s, 'Succeeded')", [[id], [attempt]])
         [(status,)] = conn.execute("SELECT status FROM work_items WHERE id = %s", [other])
         assert status == "Queued"
+
+
+def test_a_scoped_enqueue_works_between_a_migration_and_the_next_run_of_grants(
+    empty_roles: RoleSetup,
+) -> None:
+    """0005.spent-scopes adds a table that an enqueue's trigger reads as the enqueuing
+    role (work_spent_scopes, as it reads work_pauses), and the claim the Worker calls
+    (work_claim_v3). A database at 0004 with that release's grants, migrated to 0005
+    and grants.sql not yet run again: the client role's scoped enqueue still goes (the
+    migration grants the read to every role that may read work_pauses), and the Worker
+    role claims the item (and the new claim to every role that may call the old)."""
+    roles = empty_roles
+    migrate_until(roles.dsn("trioworker_migrator"), "0004.claim-kind-room")
+    with psycopg.connect(roles.dsn("trioworker_migrator"), autocommit=True) as migrator:
+        # docs/grants.sql as it was at 0004: without the table it has since.
+        migrator.execute(roles.script("grants.sql").replace(" work_spent_scopes,", ""))
+    done = trioworker("migrate", dsn=roles.dsn("trioworker_migrator"))
+    assert done.returncode == 0 and done.stdout == "applied 0005.spent-scopes\n", done.stderr
+    with psycopg.connect(roles.dsn(CLIENT), autocommit=True) as client:
+        client.execute("INSERT INTO work_items (kind, scope) VALUES ('K', 's')")
+    with psycopg.connect(roles.dsn(WORKER), autocommit=True) as worker:
+        claimed = worker.execute(
+            WRITTEN["claim"],
+            dict(worker_id="w", lease=30.0, limit=1, kinds=["K"], scopes=None, unscoped=True),
+        ).fetchall()
+    assert [row[2] for row in claimed] == ["s"]
 
 
 def test_a_worker_runs_items_end_to_end_as_the_worker_role_directly_and_through_pgbouncer(
