@@ -2428,7 +2428,7 @@ BEGIN
         work_seconds_until_due_v1(p_kinds, p_scopes, p_unscoped),
         (SELECT EXTRACT(EPOCH FROM min(s.reopens_at) - now())::float8
          FROM work_spent_scopes AS s
-         WHERE (p_scopes IS NULL OR s.scope = ANY(p_scopes))
+         WHERE (p_scopes IS NULL OR s.scope = ANY(p_scopes)) AND s.reopens_at > now()
            AND EXISTS (SELECT 1 FROM work_items AS w
                        WHERE w.scope = s.scope AND w.status = 'Queued'
                          AND w.kind = ANY(p_kinds))));
@@ -2570,8 +2570,12 @@ BEGIN
         RETURNING s.scope
     ),
     unspent AS (
+        -- The note of a scope no longer spent: free now, or its reopening passed (a
+        -- full or paused scope is noted again by the settle that frees it, if spent).
         DELETE FROM work_spent_scopes AS s
-        WHERE s.scope = ANY(ARRAY(SELECT f.scope FROM free AS f))
+        WHERE s.scope = ANY(p_scopes)
+          AND s.scope <> ALL(ARRAY(SELECT o.scope FROM open AS o WHERE o.reopens IS NOT NULL))
+          AND (s.reopens_at <= now() OR s.scope = ANY(ARRAY(SELECT f.scope FROM free AS f)))
         RETURNING s.scope
     ),
     firsts AS (
@@ -2720,19 +2724,24 @@ DECLARE
     result record;
 BEGIN
     FOR s IN
-        SELECT d.scope FROM (SELECT n.scope FROM work_spent_scopes AS n
-                             WHERE n.reopens_at <= now()
-                             ORDER BY n.reopens_at LIMIT p_limit) AS d
+        SELECT d.scope FROM (
+            SELECT n.scope FROM work_spent_scopes AS n
+            WHERE n.reopens_at <= now()
+            ORDER BY EXISTS (SELECT FROM work_unsettled_scopes AS u WHERE u.scope = n.scope),
+                     n.reopens_at
+            LIMIT p_limit) AS d
         ORDER BY work_stripe(d.scope), d.scope
     LOOP
         IF work_lock_scope(s, false) THEN
             locked := locked || s;
+        ELSIF NOT EXISTS (SELECT FROM work_unsettled_scopes AS u WHERE u.scope = s) THEN
+            INSERT INTO work_unsettled_scopes (scope) VALUES (s);
+            PERFORM pg_notify('trioworker_settle', s);
         END IF;
     END LOOP;
     IF cardinality(locked) = 0 THEN
         RETURN 0;
     END IF;
-    DELETE FROM work_spent_scopes WHERE scope = ANY(locked) AND reopens_at <= now();
     result := work_settle_locked(locked);
     FOREACH s IN ARRAY result.unsettled LOOP
         INSERT INTO work_unsettled_scopes (scope) VALUES (s);

@@ -108,8 +108,12 @@ BEGIN
         RETURNING s.scope
     ),
     unspent AS (
+        -- The note of a scope no longer spent: free now, or its reopening passed (a
+        -- full or paused scope is noted again by the settle that frees it, if spent).
         DELETE FROM work_spent_scopes AS s
-        WHERE s.scope = ANY(ARRAY(SELECT f.scope FROM free AS f))
+        WHERE s.scope = ANY(p_scopes)
+          AND s.scope <> ALL(ARRAY(SELECT o.scope FROM open AS o WHERE o.reopens IS NOT NULL))
+          AND (s.reopens_at <= now() OR s.scope = ANY(ARRAY(SELECT f.scope FROM free AS f)))
         RETURNING s.scope
     ),
     firsts AS (
@@ -273,11 +277,12 @@ END
 $$;
 
 -- Settle the scopes (at most `p_limit`, the longest overdue first) whose rate window
--- has reopened, each noted by the settle that found it spent. A note is only ever
--- written or removed under its scope's settle lock, so no settle waits on a note's
--- row: this takes the locks first (try only, in stripe order, as every settle does)
--- and leaves the notes of scopes whose lock another transaction holds to a later
--- claim. Returns how many items became heads.
+-- has reopened, each noted by the settle that found it spent. Only a settle writes or
+-- removes a note (work_settle_locked, under the scope's settle lock), so nothing waits
+-- on a note's row. The settle locks are tried, never waited for: a scope whose lock
+-- another transaction holds is noted for the Workers' settle pass (once), which waits
+-- for it, and is tried again by later claims, after the scopes not noted so. Returns how
+-- many items became heads.
 CREATE FUNCTION work_settle_reopened(p_limit integer) RETURNS integer
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off
@@ -288,19 +293,24 @@ DECLARE
     result record;
 BEGIN
     FOR s IN
-        SELECT d.scope FROM (SELECT n.scope FROM work_spent_scopes AS n
-                             WHERE n.reopens_at <= now()
-                             ORDER BY n.reopens_at LIMIT p_limit) AS d
+        SELECT d.scope FROM (
+            SELECT n.scope FROM work_spent_scopes AS n
+            WHERE n.reopens_at <= now()
+            ORDER BY EXISTS (SELECT FROM work_unsettled_scopes AS u WHERE u.scope = n.scope),
+                     n.reopens_at
+            LIMIT p_limit) AS d
         ORDER BY work_stripe(d.scope), d.scope
     LOOP
         IF work_lock_scope(s, false) THEN
             locked := locked || s;
+        ELSIF NOT EXISTS (SELECT FROM work_unsettled_scopes AS u WHERE u.scope = s) THEN
+            INSERT INTO work_unsettled_scopes (scope) VALUES (s);
+            PERFORM pg_notify('trioworker_settle', s);
         END IF;
     END LOOP;
     IF cardinality(locked) = 0 THEN
         RETURN 0;
     END IF;
-    DELETE FROM work_spent_scopes WHERE scope = ANY(locked) AND reopens_at <= now();
     result := work_settle_locked(locked);
     FOREACH s IN ARRAY result.unsettled LOOP
         INSERT INTO work_unsettled_scopes (scope) VALUES (s);
@@ -349,8 +359,9 @@ $$;
 
 -- work_seconds_until_due_v1, or sooner: until a spent scope with Queued work of
 -- `p_kinds` (in `p_scopes`, if given) reopens, due or not (the claim then settles it,
--- and its heads' due times count from there on; at most 0: it has reopened, and the
--- next claim settles it).
+-- and its heads' due times count from there on). A note whose reopening has passed is
+-- not counted, as v1 counts no rate window already open: the claim before this call
+-- settled it, or handed it to the settle pass, which wakes the Workers.
 CREATE FUNCTION work_seconds_until_due_v2(
     p_kinds text[], p_scopes text[] DEFAULT NULL, p_unscoped boolean DEFAULT true
 ) RETURNS double precision
@@ -362,7 +373,7 @@ BEGIN
         work_seconds_until_due_v1(p_kinds, p_scopes, p_unscoped),
         (SELECT EXTRACT(EPOCH FROM min(s.reopens_at) - now())::float8
          FROM work_spent_scopes AS s
-         WHERE (p_scopes IS NULL OR s.scope = ANY(p_scopes))
+         WHERE (p_scopes IS NULL OR s.scope = ANY(p_scopes)) AND s.reopens_at > now()
            AND EXISTS (SELECT 1 FROM work_items AS w
                        WHERE w.scope = s.scope AND w.status = 'Queued'
                          AND w.kind = ANY(p_kinds))));

@@ -5,6 +5,7 @@ unchanged)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 from typing import Any
 
@@ -347,4 +348,34 @@ async def test_a_spent_scope_holds_no_heads_and_a_head_a_race_leaves_it_cuts_no_
     assert [item.id for item in await store.claim_batch("w", LEASE, 1, kinds=["K"])] == [x.id]
     assert {i.id for i in await store.claim_batch("w", LEASE, 9, kinds=["K"])} == set()
     row = pg.execute("SELECT count(*) FROM work_items WHERE scope = 'R' AND status = 'Queued'")
-    assert row.fetchone() == (2,)  # `behind` and `arrived` wait for R's window
+    assert row.fetchone() == (2,)  # `behind` and the later arrival wait for R's window
+
+
+def test_only_a_settle_writes_a_spent_scopes_note(pg: Conn) -> None:
+    """A note of work_spent_scopes is written and removed by work_settle_locked alone,
+    whose callers hold the scope's settle lock: so nothing ever waits on a note's row
+    (docs/adr/0014, the amendment on spent scopes)."""
+    rows = pg.execute(
+        "SELECT p.proname FROM pg_proc AS p"
+        " WHERE p.pronamespace = current_schema()::regnamespace"
+        " AND p.prosrc ~* '(insert\\s+into|update|delete\\s+from)\\s+work_spent_scopes'"
+        " ORDER BY 1"
+    ).fetchall()
+    assert [name for (name,) in rows] == ["work_settle_locked"]
+
+
+async def test_the_idle_sleep_ends_at_a_spent_scopes_reopening_for_work_due_before_it(
+    store: PostgresStore, pg: Conn
+) -> None:
+    """R at one start in 3 s, spent; its next item falls due in 1 s, before R reopens:
+    the idle sleep is until R reopens (R holds no head to say so), and then the item
+    starts."""
+    await store.set_limit(scope="R", rate="1/3s")
+    await store.enqueue("K", scope="R")
+    [started] = await store.claim_batch("w", LEASE, 1, kinds=["K"])
+    assert await store.complete(started.id, started.attempt)
+    later = await store.enqueue("K", scope="R", run_after=dt.timedelta(seconds=1))
+    wait = await store.seconds_until_due(kinds=["K"])
+    assert wait is not None and 1.0 < wait <= 3.0
+    await trio.sleep(wait + 0.05)
+    assert [i.id for i in await store.claim_batch("w", LEASE, 10, kinds=["K"])] == [later.id]

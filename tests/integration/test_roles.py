@@ -584,6 +584,7 @@ def test_a_scoped_enqueue_works_between_a_migration_and_the_next_run_of_grants(
             WRITTEN["claim"],
             dict(worker_id="w", lease=30.0, limit=1, kinds=["K"], scopes=None, unscoped=True),
         ).fetchall()
+        assert worker.execute("SELECT * FROM work_repair_v2(10)").fetchall() == []
     assert [row[2] for row in claimed] == ["s"]
 
 

@@ -257,14 +257,16 @@ class Formation:
     @staticmethod
     def _steadily(done: Callable[[], bool]) -> Callable[[], bool]:
         """`done`, once it has held on every look for STEADY seconds."""
-        since: list[float] = []
+        since: float | None = None  # when `done` began to hold
 
         def steady() -> bool:
+            nonlocal since
             if not done():
-                since.clear()
+                since = None
                 return False
-            since[:] = since or [time.monotonic()]
-            return time.monotonic() - since[0] >= STEADY
+            if since is None:
+                since = time.monotonic()
+            return time.monotonic() - since >= STEADY
 
         return steady
 
