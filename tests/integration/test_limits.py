@@ -379,3 +379,15 @@ async def test_the_idle_sleep_ends_at_a_spent_scopes_reopening_for_work_due_befo
     assert wait is not None and 1.0 < wait <= 3.0
     await trio.sleep(wait + 0.05)
     assert [i.id for i in await store.claim_batch("w", LEASE, 10, kinds=["K"])] == [later.id]
+
+
+def test_a_note_that_no_longer_holds_is_repaired(pg: Conn) -> None:
+    """A note of a scope that is not spent (its limit gone by a TRUNCATE, which fires no
+    trigger) places an arriving item behind; the repair pass finds the scope free with
+    no head, settles it (the note goes) and reports it."""
+    pg.execute("INSERT INTO work_spent_scopes VALUES ('b', now() + interval '1 hour')")
+    pg.execute("INSERT INTO work_items (kind, scope) VALUES ('K', 'b')")
+    assert pg.execute("SELECT is_head FROM work_items").fetchall() == [(False,)]
+    assert pg.execute("SELECT * FROM work_repair_v2(10)").fetchall() == [("b", 1)]
+    assert pg.execute("SELECT is_head FROM work_items").fetchall() == [(True,)]
+    assert pg.execute("SELECT count(*) FROM work_spent_scopes").fetchall() == [(0,)]

@@ -75,8 +75,8 @@ def lockstep_machine(
         def __init__(self) -> None:
             super().__init__()
             pg.execute(
-                "TRUNCATE work_items, work_unsettled_waiting, work_limits, work_pauses"
-                " RESTART IDENTITY CASCADE"
+                "TRUNCATE work_items, work_unsettled_waiting, work_limits, work_pauses,"
+                " work_spent_scopes RESTART IDENTITY CASCADE"
             )
             self.pg = PostgresHarness(store, pg)
             self.mem = MemoryHarness()
