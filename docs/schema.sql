@@ -704,13 +704,9 @@ CREATE OR REPLACE FUNCTION public.work_claim_v3(p_worker text, p_lease double pr
  SECURITY DEFINER
  SET search_path TO 'public', 'pg_temp'
 AS $function$
-DECLARE
-    was text;
 BEGIN
     IF EXISTS (SELECT FROM work_spent_scopes AS s WHERE s.reopens_at <= now()) THEN
-        was := work_internal_begin();
         PERFORM work_settle_reopened(64);
-        PERFORM work_internal_end(was);
     END IF;
     RETURN QUERY SELECT * FROM work_claim_v2(p_worker, p_lease, p_limit, p_kinds, p_scopes,
                                              p_unscoped);
@@ -2719,6 +2715,7 @@ CREATE OR REPLACE FUNCTION public.work_settle_reopened(p_limit integer)
  SET enable_seqscan TO 'off'
 AS $function$
 DECLARE
+    was text := work_internal_begin();
     s text;
     locked text[] := '{}';
     result record;
@@ -2740,6 +2737,7 @@ BEGIN
         END IF;
     END LOOP;
     IF cardinality(locked) = 0 THEN
+        PERFORM work_internal_end(was);
         RETURN 0;
     END IF;
     result := work_settle_locked(locked);
@@ -2747,6 +2745,7 @@ BEGIN
         INSERT INTO work_unsettled_scopes (scope) VALUES (s);
         PERFORM pg_notify('trioworker_settle', s);
     END LOOP;
+    PERFORM work_internal_end(was);
     RETURN result.promoted;
 END
 $function$;

@@ -25,9 +25,10 @@
 -- functions here, so enqueues and new Workers go on before docs/grants.sql is run again.
 -- depends: 0004.claim-kind-room
 
--- Scopes whose rate window is spent, and when it next has a start. Written only under
--- the scope's settle lock: by a settle, and by the claim's pass over reopened scopes.
--- Read by the triggers that place an arriving item, and by an idle Worker's sleep.
+-- Scopes whose rate window is spent, and when it next has a start. Written only by a
+-- settle (work_settle_locked, under the scope's settle lock). Read by the triggers that
+-- place an arriving item, the claim's pass over reopened scopes, and an idle Worker's
+-- sleep.
 CREATE TABLE work_spent_scopes (
     scope      text        PRIMARY KEY,
     reopens_at timestamptz NOT NULL,
@@ -288,6 +289,7 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan SET jit = off SET enable_seqscan = off
 AS $$
 DECLARE
+    was text := work_internal_begin();
     s text;
     locked text[] := '{}';
     result record;
@@ -309,6 +311,7 @@ BEGIN
         END IF;
     END LOOP;
     IF cardinality(locked) = 0 THEN
+        PERFORM work_internal_end(was);
         RETURN 0;
     END IF;
     result := work_settle_locked(locked);
@@ -316,6 +319,7 @@ BEGIN
         INSERT INTO work_unsettled_scopes (scope) VALUES (s);
         PERFORM pg_notify('trioworker_settle', s);
     END LOOP;
+    PERFORM work_internal_end(was);
     RETURN result.promoted;
 END
 $$;
@@ -327,13 +331,9 @@ CREATE FUNCTION work_claim_v3(
     p_scopes text[] DEFAULT NULL, p_unscoped boolean DEFAULT true
 ) RETURNS SETOF work_items
 LANGUAGE plpgsql AS $$
-DECLARE
-    was text;
 BEGIN
     IF EXISTS (SELECT FROM work_spent_scopes AS s WHERE s.reopens_at <= now()) THEN
-        was := work_internal_begin();
         PERFORM work_settle_reopened(64);
-        PERFORM work_internal_end(was);
     END IF;
     RETURN QUERY SELECT * FROM work_claim_v2(p_worker, p_lease, p_limit, p_kinds, p_scopes,
                                              p_unscoped);

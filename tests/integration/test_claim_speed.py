@@ -5,8 +5,8 @@ A claim that walks the backlog (a plain NOT EXISTS over every Queued item) reads
 times the pages behind 20,000 items of busy scopes that it reads on a near-empty
 queue; the claim over scope heads does not. Its cost here is the work EXPLAIN
 (ANALYZE, BUFFERS) shows for the store's own claim statement (the buffers it touched,
-work_claim_v3's body and _v2's included), not its time: the count is the same on an idle machine
-and a loaded one, where a time is not (the machine is shared, and the suite runs a
+work_claim_v3's body and _v2's included), not its time: the count is the same on an
+idle machine and a loaded one, where a time is not (the machine is shared, and the suite runs a
 pytest worker a core). Each claim is rolled back, so every sample claims the same
 item. The timed benchmark is `python -m bench hol`.
 """

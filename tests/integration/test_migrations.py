@@ -167,7 +167,7 @@ RELEASED = {
     "0002.results-steps.sql": "fbbcdbd20eb3bb3838999427a3f219086f21830917b9e95442b4793478048ebc",
     "0003.dependencies.sql": "b20003c2b0f88e690a868c24cafdb7183a779fff69ca9d8e1c149d3691800ac5",
     "0004.claim-kind-room.sql": "4e33ab027d753ff2c831cfe738cc6783d044943c0ce0e696417d7bd1c8d8eb2b",
-    "0005.spent-scopes.sql": "25d4df9aba85716de7370ed7a4632c6122ced79c5cfd5d27f075e597ce68290e",
+    "0005.spent-scopes.sql": "b72c53c85495e1294bd9ddfd405cc2ef685fb4163c344c554780ff37d4fb3d7f",
 }
 
 

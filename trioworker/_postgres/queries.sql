@@ -56,7 +56,8 @@ WHERE dedup_key = %(dedup_key)s AND status = 'Queued';
 -- Up to %(limit)s due items of the served kinds whose scopes and kinds have room under
 -- their limits (work_claim_v3, migrations/0005.spent-scopes.sql, which settles the scopes
 -- whose rate window has reopened and then claims as work_claim_v2 in
--- 0004.claim-kind-room.sql: a probe of the busy scopes' index and a claim lock per scope; under both work_items_one_running_per_scope_slot and
+-- 0004.claim-kind-room.sql: a probe of the busy scopes' index and a claim lock per
+-- scope; under both work_items_one_running_per_scope_slot and
 -- work_items_one_running_per_kind_slot, and work_items_take_slot's refusals
 -- work_items_slot_within_limit and work_items_rate_within_limit, whose names the
 -- store recognises). For limit 1, the default, a scope runs one item at a time.
