@@ -29,8 +29,10 @@ with a watcher beside it, woken or cancelled at the end.
 The server's floor: the CPU an item of the server's processes (`bench/cpu.py`) for the
 Worker's own claim and finish functions (`work_claim_v3`, `work_finish_v1`) of unscoped
 items, one connection, in batches of 1 to 100, beside the least a queue can do in SQL
-(a table shaped as Graphile Worker's jobs, a claim that locks, a DELETE for the finish).
-The two alternate, batch size by batch size.
+(a table shaped as Graphile Worker's jobs, a claim that locks, a DELETE for the finish),
+and beside the least a queue can do that keeps its finished rows, as `work_items` does
+(the same claim, an UPDATE by primary key for the finish). The three alternate, batch
+size by batch size.
 
 `bench e2e` measures the whole, the database included.
 """
@@ -236,10 +238,24 @@ def main(server: Server, quick: bool, out: Path) -> None:
         f"The server's floor: {server_items:,} unscoped items a batch size"
         f" ({server_items // 10:,} one at a time), one connection, server CPU ms an item"
         " (median of 3)",
-        ["batch", "claim_v1 + finish_v1", "UPDATE + DELETE", "ratio"],
         [
-            [batch, f"{ours:.3f}", f"{plain:.3f}", f"{ours / plain:.2f}x" if plain else "-"]
-            for batch, (ours, plain) in server_floor.items()
+            "batch",
+            "claim_v3 + finish_v1",
+            "UPDATE + UPDATE (kept)",
+            "UPDATE + DELETE",
+            "ours / plain",
+            "kept / plain",
+        ],
+        [
+            [
+                batch,
+                f"{ours:.3f}",
+                f"{kept:.3f}",
+                f"{plain:.3f}",
+                f"{ours / plain:.2f}x" if plain else "-",
+                f"{kept / plain:.2f}x" if plain else "-",
+            ]
+            for batch, (ours, kept, plain) in server_floor.items()
         ],
     )
     save(
@@ -251,20 +267,22 @@ def main(server: Server, quick: bool, out: Path) -> None:
     )
 
 
-def measure_server(server: Server, items: int) -> dict[int, tuple[float, float]]:
-    """Server CPU ms an item, (trioworker's functions, the plain pair), by batch size;
-    a tenth of `items` one at a time (each costs some 10x more)."""
+def measure_server(server: Server, items: int) -> dict[int, tuple[float, float, float]]:
+    """Server CPU ms an item, (trioworker's functions, the pair that keeps its rows, the
+    plain pair), by batch size; a tenth of `items` one at a time (each costs some 10x
+    more)."""
     results = {}
     with server.database("floor") as dsn, connect(dsn) as conn:
         conn.execute(QUERIES["floor_plain_table"])
+        conn.execute(QUERIES["floor_kept_table"])
         for batch in BATCHES:
             n = items if batch > 1 else items // 10
-            rounds: tuple[list[float], list[float]] = ([], [])
+            rounds: tuple[list[float], ...] = ([], [], [])
             for _ in range(3):
-                rounds[0].append(_server_ms(conn, n, batch, _ours))
-                rounds[1].append(_server_ms(conn, n, batch, _plain))
-            ours, plain = (sorted(r)[1] for r in rounds)
-            results[batch] = (ours, plain)
+                for taken, take in zip(rounds, (_ours, _kept, _plain), strict=True):
+                    taken.append(_server_ms(conn, n, batch, take))
+            ours, kept, plain = (sorted(r)[1] for r in rounds)
+            results[batch] = (ours, kept, plain)
     return results
 
 
@@ -278,6 +296,14 @@ def _ours(conn: psycopg.Connection[Any], batch: int) -> int:
     if rows:
         ids, attempts = zip(*rows, strict=True)
         conn.execute(QUERIES["floor_finish"], {"ids": list(ids), "attempts": list(attempts)})
+    return len(rows)
+
+
+def _kept(conn: psycopg.Connection[Any], batch: int) -> int:
+    rows = conn.execute(QUERIES["floor_kept_claim"], {**CLAIM, "limit": batch}).fetchall()
+    if rows:
+        ids, attempts = zip(*rows, strict=True)
+        conn.execute(QUERIES["floor_kept_finish"], {"ids": list(ids), "attempts": list(attempts)})
     return len(rows)
 
 
@@ -296,6 +322,8 @@ def _server_ms(conn: psycopg.Connection[Any], items: int, batch: int, take: Clai
     if take is _ours:
         conn.execute(QUERIES["insert_queued"],
                      {"kind": "Noop", "prefix": "", "n": items, "age": 0, "scopes": 0})  # fmt: skip
+    elif take is _kept:
+        conn.execute(QUERIES["floor_kept_insert"], {"n": items})
     else:
         conn.execute(QUERIES["floor_plain_insert"], {"n": items})
     conn.execute(QUERIES["vacuum_analyze"])

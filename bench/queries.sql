@@ -331,9 +331,51 @@ RETURNING j.id;
 -- name: floor_plain_finish
 DELETE FROM floor_jobs WHERE id = ANY(%(ids)s);
 
+-- name: floor_kept_table
+-- The least a queue can do that keeps its finished rows, as work_items does: the same
+-- claim over a partial index of the Queued rows, and an UPDATE by primary key for the
+-- finish, fenced by attempt, where floor_jobs deletes.
+CREATE TABLE floor_kept (
+    id bigserial PRIMARY KEY,
+    kind text NOT NULL,
+    payload jsonb NOT NULL DEFAULT '{}',
+    priority integer NOT NULL DEFAULT 0,
+    run_after timestamptz NOT NULL DEFAULT now(),
+    status text NOT NULL DEFAULT 'Queued',
+    attempt integer NOT NULL DEFAULT 0,
+    worker_id text,
+    lease_expires_at timestamptz,
+    finished_at timestamptz
+);
+CREATE INDEX floor_kept_queued ON floor_kept (kind, priority DESC, run_after, id)
+    WHERE status = 'Queued';
+
+-- name: floor_kept_insert
+INSERT INTO floor_kept (kind) SELECT 'Noop' FROM generate_series(1, %(n)s);
+
+-- name: floor_kept_claim
+WITH taken AS (
+    SELECT k.id FROM floor_kept AS k
+    WHERE k.status = 'Queued' AND k.kind = ANY(%(kinds)s) AND k.run_after <= now()
+    ORDER BY k.kind, k.priority DESC, k.run_after, k.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE floor_kept AS k
+SET status = 'Running', attempt = k.attempt + 1, worker_id = %(worker_id)s,
+    lease_expires_at = now() + make_interval(secs => %(lease)s)
+FROM taken WHERE k.id = taken.id
+RETURNING k.id, k.attempt;
+
+-- name: floor_kept_finish
+UPDATE floor_kept AS k
+SET status = 'Succeeded', finished_at = now()
+FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS d (id, attempt)
+WHERE k.id = d.id AND k.attempt = d.attempt AND k.status = 'Running';
+
 -- name: floor_reset
--- Both tables of the server's floor emptied (a bench database of its own).
-TRUNCATE work_items, floor_jobs CASCADE;
+-- The tables of the server's floor emptied (a bench database of its own).
+TRUNCATE work_items, floor_jobs, floor_kept CASCADE;
 
 -- name: bridge_heartbeat
 -- The same statement as trioworker's own `heartbeat`, sent on a plain connection.
