@@ -33,6 +33,7 @@ from trioworker._postgres.migrate import migrate, migrations_dir, yoyo_uri
 from trioworker._postgres.queries import WRITTEN
 
 BATCH = int(os.environ.get("BATCH", "100"))
+DEFAULT_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 # Since the squash into 0001.queue (issue 32) no migration of this tree leaves the bounds
 # out: run this script from a checkout before it (c5e857b) to repeat the figures in
 # docs/design/schema.md.
@@ -141,7 +142,5 @@ def main(admin: str, rounds: int) -> None:
 
 
 if __name__ == "__main__":
-    main(
-        sys.argv[1] if len(sys.argv) > 1 else "host=127.0.0.1 port=5432 user=postgres dbname=postgres",
-        int(sys.argv[2]) if len(sys.argv) > 2 else 200,
-    )
+    args = sys.argv[1:]  # [DSN [ROUNDS]]
+    main(args[0] if args else DEFAULT_DSN, int(args[1]) if args[1:] else 200)

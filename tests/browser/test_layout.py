@@ -81,7 +81,8 @@ def test_every_heading_is_aligned_with_its_column(
 def test_the_header_clock_is_utc_on_the_24_hour_clock(
     browser: Chrome, queue: tuple[Conn, Dashboard]
 ) -> None:
-    """"updated 15:04:05 UTC", never the browser's local 12-hour "3:04:05 PM"."""
+    """The header's clock reads "updated 15:04:05 UTC", never the browser's local
+    12-hour "3:04:05 PM"."""
     _, dashboard = queue
     open_page(browser, dashboard.url + "/scopes")
     stamp = until(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -373,9 +373,9 @@ async def test_a_worker_finishes_and_claims_in_one_round_trip(dsn: str) -> None:
             calls["claim"] += 1
             return await super().claim_batch(*args, **kwargs)
 
-        async def complete_batch(self, attempts: Sequence[tuple[int, int]]) -> set[int]:
+        async def complete_batch(self, *args: Any, **kwargs: Any) -> set[int]:
             calls["finish"] += 1
-            return await super().complete_batch(attempts)
+            return await super().complete_batch(*args, **kwargs)
 
         async def complete_and_claim(
             self, *args: Any, **kwargs: Any

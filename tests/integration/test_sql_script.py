@@ -58,9 +58,7 @@ def bookkeeping(dsn: str) -> list[tuple[Any, ...]]:
             "SELECT migration_hash, migration_id FROM _yoyo_migration ORDER BY 2"
         ).fetchall()
         versions = conn.execute("SELECT version FROM _yoyo_version").fetchall()
-        logged = conn.execute(
-            "SELECT migration_id, operation FROM _yoyo_log ORDER BY 1"
-        ).fetchall()
+        logged = conn.execute("SELECT migration_id, operation FROM _yoyo_log ORDER BY 1").fetchall()
     return [*columns, *keys, *applied, *versions, *logged]
 
 

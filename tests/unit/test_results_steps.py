@@ -401,9 +401,7 @@ async def test_a_lost_link_while_reading_parent_results_is_a_stall_not_a_failure
     assert states[child].status is Status.RUNNING and states[child].failures == 0
     assert seen == []
     store.expire_lease(child)
-    assert [r.status for r in await store.recover_expired_leases(max_stalls=3)] == [
-        Status.QUEUED
-    ]
+    assert [r.status for r in await store.recover_expired_leases(max_stalls=3)] == [Status.QUEUED]
     async with running(store, registry):
         await trio.sleep(5)
     assert seen == [{a: f"thumb {a}", b: f"thumb {b}"}]
