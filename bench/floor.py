@@ -30,9 +30,11 @@ The server's floor: the CPU an item of the server's processes (`bench/cpu.py`) f
 Worker's own claim and finish functions (`work_claim_v3`, `work_finish_v1`) of unscoped
 items, one connection, in batches of 1 to 100, beside the least a queue can do in SQL
 (a table shaped as Graphile Worker's jobs, a claim that locks, a DELETE for the finish),
-and beside the least a queue can do that keeps its finished rows, as `work_items` does
-(the same claim, an UPDATE by primary key for the finish). The three alternate, batch
-size by batch size.
+beside the least a queue can do that keeps its finished rows, as `work_items` does
+(the same claim, an UPDATE by primary key for the finish), and beside a lean claim: one
+statement over `work_items`' unscoped items, finished by `work_finish_v1` (what the
+claim's machinery for scopes, limits and pauses costs over the table as it is). The
+four alternate, batch size by batch size.
 
 `bench e2e` measures the whole, the database included.
 """
@@ -101,7 +103,9 @@ class InstantStore(MemoryStore):
         await trio.lowlevel.checkpoint()
         return [self.ready.popleft() for _ in range(min(limit, len(self.ready)))]
 
-    async def complete_batch(self, attempts: Sequence[tuple[int, int]]) -> set[int]:
+    async def complete_batch(
+        self, attempts: Sequence[tuple[int, int]], results: Sequence[str | None] | None = None
+    ) -> set[int]:
         """The Worker's one completion statement (its batcher's; it never calls
         `complete` itself)."""
         await trio.lowlevel.checkpoint()
@@ -241,6 +245,7 @@ def main(server: Server, quick: bool, out: Path) -> None:
         [
             "batch",
             "claim_v3 + finish_v1",
+            "lean claim + finish_v1",
             "UPDATE + UPDATE (kept)",
             "UPDATE + DELETE",
             "ours / plain",
@@ -249,13 +254,11 @@ def main(server: Server, quick: bool, out: Path) -> None:
         [
             [
                 batch,
-                f"{ours:.3f}",
-                f"{kept:.3f}",
-                f"{plain:.3f}",
-                f"{ours / plain:.2f}x" if plain else "-",
-                f"{kept / plain:.2f}x" if plain else "-",
+                *(f"{ms:.3f}" for ms in series),
+                f"{series[0] / series[3]:.2f}x" if series[3] else "-",
+                f"{series[2] / series[3]:.2f}x" if series[3] else "-",
             ]
-            for batch, (ours, kept, plain) in server_floor.items()
+            for batch, series in server_floor.items()
         ],
     )
     save(
@@ -267,22 +270,21 @@ def main(server: Server, quick: bool, out: Path) -> None:
     )
 
 
-def measure_server(server: Server, items: int) -> dict[int, tuple[float, float, float]]:
-    """Server CPU ms an item, (trioworker's functions, the pair that keeps its rows, the
-    plain pair), by batch size; a tenth of `items` one at a time (each costs some 10x
-    more)."""
+def measure_server(server: Server, items: int) -> dict[int, tuple[float, ...]]:
+    """Server CPU ms an item, by batch size, of the series in `SERIES` order (ours, the
+    lean claim, the pair that keeps its rows, the plain pair); a tenth of `items` one at
+    a time (each costs some 10x more)."""
     results = {}
     with server.database("floor") as dsn, connect(dsn) as conn:
         conn.execute(QUERIES["floor_plain_table"])
         conn.execute(QUERIES["floor_kept_table"])
         for batch in BATCHES:
             n = items if batch > 1 else items // 10
-            rounds: tuple[list[float], ...] = ([], [], [])
+            rounds: list[list[float]] = [[] for _ in SERIES]
             for _ in range(3):
-                for taken, take in zip(rounds, (_ours, _kept, _plain), strict=True):
+                for taken, take in zip(rounds, SERIES, strict=True):
                     taken.append(_server_ms(conn, n, batch, take))
-            ours, kept, plain = (sorted(r)[1] for r in rounds)
-            results[batch] = (ours, kept, plain)
+            results[batch] = tuple(sorted(r)[1] for r in rounds)
     return results
 
 
@@ -293,6 +295,14 @@ CLAIM = {"worker_id": "floor", "lease": 300.0, "kinds": ["Noop"]}
 def _ours(conn: psycopg.Connection[Any], batch: int) -> int:
     """One claim of `batch` items and their finish, each a transaction; items taken."""
     rows = conn.execute(QUERIES["floor_claim"], {**CLAIM, "limit": batch}).fetchall()
+    if rows:
+        ids, attempts = zip(*rows, strict=True)
+        conn.execute(QUERIES["floor_finish"], {"ids": list(ids), "attempts": list(attempts)})
+    return len(rows)
+
+
+def _lean(conn: psycopg.Connection[Any], batch: int) -> int:
+    rows = conn.execute(QUERIES["floor_lean_claim"], {**CLAIM, "limit": batch}).fetchall()
     if rows:
         ids, attempts = zip(*rows, strict=True)
         conn.execute(QUERIES["floor_finish"], {"ids": list(ids), "attempts": list(attempts)})
@@ -314,12 +324,15 @@ def _plain(conn: psycopg.Connection[Any], batch: int) -> int:
     return len(rows)
 
 
+SERIES: tuple[Claim, ...] = (_ours, _lean, _kept, _plain)
+
+
 def _server_ms(conn: psycopg.Connection[Any], items: int, batch: int, take: Claim) -> float:
     """Server CPU ms an item to claim and finish `items` new items with `take`, both
     tables emptied first. Every server process counts but one that ends during the run
     (`bench.cpu.ms_per_item`)."""
     conn.execute(QUERIES["floor_reset"])
-    if take is _ours:
+    if take in (_ours, _lean):
         conn.execute(QUERIES["insert_queued"],
                      {"kind": "Noop", "prefix": "", "n": items, "age": 0, "scopes": 0})  # fmt: skip
     elif take is _kept:

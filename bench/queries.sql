@@ -373,6 +373,26 @@ SET status = 'Succeeded', finished_at = now()
 FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS d (id, attempt)
 WHERE k.id = d.id AND k.attempt = d.attempt AND k.status = 'Running';
 
+-- name: floor_lean_claim
+-- One statement over work_items' unscoped items (its indexes, triggers and checks as
+-- they are): what a claim of unscoped items alone could cost, beside work_claim_v3's
+-- machinery for scopes, limits, pauses and priorities across kinds. Finished by
+-- floor_finish.
+WITH taken AS (
+    SELECT w.id FROM work_items AS w
+    WHERE w.status = 'Queued' AND w.scope IS NULL AND w.kind = ANY(%(kinds)s)
+      AND w.run_after <= now()
+    ORDER BY w.kind, w.priority DESC, w.run_after, w.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE work_items AS w
+SET status = 'Running', attempt = w.attempt + 1, worker_id = %(worker_id)s,
+    lease_expires_at = now() + make_interval(secs => %(lease)s),
+    heartbeat_at = now(), started_at = now()
+FROM taken WHERE w.id = taken.id
+RETURNING w.id, w.attempt;
+
 -- name: floor_reset
 -- The tables of the server's floor emptied (a bench database of its own).
 TRUNCATE work_items, floor_jobs, floor_kept CASCADE;
