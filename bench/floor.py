@@ -302,7 +302,9 @@ def _ours(conn: psycopg.Connection[Any], batch: int) -> int:
 
 
 def _lean(conn: psycopg.Connection[Any], batch: int) -> int:
-    rows = conn.execute(QUERIES["floor_lean_claim"], {**CLAIM, "limit": batch}).fetchall()
+    with conn.transaction():
+        conn.execute("SET LOCAL enable_seqscan = off")
+        rows = conn.execute(QUERIES["floor_lean_claim"], {**CLAIM, "limit": batch}).fetchall()
     if rows:
         ids, attempts = zip(*rows, strict=True)
         conn.execute(QUERIES["floor_finish"], {"ids": list(ids), "attempts": list(attempts)})

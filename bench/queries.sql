@@ -376,13 +376,19 @@ WHERE k.id = d.id AND k.attempt = d.attempt AND k.status = 'Running';
 -- name: floor_lean_claim
 -- One statement over work_items' unscoped items (its indexes, triggers and checks as
 -- they are): what a claim of unscoped items alone could cost, beside work_claim_v3's
--- machinery for scopes, limits, pauses and priorities across kinds. Finished by
--- floor_finish.
+-- machinery for scopes, limits, pauses and kinds. One kind (the first): its highest
+-- priority level read from work_items_unscoped as the claim's levels are, then that
+-- level's due items in order, looked up by primary key as the claim does. Sent after
+-- `SET LOCAL enable_seqscan = off`, in one transaction, as work_claim_v2 runs.
+-- Finished by floor_finish.
 WITH taken AS (
     SELECT w.id FROM work_items AS w
-    WHERE w.status = 'Queued' AND w.scope IS NULL AND w.kind = ANY(%(kinds)s)
+    WHERE w.status = 'Queued' AND w.scope IS NULL AND w.kind = (%(kinds)s::text[])[1]
+      AND w.priority = (SELECT max(u.priority) FROM work_items AS u
+                        WHERE u.status = 'Queued' AND u.scope IS NULL
+                          AND u.kind = (%(kinds)s::text[])[1])
       AND w.run_after <= now()
-    ORDER BY w.kind, w.priority DESC, w.run_after, w.id
+    ORDER BY w.run_after, w.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
@@ -390,7 +396,7 @@ UPDATE work_items AS w
 SET status = 'Running', attempt = w.attempt + 1, worker_id = %(worker_id)s,
     lease_expires_at = now() + make_interval(secs => %(lease)s),
     heartbeat_at = now(), started_at = now()
-FROM taken WHERE w.id = taken.id
+WHERE w.id = ANY(ARRAY(SELECT taken.id FROM taken))
 RETURNING w.id, w.attempt;
 
 -- name: floor_reset
