@@ -42,6 +42,7 @@ four alternate, batch size by batch size.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -292,31 +293,27 @@ Claim = Callable[[psycopg.Connection[Any], int], int]
 CLAIM = {"worker_id": "floor", "lease": 300.0, "kinds": ["Noop"]}
 
 
-def _ours(conn: psycopg.Connection[Any], batch: int) -> int:
-    """One claim of `batch` items and their finish, each a transaction; items taken."""
-    rows = conn.execute(QUERIES["floor_claim"], {**CLAIM, "limit": batch}).fetchall()
-    if rows:
-        ids, attempts = zip(*rows, strict=True)
-        conn.execute(QUERIES["floor_finish"], {"ids": list(ids), "attempts": list(attempts)})
-    return len(rows)
+def _claim_and_finish(claim: str, finish: str, *, seqscan: bool = True) -> Claim:
+    """A series: one claim of `batch` items by the query `claim`, then their finish by
+    `finish`, each a transaction (the claim's under `enable_seqscan = off` unless
+    `seqscan`, as work_claim_v2 runs); it returns the items taken."""
+
+    def take(conn: psycopg.Connection[Any], batch: int) -> int:
+        with contextlib.nullcontext() if seqscan else conn.transaction():
+            if not seqscan:
+                conn.execute("SET LOCAL enable_seqscan = off")
+            rows = conn.execute(QUERIES[claim], {**CLAIM, "limit": batch}).fetchall()
+        if rows:
+            ids, attempts = zip(*rows, strict=True)
+            conn.execute(QUERIES[finish], {"ids": list(ids), "attempts": list(attempts)})
+        return len(rows)
+
+    return take
 
 
-def _lean(conn: psycopg.Connection[Any], batch: int) -> int:
-    with conn.transaction():
-        conn.execute("SET LOCAL enable_seqscan = off")
-        rows = conn.execute(QUERIES["floor_lean_claim"], {**CLAIM, "limit": batch}).fetchall()
-    if rows:
-        ids, attempts = zip(*rows, strict=True)
-        conn.execute(QUERIES["floor_finish"], {"ids": list(ids), "attempts": list(attempts)})
-    return len(rows)
-
-
-def _kept(conn: psycopg.Connection[Any], batch: int) -> int:
-    rows = conn.execute(QUERIES["floor_kept_claim"], {**CLAIM, "limit": batch}).fetchall()
-    if rows:
-        ids, attempts = zip(*rows, strict=True)
-        conn.execute(QUERIES["floor_kept_finish"], {"ids": list(ids), "attempts": list(attempts)})
-    return len(rows)
+_ours = _claim_and_finish("floor_claim", "floor_finish")
+_lean = _claim_and_finish("floor_lean_claim", "floor_finish", seqscan=False)
+_kept = _claim_and_finish("floor_kept_claim", "floor_kept_finish")
 
 
 def _plain(conn: psycopg.Connection[Any], batch: int) -> int:
